@@ -1,0 +1,33 @@
+"""The training side: one object per run, local or a proxy to Ray actors.
+
+All methods are async so a local backend, a Ray actor group and the `sim` backend
+(which sleeps on the event loop's clock) look the same to the trainer.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+from rlharness.types import TrainBatch
+
+
+class TrainingBackend(abc.ABC):
+    @abc.abstractmethod
+    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step (or `algo.mini_batches` of them) on `batch`; returns `train/*` metrics."""
+
+    @abc.abstractmethod
+    async def get_weights(self) -> dict[str, Any]:
+        """The policy's state dict (CPU tensors) to send to the rollout engines."""
+
+    @abc.abstractmethod
+    async def save(self, directory: str) -> None:
+        """Write model, optimizer, scheduler and backend RNG state under `directory`."""
+
+    @abc.abstractmethod
+    async def load(self, directory: str) -> None:
+        """Restore what `save` wrote."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        pass

@@ -1,0 +1,494 @@
+"""Typed configuration: one dataclass schema per implementation, the single home of defaults.
+
+Hydra composes YAML from `conf/` on top of these schemas (registered in
+`rlharness.config.store`); `OmegaConf.to_object` turns the result into these
+dataclasses once at the entry, and each `__post_init__` refuses a bad value before
+anything starts, naming the key, the value and what is allowed.
+
+Each component receives its own sub-config (e.g. the sampler gets `SamplerConf`),
+never `RunConf`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import II, MISSING
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work. The message names the key."""
+
+
+def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is not allowed: expected {allowed}")
+
+
+def _one_of(key: str, value: Any, options: tuple) -> None:
+    _check(value in options, key, value, "one of " + ", ".join(map(str, options)))
+
+
+# ----------------------------------------------------------------------------- strategy
+@dataclass
+class StrategyConf:
+    name: str = MISSING
+    # A weight version may lag the trained step by at most this many syncs.
+    max_staleness: int = II("max_staleness")
+    # Drop groups that carry no learning signal ("none" | "all_equal_reward", as DAPO).
+    group_filter: str = "none"
+    # How long a pause (weight sync) waits for in-flight groups before aborting them.
+    pause_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.max_staleness, int) and self.max_staleness >= 0,
+               "strategy.max_staleness", self.max_staleness, "an integer >= 0")
+        _one_of("strategy.group_filter", self.group_filter, ("none", "all_equal_reward"))
+        _check(self.pause_timeout_s > 0, "strategy.pause_timeout_s", self.pause_timeout_s, "> 0")
+
+
+@dataclass
+class SyncStrategyConf(StrategyConf):
+    name: str = "sync"
+
+
+@dataclass
+class AsyncStrategyConf(StrategyConf):
+    name: str = "async"
+    # Keep target + ceil(over_sample_threshold * batch) groups in flight.
+    over_sample_threshold: float = 0.0
+    # Interrupted samples keep their tokens and continue later on newer weights.
+    enable_partial_rollout: bool = False
+    # Once this many EXPIRED groups wait, refill from them only (0 = off).
+    tail_batch_trigger_size: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.over_sample_threshold >= 0, "strategy.over_sample_threshold",
+               self.over_sample_threshold, "a number >= 0")
+        _check(self.tail_batch_trigger_size >= 0, "strategy.tail_batch_trigger_size",
+               self.tail_batch_trigger_size, "an integer >= 0")
+
+
+# ----------------------------------------------------------------------------- sampler
+@dataclass
+class SamplerConf:
+    prompt_repeat_k: int = 8
+    shuffle: bool = True
+    # When the dataset is exhausted, start a new (reshuffled) epoch; else stop the run.
+    allow_epoch_rollover: bool = True
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.prompt_repeat_k, int) and self.prompt_repeat_k >= 1,
+               "sampler.prompt_repeat_k", self.prompt_repeat_k, "an integer >= 1")
+
+
+# ----------------------------------------------------------------------------- agent
+@dataclass
+class SamplingConf:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 8
+    stop: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check(self.temperature >= 0, "agent.sampling.temperature", self.temperature, ">= 0")
+        _check(0 < self.top_p <= 1, "agent.sampling.top_p", self.top_p, "0 < top_p <= 1")
+        _check(self.top_k >= 0, "agent.sampling.top_k", self.top_k, ">= 0 (0 = off)")
+        _check(self.max_tokens >= 1, "agent.sampling.max_tokens", self.max_tokens, ">= 1")
+
+
+@dataclass
+class AgentConf:
+    name: str = MISSING
+    sampling: SamplingConf = field(default_factory=SamplingConf)
+    # Judge each group with this timeout; past it the group is FAILED and the run goes on.
+    judge_timeout_s: float = 10.0
+
+
+@dataclass
+class SingleTurnAgentConf(AgentConf):
+    name: str = "single_turn"
+
+
+@dataclass
+class MultiTurnToolAgentConf(AgentConf):
+    name: str = "multi_turn_tool"
+    max_turns: int = 4
+    tools: list[str] = field(default_factory=lambda: ["calculator"])
+
+    def __post_init__(self) -> None:
+        _check(self.max_turns >= 1, "agent.max_turns", self.max_turns, ">= 1")
+
+
+# ----------------------------------------------------------------------------- judger
+@dataclass
+class JudgerConf:
+    name: str = MISSING
+
+
+@dataclass
+class MathJudgerConf(JudgerConf):
+    name: str = "math"
+
+
+@dataclass
+class CountdownJudgerConf(JudgerConf):
+    name: str = "countdown"
+
+
+@dataclass
+class FormatJudgerConf(JudgerConf):
+    name: str = "format"
+    # The response must match this regular expression (full match) to score 1.
+    pattern: str = r"(?s).*\S.*"
+
+
+@dataclass
+class RouterJudgerConf(JudgerConf):
+    name: str = "router"
+    # judger name -> weight; the score is the weighted sum of their scores.
+    weights: dict[str, float] = field(default_factory=lambda: {"math": 1.0, "format": 0.1})
+    format_pattern: str = r"(?s).*\S.*"
+
+
+@dataclass
+class RemoteJudgerConf(JudgerConf):
+    name: str = "remote"
+    url: str = "http://127.0.0.1:8008/judge"
+    timeout_s: float = 10.0
+
+
+# ----------------------------------------------------------------------------- model
+@dataclass
+class ModelConf:
+    # Any Hugging Face causal-LM directory; relative paths resolve against the project.
+    path: str = "assets/tiny-arith"
+    dtype: str = "float32"
+    attn_implementation: str = "eager"
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        _one_of("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+
+
+# ----------------------------------------------------------------------------- engine
+@dataclass
+class EngineConf:
+    name: str = MISSING
+    num_engines: int = 1
+
+    def __post_init__(self) -> None:
+        _check(self.num_engines >= 1, "engine.num_engines", self.num_engines, ">= 1")
+
+
+@dataclass
+class HFEngineConf(EngineConf):
+    name: str = "hf"
+    device: str = "cpu"
+    # Most sequences decoded together; waiting requests join as others finish.
+    max_batch_size: int = 128
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.max_batch_size >= 1, "engine.max_batch_size", self.max_batch_size, ">= 1")
+
+
+@dataclass
+class VLLMEngineConf(EngineConf):
+    name: str = "vllm"
+    gpu_memory_utilization: float = 0.5
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = True
+
+
+@dataclass
+class SimEngineConf(EngineConf):
+    name: str = "sim"
+    # Response lengths ~ lognormal(mean, cv), capped at max_len (= agent max_tokens if 0).
+    mean_response_len: float = 64.0
+    cv: float = 1.0
+    max_len: int = 0
+    time_per_token_s: float = 0.001
+    prefill_s: float = 0.0
+    slots: int = 64  # concurrent requests per engine
+    # Probability a sampled token is the right answer is irrelevant here: rewards come
+    # from the judger on the text the sim engine emits (random tokens).
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.mean_response_len > 0, "engine.mean_response_len", self.mean_response_len, "> 0")
+        _check(self.cv >= 0, "engine.cv", self.cv, ">= 0")
+        _check(self.slots >= 1, "engine.slots", self.slots, ">= 1")
+
+
+# ----------------------------------------------------------------------------- backend
+@dataclass
+class BackendConf:
+    name: str = MISSING
+
+
+@dataclass
+class TorchBackendConf(BackendConf):
+    name: str = "torch"
+    device: str = "cpu"
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class DeepSpeedBackendConf(BackendConf):
+    name: str = "deepspeed"
+    zero_stage: int = 2
+    num_workers: int = 2
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        _one_of("backend.zero_stage", self.zero_stage, (0, 1, 2, 3))
+        _check(self.num_workers >= 1, "backend.num_workers", self.num_workers, ">= 1")
+
+
+@dataclass
+class SimBackendConf(BackendConf):
+    name: str = "sim"
+    step_time_s: float = 0.05
+    time_per_token_s: float = 0.0
+
+
+# ----------------------------------------------------------------------------- algo
+@dataclass
+class AlgoConf:
+    name: str = MISSING
+    advantage: str = "grpo"  # grpo | drgrpo | rloo | reinforce_pp
+    norm_adv_by_std: bool = True
+    # Loss aggregation: token_mean (DAPO), seq_mean_token_mean (GRPO paper),
+    # seq_mean_token_sum_norm (Dr.GRPO: token sum / max_tokens).
+    loss_agg: str = "token_mean"
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"  # k1 | k3
+    entropy_coef: float = 0.0
+    # Truncated importance sampling (rollout vs trainer log-probs); 0 disables.
+    tis_cap: float = 2.0
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.99
+    grad_clip: float = 1.0
+    lr_schedule: str = "constant"  # constant | cosine | linear
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
+    ppo_epochs: int = 1
+    mini_batches: int = 1  # optimizer steps per training step (per epoch)
+    micro_batch_size: int = 256  # samples per forward/backward (gradient accumulation)
+
+    def __post_init__(self) -> None:
+        _one_of("algo.advantage", self.advantage, ("grpo", "drgrpo", "rloo", "reinforce_pp"))
+        _one_of("algo.loss_agg", self.loss_agg,
+                ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"))
+        _one_of("algo.kl_estimator", self.kl_estimator, ("k1", "k3"))
+        _one_of("algo.lr_schedule", self.lr_schedule, ("constant", "cosine", "linear"))
+        _check(self.lr > 0, "algo.lr", self.lr, "> 0")
+        _check(self.clip_eps_low > 0 and self.clip_eps_high > 0, "algo.clip_eps_low/high",
+               (self.clip_eps_low, self.clip_eps_high), "> 0")
+        _check(self.kl_coef >= 0, "algo.kl_coef", self.kl_coef, ">= 0")
+        _check(self.tis_cap >= 0, "algo.tis_cap", self.tis_cap, ">= 0 (0 disables)")
+        _check(self.grad_clip >= 0, "algo.grad_clip", self.grad_clip, ">= 0 (0 disables)")
+        _check(self.ppo_epochs >= 1, "algo.ppo_epochs", self.ppo_epochs, ">= 1")
+        _check(self.mini_batches >= 1, "algo.mini_batches", self.mini_batches, ">= 1")
+        _check(self.micro_batch_size >= 1, "algo.micro_batch_size", self.micro_batch_size, ">= 1")
+
+
+# ----------------------------------------------------------------------------- task
+@dataclass
+class TaskConf:
+    name: str = MISSING
+    seed: int = 1234  # data generation / split seed (not the run seed)
+    num_eval: int = 200
+
+
+@dataclass
+class ArithmeticTaskConf(TaskConf):
+    name: str = "arithmetic"
+    digits: int = 3
+    operators: list[str] = field(default_factory=lambda: ["+"])
+    num_train: int = 20000
+    # Leading zeros make every operand exactly `digits` long ("042+917=").
+    zero_pad: bool = True
+
+    def __post_init__(self) -> None:
+        _check(1 <= self.digits <= 9, "task.digits", self.digits, "1..9")
+        for op in self.operators:
+            _one_of("task.operators[]", op, ("+", "-", "*"))
+        _check(self.num_train >= 1, "task.num_train", self.num_train, ">= 1")
+
+
+@dataclass
+class CountdownTaskConf(TaskConf):
+    name: str = "countdown"
+    num_numbers: int = 3
+    max_number: int = 20
+    num_train: int = 20000
+
+    def __post_init__(self) -> None:
+        _check(2 <= self.num_numbers <= 6, "task.num_numbers", self.num_numbers, "2..6")
+
+
+@dataclass
+class JsonlTaskConf(TaskConf):
+    name: str = "jsonl"
+    path: str = MISSING  # JSONL or Parquet training file
+    eval_path: Optional[str] = None  # held-out file; else the last num_eval rows of path
+    prompt_field: str = "question"
+    answer_field: str = "answer"
+    prompt_template: str = "{question}"
+    # GSM8K keeps the final answer after '####'; other layouts use the whole field.
+    answer_delimiter: str = "####"
+    apply_chat_template: bool = True
+
+
+# ----------------------------------------------------------------------------- cluster
+@dataclass
+class ClusterConf:
+    name: str = MISSING
+
+
+@dataclass
+class LocalClusterConf(ClusterConf):
+    name: str = "local"
+
+
+@dataclass
+class LocalRayClusterConf(ClusterConf):
+    name: str = "local_ray"
+    num_cpus: int = 2
+    object_store_memory_mb: int = 512
+    # CPUs for each engine actor and each training actor (fractions allowed).
+    engine_cpus: float = 1.0
+    trainer_cpus: float = 1.0
+
+
+@dataclass
+class SlurmClusterConf(ClusterConf):
+    name: str = "slurm"
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 2
+    mem_gb: int = 8
+    timeout_min: int = 60
+    constraint: Optional[str] = None
+    setup: list[str] = field(default_factory=list)
+    max_num_timeout: int = 3  # requeues on preemption/timeout
+
+    def __post_init__(self) -> None:
+        _check(self.nodes >= 1, "cluster.nodes", self.nodes, ">= 1")
+        _check(self.cpus_per_task >= 1, "cluster.cpus_per_task", self.cpus_per_task, ">= 1")
+
+
+# ----------------------------------------------------------------------------- logger
+@dataclass
+class LoggerConf:
+    name: str = MISSING
+
+
+@dataclass
+class WandbLoggerConf(LoggerConf):
+    name: str = "wandb"
+    project: str = "rlharness"
+    entity: Optional[str] = None
+    mode: str = "offline"  # offline | online | disabled
+    tags: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _one_of("logger.mode", self.mode, ("offline", "online", "disabled"))
+
+
+@dataclass
+class NoneLoggerConf(LoggerConf):
+    name: str = "none"
+
+
+# ----------------------------------------------------------------------------- eval
+@dataclass
+class EvalConf:
+    num_prompts: int = 200  # prompts from the eval split (<= task.num_eval)
+    pass_k: int = 1  # > 1 adds eval/pass@k with k samples at temperature
+    temperature: float = 1.0  # for pass@k samples; pass@1 is greedy
+    max_tokens: int = 0  # 0 = agent.sampling.max_tokens
+
+    def __post_init__(self) -> None:
+        _check(self.num_prompts >= 1, "eval.num_prompts", self.num_prompts, ">= 1")
+        _check(self.pass_k >= 1, "eval.pass_k", self.pass_k, ">= 1")
+
+
+# ----------------------------------------------------------------------------- run
+@dataclass
+class RunConf:
+    strategy: StrategyConf = MISSING
+    sampler: SamplerConf = field(default_factory=SamplerConf)
+    agent: AgentConf = MISSING
+    judger: JudgerConf = MISSING
+    model: ModelConf = field(default_factory=ModelConf)
+    engine: EngineConf = MISSING
+    backend: BackendConf = MISSING
+    algo: AlgoConf = MISSING
+    task: TaskConf = MISSING
+    cluster: ClusterConf = MISSING
+    logger: LoggerConf = MISSING
+    eval: EvalConf = field(default_factory=EvalConf)
+
+    seed: int = 0
+    mode: str = "colocate"  # colocate | disagg
+    max_staleness: int = 0
+    total_steps: int = 200
+    batch_size: int = 64  # prompt groups per training step
+    eval_every: int = 50  # 0 = only before and after training
+    save_every: int = 50  # 0 = only at the end
+    resume: str = "auto"  # auto | never | <run dir>
+    sync_weights_interval: int = 1
+    keep_checkpoints: int = 2
+    # Seconds any wait for a batch, a transfer or a pause may take before it is an error.
+    timeout_s: float = 600.0
+    # Set by the launcher from Hydra's output dir; users never need to.
+    run_dir: str = ""
+
+    def __post_init__(self) -> None:
+        _one_of("mode", self.mode, ("colocate", "disagg"))
+        _check(self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
+        _check(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
+        _check(self.max_staleness >= 0, "max_staleness", self.max_staleness, ">= 0")
+        _check(self.eval_every >= 0, "eval_every", self.eval_every, ">= 0")
+        _check(self.save_every >= 0, "save_every", self.save_every, ">= 0")
+        _check(self.sync_weights_interval >= 1, "sync_weights_interval", self.sync_weights_interval, ">= 1")
+        _check(self.keep_checkpoints >= 1, "keep_checkpoints", self.keep_checkpoints, ">= 1")
+        _check(self.timeout_s > 0, "timeout_s", self.timeout_s, "> 0")
+        _check(self.resume in ("auto", "never") or bool(self.resume), "resume", self.resume,
+               "auto, never or a run directory")
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        """Refuse combinations that cannot work, with the reason."""
+        if self.backend.name == "deepspeed" and self.cluster.name == "local":
+            raise ConfigError(
+                "backend=deepspeed runs its workers as Ray actors: use cluster=local_ray or cluster=slurm"
+            )
+        if self.cluster.name == "local_ray":
+            workers = self.backend.num_workers if self.backend.name == "deepspeed" else 1
+            need = self.engine.num_engines * self.cluster.engine_cpus + workers * self.cluster.trainer_cpus
+            if self.mode == "disagg" and need > self.cluster.num_cpus:
+                raise ConfigError(
+                    f"mode=disagg needs {need:g} CPUs for {self.engine.num_engines} engine(s) x "
+                    f"cluster.engine_cpus={self.cluster.engine_cpus:g} + {workers} training worker(s) x "
+                    f"cluster.trainer_cpus={self.cluster.trainer_cpus:g}, but cluster.num_cpus={self.cluster.num_cpus}"
+                )
+        if self.eval.num_prompts > self.task.num_eval:
+            raise ConfigError(
+                f"eval.num_prompts={self.eval.num_prompts} exceeds task.num_eval={self.task.num_eval}"
+            )
+        if self.eval.pass_k > 1 and self.eval.temperature <= 0:
+            raise ConfigError("eval.pass_k > 1 needs eval.temperature > 0 (greedy samples are identical)")

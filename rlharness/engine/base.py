@@ -1,0 +1,68 @@
+"""The rollout engine interface every backend (hf, vllm, sim) implements.
+
+An engine serves many concurrent `generate` calls (continuous batching is its own
+business), can abort everything in flight (each aborted call returns the tokens it
+produced so far with finish_reason "abort"), and swaps weights between requests,
+stamping every token with the weight version that produced it.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_tokens: int = 16
+    stop: list[str] = field(default_factory=list)  # stop strings, matched on decoded text
+    greedy: bool = False  # argmax; logprobs are still those of the (temperature-1) distribution
+
+
+@dataclass
+class GenerateRequest:
+    request_id: str
+    prompt_ids: list[int]  # for a continuation: prompt + the partial response so far
+    sampling: SamplingParams
+
+
+@dataclass
+class GenerateResult:
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    model_steps: list[int]  # weight version that produced each token
+    finish_reason: str  # "stop" | "length" | "abort"
+    text: str = ""  # decoded token_ids (engines with a tokenizer fill it)
+
+
+class RolloutEngine(abc.ABC):
+    """Async interface; local engines and Ray actor proxies look the same to callers."""
+
+    supports_abort: bool = True
+
+    @property
+    @abc.abstractmethod
+    def version(self) -> int: ...
+
+    @abc.abstractmethod
+    async def generate(self, request: GenerateRequest) -> GenerateResult: ...
+
+    @abc.abstractmethod
+    async def abort_all(self) -> int:
+        """Abort every in-flight request; each returns its partial tokens. Returns how many."""
+
+    @abc.abstractmethod
+    async def load_weights(self, state: dict[str, Any], version: int) -> None:
+        """Swap weights between requests (no request sees a mix) and set `version`."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+    def stats(self) -> dict[str, float]:
+        """Counters for metrics: busy time, tokens generated... (engine-specific)."""
+        return {}

@@ -1,0 +1,177 @@
+"""The shared types: the only things that cross between stages of the spine.
+
+A ``RolloutState`` is one sample (one prompt copy and its response). A *group* is a
+``list[RolloutState]`` holding the ``prompt_repeat_k`` copies of one prompt; groups are
+the unit the sampler hands out, the replay buffer stores and the trainer consumes.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+Group = list["RolloutState"]
+
+
+class Status(str, Enum):
+    INIT = "init"
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+    EXPIRED = "expired"
+    FAILED = "failed"
+    FILTERED = "filtered"
+    ARCHIVED = "archived"
+
+
+# A group's status is the worst of its members' (DESIGN.md). INIT and ARCHIVED rank
+# below COMPLETED: an INIT member means "not generated yet", which the group as a
+# whole reports only when no member is worse.
+_STATUS_PRIORITY = {
+    Status.FAILED: 6,
+    Status.ABORTED: 5,
+    Status.EXPIRED: 4,
+    Status.FILTERED: 3,
+    Status.INIT: 2,
+    Status.COMPLETED: 1,
+    Status.ARCHIVED: 0,
+}
+
+
+def group_status(group: Group) -> Status:
+    if not group:
+        raise ValueError("group_status of an empty group")
+    return max((s.status for s in group), key=_STATUS_PRIORITY.__getitem__)
+
+
+def new_uid() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+@dataclass
+class RolloutState:
+    """One sample. Per-token lists (`response_*`) always have equal length."""
+
+    uid: str
+    group_id: str
+    task: str
+    prompt_index: int  # position of the prompt in its dataset split
+    epoch: int  # sampler epoch the prompt was drawn in
+    prompt_text: str
+    prompt_ids: list[int]
+    # Ground truth and anything else the judger needs (answer, numbers, target...).
+    label: dict[str, Any] = field(default_factory=dict)
+    response_ids: list[int] = field(default_factory=list)
+    response_logprobs: list[float] = field(default_factory=list)
+    # The weight version that produced each response token (initial weights = 0).
+    response_model_steps: list[int] = field(default_factory=list)
+    response_text: str = ""
+    reward: dict[str, float] | None = None
+    status: Status = Status.INIT
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | None
+    num_aborts: int = 0  # times generation was interrupted (partial rollout)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def min_policy_version(self) -> int | None:
+        return min(self.response_model_steps) if self.response_model_steps else None
+
+    @property
+    def max_policy_version(self) -> int | None:
+        return max(self.response_model_steps) if self.response_model_steps else None
+
+    def reset_response(self) -> None:
+        """Forget the generated part; the prompt goes back to be generated afresh."""
+        self.response_ids = []
+        self.response_logprobs = []
+        self.response_model_steps = []
+        self.response_text = ""
+        self.reward = None
+        self.finish_reason = None
+
+    def append_tokens(self, ids: list[int], logprobs: list[float], model_steps: list[int]) -> None:
+        if not (len(ids) == len(logprobs) == len(model_steps)):
+            raise ValueError(
+                f"append_tokens: lengths differ (ids={len(ids)}, logprobs={len(logprobs)}, "
+                f"model_steps={len(model_steps)})"
+            )
+        self.response_ids.extend(ids)
+        self.response_logprobs.extend(logprobs)
+        self.response_model_steps.extend(model_steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["status"] = self.status.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RolloutState":
+        d = dict(d)
+        d["status"] = Status(d["status"])
+        return cls(**d)
+
+    def clone(self) -> "RolloutState":
+        return copy.deepcopy(self)
+
+
+def make_group(
+    *,
+    task: str,
+    prompt_index: int,
+    epoch: int,
+    prompt_text: str,
+    prompt_ids: list[int],
+    label: dict[str, Any],
+    k: int,
+) -> Group:
+    """`k` fresh copies of one prompt sharing a group id."""
+    group_id = new_uid()
+    return [
+        RolloutState(
+            uid=new_uid(),
+            group_id=group_id,
+            task=task,
+            prompt_index=prompt_index,
+            epoch=epoch,
+            prompt_text=prompt_text,
+            prompt_ids=list(prompt_ids),
+            label=dict(label),
+        )
+        for _ in range(k)
+    ]
+
+
+def group_staleness(group: Group, train_step: int) -> int:
+    """Staleness of a group if trained at `train_step`: train_step - min version - 1.
+
+    Measured per token (DESIGN.md): the oldest token of any member decides. A group
+    with no tokens yet has staleness 0.
+    """
+    versions = [v for s in group for v in s.response_model_steps]
+    if not versions:
+        return 0
+    return train_step - min(versions) - 1
+
+
+@dataclass
+class TrainBatch:
+    """Padded tensors for one training step; built from groups by `rlharness.trainer.batch`.
+
+    Every per-token tensor is indexed by the token's own position in `input_ids`
+    ([B, T]): `response_mask[b, t] = 1` when token t of row b is a trained response
+    token, and `advantages`, `rollout_logprobs`, `model_steps` at [b, t] belong to
+    that same token. The log-prob of token t comes from the logits at t - 1; the
+    backend does that shift once (see `rlharness.algo.losses.token_logprobs`).
+    """
+
+    input_ids: Any  # LongTensor [B, T], right-padded
+    attention_mask: Any  # LongTensor [B, T]
+    response_mask: Any  # FloatTensor [B, T]
+    advantages: Any  # FloatTensor [B, T]
+    rollout_logprobs: Any  # FloatTensor [B, T]
+    model_steps: Any  # LongTensor [B, T], -1 outside responses
+    train_step: int = 0
+    num_groups: int = 0
+    max_response_len: int = 0  # agent max_tokens, for Dr.GRPO's constant normaliser
