@@ -1,0 +1,51 @@
+"""Load a Hugging Face causal LM and its tokenizer from `model.path` (any checkpoint dir).
+
+The embedded default (`assets/tiny-arith`) goes through exactly this code. Relative
+paths resolve against the current directory first, then the project root, so
+`python train.py` works from anywhere inside a Hydra run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rlharness.config.schema import ConfigError, ModelConf
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_model_path(path: str) -> Path:
+    p = Path(path).expanduser()
+    for candidate in (p, PROJECT_ROOT / p):
+        if (candidate / "config.json").is_file():
+            return candidate.resolve()
+    raise ConfigError(
+        f"model.path={path!r}: no Hugging Face checkpoint there (looked for config.json in "
+        f"{p.resolve()} and {(PROJECT_ROOT / p).resolve()})"
+    )
+
+
+def load_tokenizer(conf: ModelConf):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(resolve_model_path(conf.path)),
+                                        trust_remote_code=conf.trust_remote_code)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(conf: ModelConf, device: str = "cpu"):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(resolve_model_path(conf.path)),
+        dtype=_DTYPES[conf.dtype],
+        attn_implementation=conf.attn_implementation,
+        trust_remote_code=conf.trust_remote_code,
+    )
+    return model.to(device)
