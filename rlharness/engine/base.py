@@ -21,6 +21,9 @@ class SamplingParams:
     max_tokens: int = 16
     stop: list[str] = field(default_factory=list)  # stop strings, matched on decoded text
     greedy: bool = False  # argmax; logprobs are still those of the (temperature-1) distribution
+    # Per-request seed: a request's samples then depend on it alone, not on which other
+    # requests share its batch, so runs (and resumed runs) are reproducible. None = engine RNG.
+    seed: int | None = None
 
 
 @dataclass

@@ -1,0 +1,91 @@
+"""Atomic, complete checkpoints under `<run_dir>/checkpoints/step_XXXXXXXX/`.
+
+A checkpoint is written into a temporary sibling directory, a `DONE` marker is the
+last file written, and only then is the directory renamed into place (rename is
+atomic on one filesystem). A directory without `DONE` is never loaded; leftovers of a
+write killed half-way are removed at the next save. The newest `keep` are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+DONE = "DONE"
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message names the path and what is wrong."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _STEP_DIR.match(p.name)
+        if m and (p / DONE).is_file():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: str | Path) -> tuple[int, Path] | None:
+    ckpts = complete_checkpoints(run_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def save_checkpoint(run_dir: str | Path, step: int, write: Callable[[Path], None], keep: int,
+                    meta: dict[str, Any] | None = None) -> Path:
+    """Call `write(tmp_dir)` to fill a fresh directory, then publish it atomically."""
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".tmp-*"):  # a write that was killed half-way
+        shutil.rmtree(stale, ignore_errors=True)
+    final = root / step_dir_name(step)
+    tmp = root / f".tmp-{step_dir_name(step)}-{os.getpid()}"
+    tmp.mkdir()
+    write(tmp)
+    (tmp / "meta.json").write_text(json.dumps({"step": step, **(meta or {})}, indent=1))
+    _fsync_tree(tmp)
+    (tmp / DONE).write_text("ok\n")
+    if final.exists():  # same step saved again (e.g. final save right after a periodic one)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _prune(root, keep)
+    log.info("checkpoint saved: %s", final)
+    return final
+
+
+def read_meta(ckpt_dir: Path) -> dict[str, Any]:
+    path = ckpt_dir / "meta.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"checkpoint {ckpt_dir} is corrupted: cannot read {path.name} ({exc})") from exc
+
+
+def _prune(root: Path, keep: int) -> None:
+    ckpts = complete_checkpoints(root.parent)
+    for _, path in ckpts[:-keep]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _fsync_tree(path: Path) -> None:
+    for f in path.rglob("*"):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())

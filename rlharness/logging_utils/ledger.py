@@ -1,0 +1,85 @@
+"""The `rollouts/` ledger: every trained sample, and every group dropped, with the reason.
+
+`rollouts/step_XXXXXXXX.jsonl` holds one row per sample trained at that step;
+`rollouts/dropped.jsonl` one row per sample of a group that was filtered, failed or
+dropped. Together with the checkpoint's buffer they account for every prompt drawn.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rlharness.types import Group, RolloutState
+
+
+def sample_row(s: RolloutState, train_step: int) -> dict[str, Any]:
+    return {
+        "uid": s.uid,
+        "group_id": s.group_id,
+        "task": s.task,
+        "prompt_index": s.prompt_index,
+        "epoch": s.epoch,
+        "train_step": train_step,
+        "min_policy_version": s.min_policy_version,
+        "max_policy_version": s.max_policy_version,
+        "status": s.status.value,
+        "reward": (s.reward or {}).get("score"),
+        "response_len": len(s.response_ids),
+        "num_aborts": s.num_aborts,
+        "finish_reason": s.finish_reason,
+        "prompt": s.prompt_text,
+        "response": s.response_text,
+    }
+
+
+class RolloutLedger:
+    def __init__(self, run_dir: str | Path, resume_step: int = 0):
+        self.dir = Path(run_dir) / "rollouts"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dropped_path = self.dir / "dropped.jsonl"
+        # A resumed run redoes the steps after its checkpoint: forget what they wrote.
+        for p in self.dir.glob("step_*.jsonl"):
+            if int(p.stem.split("_")[1]) > resume_step:
+                p.unlink()
+        if self.dropped_path.exists():
+            keep = [ln for ln in self.dropped_path.read_text().splitlines()
+                    if ln.strip() and _row_step(ln) <= resume_step]
+            self.dropped_path.write_text("".join(ln + "\n" for ln in keep))
+
+    def write_step(self, train_step: int, groups: list[Group]) -> None:
+        path = self.dir / f"step_{train_step:08d}.jsonl"
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as fh:
+            for g in groups:
+                for s in g:
+                    fh.write(json.dumps(sample_row(s, train_step)) + "\n")
+        tmp.replace(path)
+
+    def write_dropped(self, train_step: int, dropped: list[tuple[Group, str]]) -> None:
+        if not dropped:
+            return
+        with open(self.dropped_path, "a") as fh:
+            for group, reason in dropped:
+                for s in group:
+                    fh.write(json.dumps({**sample_row(s, train_step), "reason": reason}) + "\n")
+
+
+def _row_step(line: str) -> int:
+    try:
+        return int(json.loads(line)["train_step"])
+    except (ValueError, KeyError, TypeError):
+        return 1 << 62  # unreadable tail of a killed write: drop it
+
+
+def read_ledger(run_dir: str | Path) -> tuple[list[dict], list[dict]]:
+    """(trained rows sorted by step, dropped rows) — for tests and analysis."""
+    d = Path(run_dir) / "rollouts"
+    trained = []
+    for p in sorted(d.glob("step_*.jsonl")):
+        trained += [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+    dropped = []
+    if (d / "dropped.jsonl").exists():
+        dropped = [json.loads(ln) for ln in (d / "dropped.jsonl").read_text().splitlines() if ln.strip()]
+    return trained, dropped

@@ -1,0 +1,77 @@
+"""`metrics.jsonl`: one JSON object per training step (and per eval), plus the console line."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+class MetricsWriter:
+    def __init__(self, run_dir: str | Path, resume_step: int = 0):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        # After a resume, rows written past the checkpoint step were not kept by the
+        # checkpoint; drop them so every step appears exactly once.
+        if self.path.exists():
+            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self._fh = open(self.path, "a", buffering=1)
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._fh.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    rows = []
+    p = Path(path)
+    if not p.exists():
+        return rows
+    for line in p.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill mid-write
+    return rows
+
+
+def _jsonable(v: Any) -> Any:
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def format_step_line(row: dict[str, Any], total_steps: int) -> str:
+    """One readable line per step for train.log and the console."""
+
+    def f(key: str, fmt: str) -> str | None:
+        v = row.get(key)
+        return None if v is None else format(v, fmt)
+
+    parts = [f"step {row['step']:>{len(str(total_steps))}}/{total_steps}"]
+    for label, key, fmt in (
+        ("reward", "rollout/reward_mean", ".3f"),
+        ("eval", "eval/accuracy", ".3f"),
+        ("loss", "train/loss", "+.4f"),
+        ("kl", "train/kl", ".4f"),
+        ("ent", "train/entropy", ".3f"),
+        ("gnorm", "train/grad_norm", ".3f"),
+        ("len", "rollout/response_len_mean", ".1f"),
+        ("stale", "staleness/mean", ".2f"),
+        ("filt", "rollout/groups_filtered", "d"),
+        ("tok/s", "perf/tokens_per_s", ".0f"),
+        ("step_s", "perf/step_s", ".2f"),
+    ):
+        s = f(key, fmt)
+        if s is not None:
+            parts.append(f"{label} {s}")
+    return " | ".join(parts)
