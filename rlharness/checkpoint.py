@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -48,17 +48,22 @@ def latest_checkpoint(run_dir: str | Path) -> tuple[int, Path] | None:
     return ckpts[-1] if ckpts else None
 
 
-def save_checkpoint(run_dir: str | Path, step: int, write: Callable[[Path], None], keep: int,
-                    meta: dict[str, Any] | None = None) -> Path:
-    """Call `write(tmp_dir)` to fill a fresh directory, then publish it atomically."""
+def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
+    """A fresh temporary directory to write checkpoint `step` into."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):  # a write that was killed half-way
         shutil.rmtree(stale, ignore_errors=True)
-    final = root / step_dir_name(step)
     tmp = root / f".tmp-{step_dir_name(step)}-{os.getpid()}"
     tmp.mkdir()
-    write(tmp)
+    return tmp
+
+
+def commit_checkpoint(run_dir: str | Path, step: int, tmp: Path, keep: int,
+                      meta: dict[str, Any] | None = None) -> Path:
+    """Publish what was written into `tmp`: fsync, `DONE` last, atomic rename, prune."""
+    root = Path(run_dir) / "checkpoints"
+    final = root / step_dir_name(step)
     (tmp / "meta.json").write_text(json.dumps({"step": step, **(meta or {})}, indent=1))
     _fsync_tree(tmp)
     (tmp / DONE).write_text("ok\n")

@@ -1,0 +1,102 @@
+"""From a composed Hydra config to a finished run: validate, build, fit.
+
+`run(cfg)` is what `train.py` calls in every launcher (basic, submitit local or
+Slurm). Resuming: `resume=auto` continues from the newest complete checkpoint in
+the run directory; `resume=<run dir>` is rewritten by `prepare_resume_argv` (before
+Hydra starts) into "compose that run's saved overrides plus the new ones, in that
+directory", after checking the directory and refusing overrides that would make the
+checkpoint unusable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlharness.checkpoint import latest_checkpoint
+from rlharness.config.schema import ConfigError, RunConf
+
+log = logging.getLogger(__name__)
+
+# Changing these makes a checkpoint unusable (other weights, vocabulary or data order).
+FROZEN_ON_RESUME = ("model", "task", "sampler.prompt_repeat_k", "seed")
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def prepare_resume_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Rewrite `resume=<dir>` into overrides Hydra understands. Returns (argv, applied new overrides)."""
+    resume_args = [a for a in argv[1:] if _key(a) == "resume"]
+    if not resume_args:
+        return argv, []
+    value = resume_args[-1].split("=", 1)[1]
+    if value in ("auto", "never"):
+        return argv, []
+    run_dir = Path(value).expanduser().resolve()
+    if not run_dir.is_dir():
+        raise ConfigError(f"resume={value}: no such directory")
+    saved = run_dir / ".hydra" / "overrides.yaml"
+    if not saved.is_file():
+        raise ConfigError(f"resume={value}: not a run directory (no .hydra/overrides.yaml)")
+    if latest_checkpoint(run_dir) is None:
+        raise ConfigError(f"resume={value}: holds no complete checkpoint (checkpoints/step_*/DONE)")
+    old = [o for o in (yaml.safe_load(saved.read_text()) or [])
+           if _key(o) not in ("resume", "hydra.run.dir", "hydra.output_subdir")]
+    new = [a for a in argv[1:] if _key(a) != "resume"]
+    old_values = {_key(o): o for o in old}
+    for o in new:
+        k = _key(o)
+        if any(k == f or k.startswith(f + ".") for f in FROZEN_ON_RESUME) and old_values.get(k) != o:
+            raise ConfigError(
+                f"resume={value}: override {o!r} would make the checkpoint unusable ({k} is fixed "
+                f"for a run; start a new run instead)")
+    new_keys = {_key(o) for o in new}
+    merged = [o for o in old if _key(o) not in new_keys] + new
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return ([argv[0], *merged, "resume=auto", f"hydra.run.dir={run_dir}",
+             f"hydra.output_subdir=.hydra/resumed-{stamp}"], new)
+
+
+def set_threads_from_env() -> None:
+    """Slurm's task/none plugin lets a job see all cores; use what it was given."""
+    import torch
+
+    cpus = os.environ.get("SLURM_CPUS_PER_TASK")
+    if cpus:
+        torch.set_num_threads(int(cpus))
+        os.environ.setdefault("OMP_NUM_THREADS", cpus)
+
+
+def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
+    from rlharness.build import build_components
+    from rlharness.trainer.trainer import Trainer, seed_everything
+
+    set_threads_from_env()
+    run_dir = Path(conf.run_dir)
+    os.environ.setdefault("WANDB_MODE", getattr(conf.logger, "mode", "disabled"))
+    seed_everything(conf.seed)
+    engine = backend = None
+    if conf.cluster.name in ("local_ray", "slurm") and (conf.mode == "disagg" or conf.backend.name == "deepspeed"):
+        from rlharness.distributed import build_remote_components
+
+        engine, backend = build_remote_components(conf)
+    components = build_components(conf, engine=engine, backend=backend)
+    trainer = Trainer(conf, components, run_dir, config_dict)
+    log.info("run directory: %s", run_dir)
+    try:
+        return asyncio.run(trainer.fit())
+    finally:
+        asyncio.run(_close(components))
+
+
+async def _close(components) -> None:
+    await components.engine.close()
+    await components.backend.close()

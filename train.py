@@ -1,0 +1,48 @@
+"""rlharness entry point: `python train.py [group=option ...] [key=value ...]`.
+
+    python train.py                                   # tiny model, arithmetic, colocated, CPU, W&B offline
+    python train.py strategy=async max_staleness=1    # async producer, at most 1 version stale
+    python train.py mode=disagg cluster=local_ray     # rollout and training as Ray actors, concurrently
+    python train.py -m strategy=sync,async max_staleness=0,1 hydra/launcher=submitit_local
+    python train.py -m cluster=slurm algo.lr=1e-6,3e-6
+    python train.py resume=outputs/2026-11-22/10-31-07
+
+`python train.py --help` lists the config groups; `--cfg job` prints the composed config.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from rlharness.config.schema import ConfigError
+from rlharness.config.store import register_configs
+from rlharness.launcher import prepare_resume_argv, run
+
+log = logging.getLogger("rlharness")
+register_configs()
+_RESUME_OVERRIDES: list[str] = []
+
+
+@hydra.main(version_base=None, config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    cfg.run_dir = HydraConfig.get().runtime.output_dir
+    conf = OmegaConf.to_object(cfg)  # typed + validated (__post_init__) before anything starts
+    if _RESUME_OVERRIDES:
+        log.info("resuming %s with overrides: %s", conf.run_dir, " ".join(_RESUME_OVERRIDES))
+    last = run(conf, OmegaConf.to_container(cfg, resolve=True))
+    # Returned to Hydra (sweepers may optimise it): final eval accuracy if any.
+    return last.get("eval/accuracy") if last else None
+
+
+if __name__ == "__main__":
+    try:
+        sys.argv, _RESUME_OVERRIDES = prepare_resume_argv(sys.argv)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    main()
