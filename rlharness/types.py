@@ -175,3 +175,6 @@ class TrainBatch:
     train_step: int = 0
     num_groups: int = 0
     max_response_len: int = 0  # agent max_tokens, for Dr.GRPO's constant normaliser
+    # Sampling temperature of the rollouts: the trainer scores tokens at the same
+    # temperature so its log-probs are comparable with `rollout_logprobs`.
+    temperature: float = 1.0
