@@ -84,7 +84,12 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
     encode, decode = text_codec(tokenizer)
     task_data = build_task(conf.task, tokenizer)
     validate_data(conf, task_data)
-    judger = build_judger(conf.judger)
+    judger_conf = conf.judger
+    if judger_conf.name == "auto":
+        from rlharness.config.store import SCHEMAS
+
+        judger_conf = SCHEMAS["judger"][conf.task.default_judger]()
+    judger = build_judger(judger_conf)
     if engine is None:
         engine = build_engine_for(conf, tokenizer, decode)
     if backend is None:

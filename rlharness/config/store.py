@@ -14,6 +14,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "sampler": {"default": s.SamplerConf},
     "agent": {"single_turn": s.SingleTurnAgentConf, "multi_turn_tool": s.MultiTurnToolAgentConf},
     "judger": {
+        "auto": s.AutoJudgerConf,
         "math": s.MathJudgerConf,
         "countdown": s.CountdownJudgerConf,
         "format": s.FormatJudgerConf,
