@@ -130,8 +130,17 @@ class JudgerConf:
 
 
 @dataclass
+class AutoJudgerConf(JudgerConf):
+    """The task's own judger (`task.default_judger`) with its default settings."""
+
+    name: str = "auto"
+
+
+@dataclass
 class MathJudgerConf(JudgerConf):
     name: str = "math"
+    # Without '####' or \boxed{}, take the last number in the response (else score 0).
+    fallback_last_number: bool = True
 
 
 @dataclass
@@ -307,6 +316,7 @@ class TaskConf:
     name: str = MISSING
     seed: int = 1234  # data generation / split seed (not the run seed)
     num_eval: int = 200
+    default_judger: str = "math"  # used when judger=auto (the default)
 
 
 @dataclass
@@ -328,12 +338,15 @@ class ArithmeticTaskConf(TaskConf):
 @dataclass
 class CountdownTaskConf(TaskConf):
     name: str = "countdown"
+    default_judger: str = "countdown"
     num_numbers: int = 3
     max_number: int = 20
     num_train: int = 20000
 
     def __post_init__(self) -> None:
         _check(2 <= self.num_numbers <= 6, "task.num_numbers", self.num_numbers, "2..6")
+        _check(self.max_number >= 1, "task.max_number", self.max_number, ">= 1")
+        _check(self.num_train >= 1, "task.num_train", self.num_train, ">= 1")
 
 
 @dataclass
@@ -347,6 +360,9 @@ class JsonlTaskConf(TaskConf):
     # GSM8K keeps the final answer after '####'; other layouts use the whole field.
     answer_delimiter: str = "####"
     apply_chat_template: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.num_eval >= 0, "task.num_eval", self.num_eval, ">= 0")
 
 
 # ----------------------------------------------------------------------------- cluster
@@ -368,6 +384,8 @@ class LocalRayClusterConf(ClusterConf):
     # CPUs for each engine actor and each training actor (fractions allowed).
     engine_cpus: float = 1.0
     trainer_cpus: float = 1.0
+    # Ray's session files; "" = a short per-process dir under the system temp dir.
+    temp_dir: str = ""
 
 
 @dataclass
@@ -384,6 +402,11 @@ class SlurmClusterConf(ClusterConf):
     constraint: Optional[str] = None
     setup: list[str] = field(default_factory=list)
     max_num_timeout: int = 3  # requeues on preemption/timeout
+    # Multi-node Ray (rlharness.launch.ray_cluster): the head's GCS port; 0 = derived
+    # from the job id so jobs sharing a node do not collide.
+    ray_port: int = 0
+    # How long the head waits for every node to join, and a worker for the head.
+    ray_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         _check(self.nodes >= 1, "cluster.nodes", self.nodes, ">= 1")
