@@ -1,0 +1,96 @@
+"""Advantage estimators: rewards of a batch of groups [num_groups, k] -> per-sample advantages.
+
+Pure tensor functions registered by name (as verl's `core_algos.py`); `algo.advantage`
+picks one. Every estimator gives 0 (never NaN) for a group of one sample and for a
+group whose rewards are all equal: such groups stay in the batch and contribute
+nothing to the gradient.
+
+- grpo: (r - group mean) / (group std + eps), std unbiased (as GRPO/verl); with
+  `norm_adv_by_std=False` it is r - mean.
+- drgrpo: r - group mean (Dr.GRPO drops the std division, which over-weights easy and
+  hard prompts).
+- rloo: r - mean of the *other* k - 1 rewards = k / (k - 1) * (r - group mean).
+- reinforce_pp: REINFORCE++ with baseline: r - group mean, then whitened over the
+  whole batch (divided by the batch std). verl whitens per token; here per sample,
+  which differs only in how longer responses weigh in the batch statistics.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from rlharness.config.schema import AlgoConf
+
+AdvantageFn = Callable[..., torch.Tensor]
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
+
+
+def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
+    def wrap(fn: AdvantageFn) -> AdvantageFn:
+        if name in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} registered twice")
+        ADVANTAGE_ESTIMATORS[name] = fn
+        return fn
+
+    return wrap
+
+
+def get_advantage_estimator(name: str) -> AdvantageFn:
+    if name not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"algo.advantage={name!r} is not allowed: expected one of {sorted(ADVANTAGE_ESTIMATORS)}")
+    return ADVANTAGE_ESTIMATORS[name]
+
+
+def _check_rewards(rewards: torch.Tensor) -> torch.Tensor:
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [num_groups, k], got shape {tuple(rewards.shape)}")
+    return rewards.float()
+
+
+def _std(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Unbiased std that is 0 (not NaN) when there is a single element."""
+    n = x.numel() if dim is None else x.shape[dim]
+    if n < 2:
+        return torch.zeros(()) if dim is None else torch.zeros_like(x.select(dim, 0))
+    return x.std() if dim is None else x.std(dim=dim)
+
+
+@register_advantage("grpo")
+def grpo_advantages(rewards: torch.Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    r = _check_rewards(rewards)
+    adv = r - r.mean(dim=1, keepdim=True)
+    if norm_adv_by_std:
+        adv = adv / (_std(r, dim=1).unsqueeze(1) + eps)
+    return adv
+
+
+@register_advantage("drgrpo")
+def drgrpo_advantages(rewards: torch.Tensor, **_: object) -> torch.Tensor:
+    r = _check_rewards(rewards)
+    return r - r.mean(dim=1, keepdim=True)
+
+
+@register_advantage("rloo")
+def rloo_advantages(rewards: torch.Tensor, **_: object) -> torch.Tensor:
+    r = _check_rewards(rewards)
+    k = r.shape[1]
+    if k < 2:
+        return torch.zeros_like(r)
+    return (r - r.mean(dim=1, keepdim=True)) * (k / (k - 1))
+
+
+@register_advantage("reinforce_pp")
+def reinforce_pp_advantages(rewards: torch.Tensor, *, eps: float = 1e-6, **_: object) -> torch.Tensor:
+    r = _check_rewards(rewards)
+    centred = r - r.mean(dim=1, keepdim=True)
+    # Whitening: the batch mean of `centred` is already 0; subtract it anyway so the
+    # definition holds exactly (it is also what verl's masked_whiten does).
+    return (centred - centred.mean()) / (_std(centred) + eps)
+
+
+def compute_advantages(rewards: torch.Tensor, algo: AlgoConf) -> torch.Tensor:
+    """The estimator named by `algo.advantage`; `algo.norm_adv_by_std` applies to grpo."""
+    fn = get_advantage_estimator(algo.advantage)
+    return fn(rewards, norm_adv_by_std=algo.norm_adv_by_std)

@@ -1,0 +1,101 @@
+"""Groups of judged samples -> one padded `TrainBatch` (+ rollout metrics).
+
+Row b is prompt_ids + response_ids of one sample, right-padded. Every per-token
+tensor is indexed by the token's own position: a response token at position t has
+response_mask 1, its sample's advantage, the engine's log-prob for it and the weight
+version that produced it, all at [b, t]. Prompt and padding positions have mask 0,
+advantage 0, log-prob 0 and model step -1. (The seeds shifted advantages one token
+against the labels; the loss functions shift the *logits* instead, once, in
+`token_logprobs`.)
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from rlharness.algo.advantages import compute_advantages
+from rlharness.config.schema import AlgoConf
+from rlharness.types import Group, RolloutState, TrainBatch
+
+
+def _score(s: RolloutState) -> float:
+    if s.reward is None or "score" not in s.reward:
+        raise ValueError(f"sample uid={s.uid} (group {s.group_id}) has no reward['score']: judge it before training")
+    return float(s.reward["score"])
+
+
+def _check_sample(s: RolloutState) -> None:
+    if not (len(s.response_ids) == len(s.response_logprobs) == len(s.response_model_steps)):
+        raise ValueError(
+            f"sample uid={s.uid}: response_ids ({len(s.response_ids)}), response_logprobs "
+            f"({len(s.response_logprobs)}) and response_model_steps ({len(s.response_model_steps)}) differ in length"
+        )
+
+
+def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, train_step: int,
+                      max_response_len: int, temperature: float) -> tuple[TrainBatch, dict[str, float]]:
+    """Advantages per group (`algo.advantage`), broadcast over each sample's response tokens.
+
+    Groups whose rewards are all equal stay in the batch with zero advantages (they add
+    tokens to the loss normaliser but nothing to the gradient). `temperature` is the
+    rollout sampling temperature; greedy (0) rollouts are scored at temperature 1.
+    """
+    if not groups:
+        raise ValueError("build_train_batch: no groups")
+    sizes = {len(g) for g in groups}
+    if len(sizes) != 1 or 0 in sizes:
+        raise ValueError(f"build_train_batch: every group needs the same, non-zero size; got sizes {sorted(sizes)}")
+    samples = [s for g in groups for s in g]
+    for s in samples:
+        _check_sample(s)
+    rewards = torch.tensor([[_score(s) for s in g] for g in groups], dtype=torch.float32)
+    advantages = compute_advantages(rewards, algo).reshape(-1)
+
+    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    num_rows, width = len(samples), max(lengths)
+    input_ids = torch.full((num_rows, width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((num_rows, width), dtype=torch.long)
+    response_mask = torch.zeros((num_rows, width), dtype=torch.float32)
+    token_adv = torch.zeros((num_rows, width), dtype=torch.float32)
+    rollout_logprobs = torch.zeros((num_rows, width), dtype=torch.float32)
+    model_steps = torch.full((num_rows, width), -1, dtype=torch.long)
+    for b, s in enumerate(samples):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        input_ids[b, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
+        attention_mask[b, : p + r] = 1
+        response_mask[b, p: p + r] = 1.0
+        token_adv[b, p: p + r] = advantages[b]
+        rollout_logprobs[b, p: p + r] = torch.tensor(s.response_logprobs, dtype=torch.float32)
+        model_steps[b, p: p + r] = torch.tensor(s.response_model_steps, dtype=torch.long)
+
+    batch = TrainBatch(
+        input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask, advantages=token_adv,
+        rollout_logprobs=rollout_logprobs, model_steps=model_steps, train_step=train_step,
+        num_groups=len(groups), max_response_len=max_response_len,
+        temperature=temperature if temperature > 0 else 1.0,
+    )
+    return batch, rollout_metrics(groups, rewards, advantages)
+
+
+def rollout_metrics(groups: list[Group], rewards: torch.Tensor, advantages: torch.Tensor) -> dict[str, float]:
+    samples = [s for g in groups for s in g]
+    response_lens = [len(s.response_ids) for s in samples]
+    flat = rewards.reshape(-1)
+    zero_signal = int((rewards.max(dim=1).values == rewards.min(dim=1).values).sum())
+    return {
+        "rollout/reward_mean": float(flat.mean()),
+        "rollout/reward_std": float(flat.std()) if flat.numel() > 1 else 0.0,
+        "rollout/reward_max": float(flat.max()),
+        "rollout/reward_min": float(flat.min()),
+        "rollout/response_len_mean": float(statistics.fmean(response_lens)),
+        "rollout/response_len_max": float(max(response_lens)),
+        "rollout/response_len_min": float(min(response_lens)),
+        "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
+        "rollout/adv_abs_mean": float(advantages.abs().mean()),
+        "rollout/groups_zero_signal_frac": zero_signal / len(groups),
+        "rollout/num_groups": float(len(groups)),
+        "rollout/num_samples": float(len(samples)),
+        "rollout/num_response_tokens": float(sum(response_lens)),
+    }

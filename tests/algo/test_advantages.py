@@ -1,0 +1,90 @@
+"""Advantage estimators against values computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlharness.algo.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    compute_advantages,
+    drgrpo_advantages,
+    get_advantage_estimator,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
+from rlharness.config.schema import AlgoConf
+
+EPS = 1e-6
+
+
+def close(actual: torch.Tensor, expected: list[list[float]], tol: float = 1e-5) -> None:
+    torch.testing.assert_close(actual, torch.tensor(expected), atol=tol, rtol=0)
+
+
+def test_registry_has_all_configured_names():
+    assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "drgrpo", "rloo", "reinforce_pp"}
+    with pytest.raises(ValueError, match="algo.advantage='ppo'"):
+        get_advantage_estimator("ppo")
+
+
+def test_grpo_hand_values():
+    # group 1: [1, 0, 0, 0]: mean 0.25, unbiased std sqrt((0.5625 + 3 * 0.0625) / 3) = 0.5
+    # group 2: [1, 1, 0, 0]: mean 0.5, unbiased std sqrt(4 * 0.25 / 3) = 0.57735
+    adv = grpo_advantages(torch.tensor([[1.0, 0, 0, 0], [1.0, 1, 0, 0]]), eps=0.0)
+    s = math.sqrt(1 / 3)
+    close(adv, [[1.5, -0.5, -0.5, -0.5], [0.5 / s, 0.5 / s, -0.5 / s, -0.5 / s]])
+
+
+def test_grpo_without_std_is_centred_reward():
+    adv = grpo_advantages(torch.tensor([[3.0, 1.0]]), norm_adv_by_std=False)
+    close(adv, [[1.0, -1.0]])
+
+
+def test_drgrpo_hand_values():
+    close(drgrpo_advantages(torch.tensor([[1.0, 0, 0, 0], [2.0, 4.0, 0, 2.0]])),
+          [[0.75, -0.25, -0.25, -0.25], [0.0, 2.0, -2.0, 0.0]])
+
+
+def test_rloo_hand_values():
+    # r_i - mean of the other three: 1 - 0 = 1; 0 - 1/3
+    close(rloo_advantages(torch.tensor([[1.0, 0, 0, 0]])), [[1.0, -1 / 3, -1 / 3, -1 / 3]])
+    # [3, 1]: 3 - 1 = 2, 1 - 3 = -2
+    close(rloo_advantages(torch.tensor([[3.0, 1.0]])), [[2.0, -2.0]])
+
+
+def test_reinforce_pp_hand_values():
+    # centred: [[0.5, -0.5], [1, -1]], batch mean 0, unbiased std sqrt((0.25*2 + 1*2) / 3) = sqrt(5/6)
+    adv = reinforce_pp_advantages(torch.tensor([[1.0, 0.0], [2.0, 0.0]]), eps=0.0)
+    s = math.sqrt(5 / 6)
+    close(adv, [[0.5 / s, -0.5 / s], [1 / s, -1 / s]])
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+def test_group_of_one_gives_zero_not_nan(name):
+    adv = get_advantage_estimator(name)(torch.tensor([[1.0], [0.0], [0.5]]))
+    assert torch.isfinite(adv).all()
+    close(adv, [[0.0], [0.0], [0.0]])
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+def test_all_equal_rewards_give_zero(name):
+    adv = get_advantage_estimator(name)(torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
+    assert torch.isfinite(adv).all()
+    close(adv, [[0.0] * 3, [0.0] * 3])
+
+
+def test_compute_advantages_dispatches_on_conf():
+    r = torch.tensor([[1.0, 0, 0, 0]])
+    close(compute_advantages(r, AlgoConf(name="x", advantage="grpo")), [[1.5, -0.5, -0.5, -0.5]], tol=1e-4)
+    close(compute_advantages(r, AlgoConf(name="x", advantage="grpo", norm_adv_by_std=False)),
+          [[0.75, -0.25, -0.25, -0.25]])
+    close(compute_advantages(r, AlgoConf(name="x", advantage="rloo")), [[1.0, -1 / 3, -1 / 3, -1 / 3]])
+
+
+def test_rejects_wrong_shape():
+    with pytest.raises(ValueError, match="num_groups, k"):
+        grpo_advantages(torch.tensor([1.0, 0.0]))
