@@ -1,0 +1,90 @@
+"""Countdown judger: does the response's expression reach the target?
+
+The response is an expression over the given numbers with + - * / and parentheses,
+optionally followed by "=<target>" ("(3+5)*7" or "3*5=15"). It is parsed with
+`ast.parse(mode="eval")` and walked; only BinOp (Add, Sub, Mult, Div), integer
+Constants and parentheses are accepted — no names, calls, unary minus or powers, and
+never `eval`. Number rule: each given number may be used at most as many times as it
+appears in `label["numbers"]` (a multiset); numbers need not all be used. Division is
+exact (Fraction). Score 1 when the value equals the target; anything malformed,
+a number not given or reused, division by zero, or a wrong value scores 0. Bad text
+never raises.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import Counter
+from fractions import Fraction
+from typing import Any
+
+from rlharness.config.schema import CountdownJudgerConf
+from rlharness.judger.base import Judger
+
+# Longer responses are not a plausible expression over <= 6 numbers; also bounds the
+# parser's recursion on pathological nesting.
+MAX_EXPRESSION_CHARS = 256
+_ALLOWED_CHARS_RE = re.compile(r"[0-9+\-*/() ]+", re.ASCII)
+_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
+        ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b}
+
+
+class InvalidExpression(ValueError):
+    pass
+
+
+def evaluate(expression: str, numbers: list[int]) -> Fraction:
+    """Exact value of `expression`; InvalidExpression if it breaks any rule above."""
+    if len(expression) > MAX_EXPRESSION_CHARS or not _ALLOWED_CHARS_RE.fullmatch(expression):
+        raise InvalidExpression("characters outside 0-9 + - * / ( ) space, or too long")
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise InvalidExpression(f"not an expression: {exc}") from None
+    available = Counter(numbers)
+
+    def walk(node: ast.AST) -> Fraction:
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            left, right = walk(node.left), walk(node.right)
+            if isinstance(node.op, ast.Div) and right == 0:
+                raise InvalidExpression("division by zero")
+            return _OPS[type(node.op)](left, right)
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            if available[node.value] <= 0:
+                raise InvalidExpression(f"{node.value} is not among the numbers or is used too often")
+            available[node.value] -= 1
+            return Fraction(node.value)
+        raise InvalidExpression(f"{type(node).__name__} is not allowed")
+
+    try:
+        return walk(tree.body)
+    except RecursionError:
+        raise InvalidExpression("nested too deeply") from None
+
+
+def split_response(text: str) -> tuple[str, str | None]:
+    """("expression", claimed result or None) from "expr" or "expr=result"."""
+    expr, sep, claimed = text.strip().partition("=")
+    return expr.strip(), (claimed.strip() if sep else None)
+
+
+class CountdownJudger(Judger):
+    name = "countdown"
+
+    def __init__(self, conf: CountdownJudgerConf | None = None):
+        self.conf = conf or CountdownJudgerConf()
+
+    def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
+        for key in ("numbers", "target"):
+            if key not in label:
+                raise KeyError(f"countdown judger: label has no {key!r} key (keys: {sorted(label)})")
+        expr, claimed = split_response(response_text)
+        # "expr=15" must claim the target itself; "expr=" and "expr=junk" are malformed.
+        if claimed is not None and claimed != str(label["target"]):
+            return {"score": 0.0}
+        try:
+            value = evaluate(expr, [int(n) for n in label["numbers"]])
+        except InvalidExpression:
+            return {"score": 0.0}
+        return {"score": 1.0 if value == int(label["target"]) else 0.0}
