@@ -1,0 +1,219 @@
+"""Bring up (or join) the Ray cluster a run uses: `connect_ray(cluster_conf)`.
+
+- `cluster=local_ray`: an in-process local Ray with the configured CPUs and object
+  store, no dashboard, session files in a private temp dir.
+- `cluster=slurm`: one Ray cluster across the job's nodes. submitit runs the same
+  callable once per node (tasks_per_node=1), so every node calls `connect_ray`:
+  node 0 (SLURM_NODEID=0) starts the head (`ray start --head --block`) on its address,
+  connects the driver and waits until all SLURM_NNODES nodes have joined, then
+  returns and trains; every other node starts a worker pointed at the head and does
+  not return: it serves until the head goes away, stops its Ray processes and exits
+  the process with status 0 (so only node 0 trains).
+  Node names come from `scontrol show hostnames $SLURM_JOB_NODELIST`; the head's GCS
+  port is `cluster.ray_port`, or 20000 + job id mod 10000 when that is 0, so that
+  every node computes the same address without a rendezvous file.
+
+Ray's daemons are started as our own child process groups and stopped by process
+group at exit, never with a blanket `ray stop` (which would kill other users' Ray).
+`RAY_AUTH_MODE=disabled` is set (else Ray writes a token under ~/.ray).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from rlharness.config.schema import ClusterConf, ConfigError, LocalRayClusterConf, SlurmClusterConf
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.5
+HEAD_GONE_CHECKS = 3  # consecutive failed probes before a worker concludes the head is gone
+STOP_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True)
+class SlurmRayLayout:
+    """Where the Ray cluster of one Slurm job lives; same on every node of the job."""
+
+    job_id: str
+    node_rank: int
+    hostnames: list[str]
+    head_ip: str
+    port: int
+    num_cpus: int
+    num_gpus: int
+    temp_dir: str
+
+    @property
+    def address(self) -> str:
+        return f"{self.head_ip}:{self.port}"
+
+    @property
+    def is_head(self) -> bool:
+        return self.node_rank == 0
+
+
+def connect_ray(cluster: ClusterConf) -> None:
+    """Make `ray` usable in this process for this cluster (see the module docstring).
+
+    On a non-head Slurm node this serves as a Ray worker and exits the process.
+    """
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    if ray.is_initialized():
+        return
+    if isinstance(cluster, LocalRayClusterConf):
+        _init_local(cluster)
+    elif isinstance(cluster, SlurmClusterConf):
+        layout = slurm_layout(cluster, os.environ)
+        if layout.is_head:
+            start_head(layout, cluster.ray_timeout_s)
+        else:
+            serve_as_worker(layout, cluster.ray_timeout_s)
+            raise SystemExit(0)
+    else:
+        raise ConfigError(f"cluster={cluster.name!r} has no Ray: use cluster=local_ray or cluster=slurm")
+
+
+def _init_local(cluster: LocalRayClusterConf) -> None:
+    import ray
+
+    temp_dir = cluster.temp_dir or tempfile.mkdtemp(prefix="rlh-ray-")
+    ray.init(num_cpus=cluster.num_cpus, object_store_memory=cluster.object_store_memory_mb * 2**20,
+             _temp_dir=temp_dir, include_dashboard=False, log_to_driver=True)
+    log.info("local Ray started: %d CPUs, session files in %s", cluster.num_cpus, temp_dir)
+
+
+# ----------------------------------------------------------------------------- Slurm layout
+def slurm_hostnames(nodelist: str) -> list[str]:
+    """Expand a Slurm node list ("gpu[01-03],cpu7") the way Slurm does."""
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                         timeout=30)
+    if out.returncode != 0 or not out.stdout.split():
+        raise RuntimeError(f"scontrol show hostnames {nodelist!r} failed: {out.stderr.strip()}")
+    return out.stdout.split()
+
+
+def derive_port(job_id: str, configured: int) -> int:
+    return configured if configured else 20000 + int(job_id.split("_")[0]) % 10000
+
+
+def slurm_layout(cluster: SlurmClusterConf, env: os._Environ | dict) -> SlurmRayLayout:
+    """Read the job's node list, this node's rank and its resources from Slurm's env."""
+    job_id = env.get("SLURM_JOB_ID")
+    if not job_id:
+        raise ConfigError("cluster=slurm needs Ray to run inside a Slurm job, but SLURM_JOB_ID is not set "
+                          "(submit with `python train.py -m cluster=slurm ...`, or use cluster=local_ray)")
+    hostnames = slurm_hostnames(env["SLURM_JOB_NODELIST"])
+    node_rank = int(env.get("SLURM_NODEID", "0"))
+    cpus = int(env.get("SLURM_CPUS_PER_TASK") or env.get("SLURM_CPUS_ON_NODE") or cluster.cpus_per_task)
+    return SlurmRayLayout(
+        job_id=job_id, node_rank=node_rank, hostnames=hostnames,
+        head_ip=socket.gethostbyname(hostnames[0]), port=derive_port(job_id, cluster.ray_port),
+        num_cpus=cpus, num_gpus=cluster.gpus_per_node,
+        # Short: Ray's unix socket paths must stay under ~107 characters.
+        temp_dir=os.path.join(tempfile.gettempdir(), f"rlh-ray-{job_id}-{node_rank}"),
+    )
+
+
+# ----------------------------------------------------------------------------- processes
+def _ray_start(args: list[str], log_path: str) -> subprocess.Popen:
+    """`ray start --block ...` in its own process group, so we can stop exactly it."""
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    cmd = [ray_bin if os.path.exists(ray_bin) else "ray", "start", "--block", "--disable-usage-stats",
+           *args]
+    log.info("starting: %s", " ".join(cmd))
+    with open(log_path, "ab") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_process_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)  # `ray start --block` stops its daemons on SIGTERM
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    except ProcessLookupError:
+        pass
+
+
+def port_open(host: str, port: int, timeout_s: float = 2.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _wait(what: str, ready, timeout_s: float, proc: Optional[subprocess.Popen], log_path: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: `ray start` exited with status {proc.returncode}; see {log_path}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not ready after {timeout_s:g} s (cluster.ray_timeout_s); see {log_path}")
+        time.sleep(POLL_S)
+
+
+def start_head(layout: SlurmRayLayout, timeout_s: float) -> None:
+    """Start the head on this node, connect the driver, wait for every node to join."""
+    import ray
+
+    os.makedirs(layout.temp_dir, exist_ok=True)
+    log_path = os.path.join(layout.temp_dir, "ray-start.log")
+    proc = _ray_start(["--head", f"--node-ip-address={layout.head_ip}", f"--port={layout.port}",
+                       f"--num-cpus={layout.num_cpus}", f"--num-gpus={layout.num_gpus}",
+                       f"--temp-dir={layout.temp_dir}", "--include-dashboard=false"], log_path)
+
+    def shutdown() -> None:
+        if ray.is_initialized():
+            ray.shutdown()
+        stop_process_group(proc)
+
+    atexit.register(shutdown)
+    _wait(f"Ray head {layout.address}", lambda: port_open(layout.head_ip, layout.port), timeout_s, proc,
+          log_path)
+    ray.init(address=layout.address, log_to_driver=True)
+    want = len(layout.hostnames)
+    _wait(f"Ray cluster of {want} node(s) {layout.hostnames}", lambda: alive_nodes() >= want, timeout_s,
+          proc, log_path)
+    log.info("Ray cluster up: head %s, %d node(s), %s", layout.address, want, ray.cluster_resources())
+
+
+def alive_nodes() -> int:
+    import ray
+
+    return sum(1 for node in ray.nodes() if node["Alive"])
+
+
+def serve_as_worker(layout: SlurmRayLayout, timeout_s: float) -> None:
+    """Join the head's cluster and serve until the head goes away."""
+    os.makedirs(layout.temp_dir, exist_ok=True)
+    log_path = os.path.join(layout.temp_dir, "ray-start.log")
+    _wait(f"Ray head {layout.address} (from node {layout.node_rank})",
+          lambda: port_open(layout.head_ip, layout.port), timeout_s, None, log_path)
+    proc = _ray_start([f"--address={layout.address}", f"--num-cpus={layout.num_cpus}",
+                       f"--num-gpus={layout.num_gpus}", f"--temp-dir={layout.temp_dir}"], log_path)
+    log.info("node %d joined Ray head %s", layout.node_rank, layout.address)
+    try:
+        failures = 0
+        while failures < HEAD_GONE_CHECKS and proc.poll() is None:
+            failures = 0 if port_open(layout.head_ip, layout.port) else failures + 1
+            time.sleep(2 * POLL_S)
+    finally:
+        stop_process_group(proc)
+    log.info("node %d: Ray head %s is gone; worker stopped", layout.node_rank, layout.address)
