@@ -17,3 +17,14 @@ def test_arithmetic_through_build_task_is_seeded_and_disjoint():
 def test_unknown_task_name_is_refused():
     with pytest.raises(ConfigError, match="task.name='nope'"):
         build_task(TaskConf(name="nope"))
+
+
+def test_arithmetic_labels_score_through_the_math_judger():
+    from rlharness.judger.math import MathJudger
+
+    task = build_task(ArithmeticTaskConf(num_train=50, num_eval=50, operators=["+", "-", "*"]))
+    judger = MathJudger()
+    for row in task.eval:
+        answer = row.label["answer"]
+        assert judger.score(answer, row.label) == {"score": 1.0}
+        assert judger.score(str(int(answer) + 1), row.label) == {"score": 0.0}
