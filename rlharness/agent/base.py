@@ -1,0 +1,41 @@
+"""AgentLoop: turns one group (prompt copies, maybe with partial responses) into responses.
+
+`generate_group` never mutates its input: it works on copies and returns them, so
+the producer can always put the untouched input group back into the buffer when a
+task is cancelled or crashes. Members that already finished (a continued group)
+keep their result. `pause()` aborts every engine request in flight; those members
+come back ABORTED with the tokens generated so far.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Callable
+
+from rlharness.config.schema import AgentConf
+from rlharness.engine.base import RolloutEngine, SamplingParams
+from rlharness.judger.base import Judger
+from rlharness.types import Group
+
+
+class AgentLoop(abc.ABC):
+    def __init__(self, conf: AgentConf, engine: RolloutEngine, judger: Judger,
+                 decode: Callable[[list[int]], str]) -> None:
+        self.conf = conf
+        self.engine = engine
+        self.judger = judger
+        self.decode = decode
+        # Tokens thrown away when an interrupted group restarts from scratch (partial rollout off).
+        self.tokens_discarded = 0
+
+    @abc.abstractmethod
+    async def generate_group(self, group: Group, enable_partial_rollout: bool) -> Group:
+        """Return copies of `group` with responses generated (COMPLETED/ABORTED/FAILED members)."""
+
+    async def pause(self) -> None:
+        await self.engine.abort_all()
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        sc = self.conf.sampling
+        return SamplingParams(temperature=sc.temperature, top_p=sc.top_p, top_k=sc.top_k,
+                              max_tokens=max_tokens, stop=list(sc.stop))

@@ -1,0 +1,386 @@
+"""AgentLoopManager: runs the produce strategy over tasks and hands batches to the trainer.
+
+Colocated (`produce_batch`): rollout and training take turns on the same devices, so
+each call produces one batch into the buffer, aborts what is still in flight (back
+to the buffer as ABORTED) and takes the batch.
+
+Disaggregated (`produce_loop` + `get_batch`): the loop produces ahead of the consumer
+while staying within the staleness bound; `get_batch` blocks until a full batch is
+ready; `pause`/`resume` bracket a weight sync. The bound itself is enforced by the
+replay buffer at take time (`refresh_staleness(train_step)`), the loop only avoids
+producing what would expire on arrival.
+
+The manager receives its collaborators ready-built and a few scalars; it never reads
+the run config. `state_dict`/`load_state_dict` are synchronous (callable from inside
+a running event loop) and save in-flight groups as ABORTED, so resume loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlharness.agent.base import AgentLoop
+from rlharness.producer.context import ProduceContext, Signal
+from rlharness.producer.progress import ProduceProgress, allocate_batch_sizes
+from rlharness.producer.strategies import ProduceStatus, ProduceStrategy
+from rlharness.replay_buffer import ReplayBuffer, stale_threshold
+from rlharness.sampler import Sampler
+from rlharness.types import Group, Status
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+
+
+@dataclass
+class ProducedBatch:
+    groups: list[Group]
+    train_step: int
+    stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_samples(self) -> int:
+        return sum(len(g) for g in self.groups)
+
+
+def batch_staleness(groups: list[Group], train_step: int) -> tuple[float, int]:
+    """(mean, max) staleness per response token if trained at `train_step`; (0, 0) with no tokens."""
+    values = [train_step - v - 1 for g in groups for s in g for v in s.response_model_steps]
+    if not values:
+        return 0.0, 0
+    return sum(values) / len(values), max(values)
+
+
+class AgentLoopManager:
+    def __init__(
+        self,
+        tasks: dict[str, tuple[Sampler, AgentLoop]],
+        strategy: ProduceStrategy,
+        replay_buffer: ReplayBuffer,
+        batch_size: int,
+        max_staleness: int,
+        sync_weights_interval: int = 1,
+        poll_interval_s: float = 0.5,
+    ) -> None:
+        if not tasks:
+            raise ValueError("AgentLoopManager needs at least one task")
+        threshold = stale_threshold(max_staleness, sync_weights_interval)
+        if threshold != replay_buffer.stale_threshold:
+            raise ValueError(
+                f"max_staleness={max_staleness}, sync_weights_interval={sync_weights_interval} disagree with "
+                f"the replay buffer's (max_staleness={replay_buffer.max_staleness}, "
+                f"sync_weights_interval={replay_buffer.sync_weights_interval})"
+            )
+        for name, (sampler, _) in tasks.items():
+            if sampler.task != name:
+                raise ValueError(f"tasks[{name!r}] holds a sampler for task {sampler.task!r}")
+        self.strategy = strategy
+        self.replay_buffer = replay_buffer
+        self.batch_size = batch_size
+        self.max_staleness = max_staleness
+        self.sync_weights_interval = sync_weights_interval
+        self.stale_threshold = threshold
+        self.poll_interval_s = poll_interval_s
+        self.task_sizes = allocate_batch_sizes(batch_size, list(tasks))
+        for name, (sampler, _) in tasks.items():
+            sampler.check_batch_size(self.task_sizes[name])
+
+        self.progress = ProduceProgress.build(list(tasks))
+        self._model_step = 0
+        self._producer_wake = Signal()
+        self._consumer_wake = Signal()
+        self.contexts: dict[str, ProduceContext] = {
+            name: ProduceContext(
+                task=name,
+                sampler=sampler,
+                agent_loop=loop,
+                replay_buffer=replay_buffer,
+                progress=self.progress,
+                task_batch_size=self.task_sizes[name],
+                group_filter=strategy.group_filter,
+                model_step=lambda: self._model_step,
+                producer_wake=self._producer_wake,
+                on_put=self._consumer_wake.set,
+            )
+            for name, (sampler, loop) in tasks.items()
+        }
+        self._paused = False
+        self._closed = False
+        self._loop_task: asyncio.Task | None = None
+        self._loop_error: BaseException | None = None
+        self._consumer_waiting_step = 0
+        self._window_marks = self._marks()
+
+    # ------------------------------------------------------------------ versions
+    @property
+    def model_step(self) -> int:
+        return self._model_step
+
+    def set_model_step(self, version: int) -> None:
+        """The engines now hold weight version `version` (after train step t: version t)."""
+        self._model_step = version
+        self._producer_wake.set()
+
+    # ------------------------------------------------------------------ colocated
+    async def produce_batch(self, train_step: int) -> ProducedBatch:
+        if self._loop_task is not None and not self._loop_task.done():
+            raise RuntimeError("produce_batch is for colocated mode, but produce_loop is running; use get_batch")
+        lag = train_step - 1 - self._model_step
+        if lag >= self.stale_threshold:
+            raise ValueError(
+                f"produce_batch(train_step={train_step}): engine weights are version {self._model_step}, so "
+                f"every sample would be {lag} versions stale (expires at {self.stale_threshold}); "
+                f"call set_model_step(version) after each weight sync"
+            )
+        if self._closed or self._paused:
+            raise RuntimeError(f"produce_batch(train_step={train_step}) on a manager that is "
+                               f"{'closed' if self._closed else 'paused'}")
+        loop = asyncio.get_running_loop()
+        start_s = loop.time()
+        self.progress.begin_consume(train_step)
+        self.progress.set_local_target(train_step, self.task_sizes)
+        self.replay_buffer.refresh_staleness(train_step)
+        while True:
+            try:
+                statuses = await self._produce_all()
+            finally:
+                # Rollout and training share the devices: nothing may keep running into training.
+                await self._drain_all()
+            self.replay_buffer.refresh_staleness(train_step)
+            if self.replay_buffer.ready(self.task_sizes):
+                return self._take(train_step, loop.time() - start_s)
+            if ProduceStatus.PAUSED in statuses:
+                raise RuntimeError(f"produce_batch(train_step={train_step}) was paused or closed mid-way")
+            log.info("train step %d: groups expired after production; producing the gap", train_step)
+
+    async def _produce_all(self) -> list[ProduceStatus]:
+        results = await asyncio.gather(*(self.strategy.produce(c) for c in self.contexts.values()),
+                                       return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results  # type: ignore[return-value]
+
+    async def _drain_all(self) -> None:
+        for c in self.contexts.values():
+            c.paused = True
+        try:
+            await asyncio.gather(*(self.strategy.drain(c, self.strategy.pause_timeout_s)
+                                   for c in self.contexts.values()))
+        finally:
+            for c in self.contexts.values():
+                c.paused = self._paused or self._closed
+
+    # ------------------------------------------------------------------ disaggregated
+    async def produce_loop(self) -> None:
+        """Produce ahead of the consumer until `close()`; pauses while `pause()` holds."""
+        if self._loop_task is not None and not self._loop_task.done():
+            raise RuntimeError("produce_loop is already running")
+        self._loop_task = asyncio.current_task()
+        self._loop_error = None
+        try:
+            while not self._closed:
+                self._producer_wake.clear()
+                if self._paused:
+                    await self._producer_wake.wait(self.poll_interval_s)
+                    continue
+                statuses = await self._produce_all()
+                if self._closed or ProduceStatus.PAUSED in statuses:
+                    continue
+                nxt = self.progress.target_upto_future_step + 1
+                if self._may_produce_for(nxt):
+                    self.progress.producer_future_step = nxt
+                    self.progress.ensure_target_upto(nxt, self.task_sizes)
+                    continue
+                await self._producer_wake.wait(self.poll_interval_s)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            log.exception("produce_loop failed")
+            self._loop_error = exc
+            self._consumer_wake.set()
+            raise
+
+    def _may_produce_for(self, future_step: int) -> bool:
+        """Producing for `future_step` now is worthwhile if it would not expire on arrival.
+
+        A consumer already waiting for that step is always served (the buffer still
+        enforces the bound), so a trainer that never calls set_model_step cannot deadlock.
+        """
+        if future_step <= self._consumer_waiting_step:
+            return True
+        return future_step - 1 - self._model_step < self.stale_threshold
+
+    async def get_batch(self, train_step: int, timeout_s: float) -> ProducedBatch:
+        """Block until a full batch for `train_step` is ready; TimeoutError after `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        start_s = loop.time()
+        deadline = start_s + timeout_s
+        self.progress.begin_consume(train_step)
+        if self.progress.target_upto_future_step < train_step - 1:
+            # The consumer starts ahead of the producer's targets (e.g. fresh producer state):
+            # re-base so the producer owes exactly the batches from `train_step` on.
+            for task in self.task_sizes:
+                self.progress.target_samples[task] = max(self.progress.target_samples[task],
+                                                         self.progress.consumed_samples[task])
+            self.progress.target_upto_future_step = train_step - 1
+        self._consumer_waiting_step = train_step
+        self._producer_wake.set()
+        try:
+            while True:
+                self._consumer_wake.clear()
+                if self._loop_error is not None:
+                    raise RuntimeError(f"produce_loop failed: {self._loop_error!r}") from self._loop_error
+                if self.replay_buffer.refresh_staleness(train_step):
+                    self._producer_wake.set()  # expired groups leave a gap to refill
+                if self.replay_buffer.ready(self.task_sizes):
+                    return self._take(train_step, loop.time() - start_s)
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise TimeoutError(self._timeout_message(train_step, timeout_s))
+                await self._consumer_wake.wait(min(remaining, self.poll_interval_s))
+        finally:
+            self._consumer_waiting_step = 0
+
+    def _timeout_message(self, train_step: int, timeout_s: float) -> str:
+        running = self._loop_task is not None and not self._loop_task.done()
+        return (
+            f"get_batch(train_step={train_step}) waited timeout_s={timeout_s:g} without a full batch: "
+            f"COMPLETED groups {({t: self.replay_buffer.count(t, Status.COMPLETED) for t in self.task_sizes})}, "
+            f"need {self.task_sizes}; in flight {self.in_flight()}; paused={self._paused}; "
+            f"produce_loop running={running}; engine version={self._model_step}"
+        )
+
+    async def pause(self) -> None:
+        """Stop producing and return every in-flight group to the buffer (ABORTED).
+
+        Waits at most the strategy's pause_timeout_s for aborted requests to come back,
+        then cancels the rest; their input groups still go back to the buffer.
+        """
+        self._paused = True
+        for c in self.contexts.values():
+            c.paused = True
+        self._producer_wake.set()
+        await self._drain_all()
+
+    def resume(self) -> None:
+        self._paused = False
+        for c in self.contexts.values():
+            c.paused = False
+        self._producer_wake.set()
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the produce loop and return everything in flight to the buffer."""
+        self._closed = True
+        for c in self.contexts.values():
+            c.paused = True
+        self._producer_wake.set()
+        task = self._loop_task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            done, _ = await asyncio.wait({task}, timeout=timeout_s)
+            if not done:
+                log.warning("produce_loop did not stop within %.1fs; cancelling it", timeout_s)
+                task.cancel()
+                await asyncio.wait({task}, timeout=timeout_s)
+        await self._drain_all()
+        self._loop_task = None
+
+    # ------------------------------------------------------------------ taking a batch
+    def _take(self, train_step: int, produce_s: float) -> ProducedBatch:
+        groups = self.replay_buffer.take_batch(self.task_sizes)
+        counts = Counter(g[0].task for g in groups)
+        self.progress.mark_consumed(dict(counts))
+        self.progress.finish_consume(train_step)
+        self._producer_wake.set()  # consumption opens room for the next step
+        return ProducedBatch(groups=groups, train_step=train_step, stats=self._stats(groups, train_step, produce_s))
+
+    def _marks(self) -> dict[str, int]:
+        c = self.replay_buffer.counters
+        return {
+            "expired": c["expired"],
+            "expired_tokens": c["expired_tokens"],
+            "discarded_tokens": sum(ctx.agent_loop.tokens_discarded for ctx in self.contexts.values()),
+        }
+
+    def _stats(self, groups: list[Group], train_step: int, produce_s: float) -> dict[str, float]:
+        window: Counter = Counter()
+        for c in self.contexts.values():
+            window.update(c.window)
+            c.window.clear()
+        now, before = self._marks(), self._window_marks
+        self._window_marks = now
+        mean_stale, max_stale = batch_staleness(groups, train_step)
+        samples = [s for g in groups for s in g]
+        rewards = [s.reward["score"] for s in samples if s.reward is not None and "score" in s.reward]
+        return {
+            "rollout/groups_filtered": float(window["groups_filtered"]),
+            "rollout/groups_failed": float(window["groups_failed"]),
+            "rollout/groups_aborted": float(window["groups_aborted"]),
+            "rollout/groups_cancelled": float(window["groups_cancelled"]),
+            "rollout/tokens_generated": float(window["tokens_generated"]),
+            "rollout/tokens_wasted": float(now["expired_tokens"] - before["expired_tokens"]
+                                           + now["discarded_tokens"] - before["discarded_tokens"]),
+            "rollout/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+            "rollout/response_len_mean": sum(len(s.response_ids) for s in samples) / max(len(samples), 1),
+            "buffer/expired": float(now["expired"] - before["expired"]),
+            "staleness/mean": float(mean_stale),
+            "staleness/max": float(max_stale),
+            "perf/rollout_s": float(produce_s),
+        }
+
+    # ------------------------------------------------------------------ ledger and accounting
+    def pop_dropped(self) -> list[tuple[Group, str]]:
+        """Filtered and failed groups with the reason, for `rollouts/dropped.jsonl`."""
+        return self.replay_buffer.pop_dropped()
+
+    def in_flight(self) -> int:
+        return sum(c.pending.count() for c in self.contexts.values())
+
+    def accounting(self) -> dict[str, Any]:
+        """Where every group drawn from the data is: trained, dropped, in the buffer or in flight."""
+        c = self.replay_buffer.counters
+        drawn = sum(ctx.sampler.drawn for ctx in self.contexts.values())
+        trained = sum(self.progress.consumed_samples.values())
+        dropped = c["dropped_filtered"] + c["dropped_failed"]
+        in_buffer = self.replay_buffer.counts()
+        in_flight = self.in_flight()
+        return {
+            "drawn": drawn,
+            "trained": trained,
+            "dropped": dropped,
+            "in_buffer": in_buffer,
+            "in_flight": in_flight,
+            "unaccounted": drawn - trained - dropped - sum(in_buffer.values()) - in_flight,
+        }
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        """Plain dicts/lists; groups in flight are saved as ABORTED (synchronous, no event loop needed)."""
+        in_flight = [g for c in self.contexts.values() for g in c.pending.input_groups()]
+        return {
+            "version": STATE_VERSION,
+            "model_step": self._model_step,
+            "samplers": {name: c.sampler.state_dict() for name, c in self.contexts.items()},
+            "replay_buffer": self.replay_buffer.state_dict(in_flight=in_flight),
+            "progress": self.progress.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["version"] != STATE_VERSION:
+            raise ValueError(f"producer state version {state['version']} != {STATE_VERSION}")
+        if self.in_flight():
+            raise RuntimeError(f"load_state_dict with {self.in_flight()} group(s) in flight; load before producing")
+        missing = set(self.contexts) - set(state["samplers"])
+        if missing:
+            raise KeyError(f"producer state has no sampler for task(s) {sorted(missing)}")
+        for name, c in self.contexts.items():
+            c.sampler.load_state_dict(state["samplers"][name])
+            c.window.clear()
+        self.replay_buffer.load_state_dict(state["replay_buffer"])
+        self.progress.load_state_dict(state["progress"])
+        self._model_step = state["model_step"]
+        self._window_marks = self._marks()

@@ -1,0 +1,99 @@
+"""_PendingTasks: the rollout tasks in flight for one task name, each with its input group.
+
+Every method that changes the set is synchronous, so under asyncio's single thread
+a check-and-add (`schedule_one`) or a claim cannot interleave with another: a task
+is handed to exactly one caller (the producer, a pause, a cancel), never two. Waiting
+(`wait_any`) only reports done tasks; the caller must `claim` them afterwards and
+handles only what its claim returned.
+
+The input group of every task is kept so that a cancelled or crashed task still
+returns its prompt to the buffer (the seed lost those prompts on a pause timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable, Iterable
+
+from rlharness.types import Group
+
+log = logging.getLogger(__name__)
+
+Claimed = list[tuple[asyncio.Task, Group]]
+
+
+class _PendingTasks:
+    def __init__(self) -> None:
+        self._tasks: dict[asyncio.Task, Group] = {}
+        self.max_count_seen = 0  # for the over-sampling budget check
+
+    def count(self) -> int:
+        return len(self._tasks)
+
+    def input_groups(self) -> list[Group]:
+        return list(self._tasks.values())
+
+    def spawn(self, group: Group, make_coro: Callable[[Group], Awaitable[Group]],
+              on_done: Callable[[asyncio.Task], None] | None = None) -> asyncio.Task:
+        task = asyncio.ensure_future(make_coro(group))
+        self._tasks[task] = group
+        self.max_count_seen = max(self.max_count_seen, len(self._tasks))
+        if on_done is not None:
+            task.add_done_callback(on_done)
+        return task
+
+    def schedule_one(
+        self,
+        *,
+        max_pending: int,
+        should_stop: Callable[[], bool],
+        take_group: Callable[[], Group],
+        make_coro: Callable[[Group], Awaitable[Group]],
+        on_done: Callable[[asyncio.Task], None] | None = None,
+    ) -> bool:
+        """Check the stop flag and the budget, take a group and start it, with no await in between."""
+        if should_stop() or len(self._tasks) >= max_pending:
+            return False
+        self.spawn(take_group(), make_coro, on_done)
+        return True
+
+    def claim(self, tasks: Iterable[asyncio.Task]) -> Claimed:
+        """Remove and return those of `tasks` still pending here (others were claimed elsewhere)."""
+        return [(t, self._tasks.pop(t)) for t in tasks if t in self._tasks]
+
+    def claim_done(self) -> Claimed:
+        return self.claim([t for t in self._tasks if t.done()])
+
+    async def wait_any(self, timeout_s: float, wake: asyncio.Event | None = None) -> set[asyncio.Task]:
+        """Wait until a task is done, `wake` is set or `timeout_s` passes; returns done tasks (unclaimed)."""
+        snapshot = set(self._tasks)
+        if not snapshot:
+            return set()
+        waiters: set[asyncio.Future] = set(snapshot)
+        wake_task = asyncio.ensure_future(wake.wait()) if wake is not None else None
+        if wake_task is not None:
+            waiters.add(wake_task)
+        try:
+            await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if wake_task is not None:
+                wake_task.cancel()
+        return {t for t in snapshot if t.done()}
+
+    async def cancel_all(self, drain_timeout_s: float = 5.0) -> Claimed:
+        """Claim everything, cancel it and wait for the cancellations to land.
+
+        Returns the claimed (task, input group) pairs; a task that finished before
+        its cancellation landed still carries its result for the caller to use.
+        """
+        claimed = self.claim(list(self._tasks))
+        if not claimed:
+            return []
+        log.warning("cancelling %d rollout task(s); their prompts go back to the buffer", len(claimed))
+        for task, _ in claimed:
+            task.cancel()
+        _, still = await asyncio.wait([t for t, _ in claimed], timeout=drain_timeout_s)
+        if still:
+            log.error("%d cancelled rollout task(s) did not stop within %.1fs", len(still), drain_timeout_s)
+        return claimed

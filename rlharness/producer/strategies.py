@@ -1,0 +1,170 @@
+"""Produce strategies: how many groups to keep in flight, and how to stop.
+
+`produce(ctx)` runs until the task's cumulative target is met (available = consumed
++ waiting COMPLETED >= target) or a pause is requested. `drain(ctx, timeout_s)`
+returns every in-flight group to the buffer: it aborts the agent loop (ABORTED with
+partial tokens), waits at most `timeout_s`, then cancels what is left and puts the
+input groups of the cancelled tasks back as ABORTED. Nothing is ever lost.
+
+- Sync: launches exactly the missing groups and refills gaps left by filtered or
+  failed groups; nothing runs past the target.
+- Async: keeps up to `target + ceil(over_sample_threshold * batch)` groups produced
+  or in flight; tasks keep running between calls (and across steps in disaggregated
+  mode). Partial rollout continues interrupted samples. Tail-batch mode (once
+  `tail_batch_trigger_size` EXPIRED groups wait) stops over-sampling and refills from
+  the EXPIRED pool first.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import math
+from enum import Enum
+
+from rlharness.config.schema import AsyncStrategyConf, StrategyConf, SyncStrategyConf
+from rlharness.producer.context import ProduceContext
+from rlharness.producer.filters import build_group_filter
+from rlharness.sampler import DataExhausted
+
+log = logging.getLogger(__name__)
+
+# Safety net for waits that are normally ended by a task finishing or a wake-up.
+_POLL_S = 0.5
+# While draining, re-send the abort this often: a request may reach the engine after the first abort.
+_ABORT_RETRY_S = 0.2
+
+
+class ProduceStatus(Enum):
+    DONE = "done"  # the cumulative target is met
+    PAUSED = "paused"  # a pause was requested; in-flight work is left to `drain`
+
+
+class ProduceStrategy(abc.ABC):
+    name: str = "base"
+    enable_partial_rollout: bool = False
+
+    def __init__(self, conf: StrategyConf) -> None:
+        self.max_staleness = conf.max_staleness
+        self.pause_timeout_s = conf.pause_timeout_s
+        self.group_filter = build_group_filter(conf.group_filter)
+
+    @abc.abstractmethod
+    async def produce(self, ctx: ProduceContext) -> ProduceStatus: ...
+
+    def in_flight_budget(self, ctx: ProduceContext) -> int:
+        """The most groups this strategy keeps produced-or-in-flight beyond consumption (for checks)."""
+        return ctx.target() - ctx.progress.consumed_samples[ctx.task]
+
+    def _fill(self, ctx: ProduceContext, max_pending: int, from_expired_only: bool) -> None:
+        """Start groups until `max_pending` are in flight; stop quietly when the data run out."""
+        try:
+            while ctx.schedule_one(
+                max_pending=max_pending,
+                enable_partial_rollout=self.enable_partial_rollout,
+                from_expired_only=from_expired_only and ctx.expired_count() > 0,
+            ):
+                pass
+        except DataExhausted:
+            if ctx.pending.count() == 0:
+                raise
+            log.info("task %s: data exhausted; finishing the %d group(s) in flight", ctx.task, ctx.pending.count())
+
+    async def drain(self, ctx: ProduceContext, timeout_s: float) -> None:
+        if ctx.pending.count() == 0:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        next_abort = loop.time()
+        while ctx.pending.count() and loop.time() < deadline:
+            if loop.time() >= next_abort:
+                await self._abort(ctx, deadline - loop.time())
+                next_abort = loop.time() + _ABORT_RETRY_S
+            ctx.collect(ctx.pending.claim_done())
+            if not ctx.pending.count():
+                break
+            wait_s = max(0.0, min(deadline, next_abort) - loop.time())
+            done = await ctx.pending.wait_any(wait_s)
+            ctx.collect(ctx.pending.claim(done))
+        if ctx.pending.count():
+            log.warning("task %s: %d group(s) still in flight after pause_timeout_s=%.1f; cancelling them",
+                        ctx.task, ctx.pending.count(), timeout_s)
+            ctx.collect(await ctx.pending.cancel_all())
+
+    @staticmethod
+    async def _abort(ctx: ProduceContext, timeout_s: float) -> None:
+        try:
+            await asyncio.wait_for(ctx.agent_loop.pause(), timeout=max(timeout_s, 1e-3))
+        except asyncio.TimeoutError:
+            log.warning("task %s: agent loop pause (engine abort) timed out", ctx.task)
+        except Exception:  # noqa: BLE001 - a failing abort must not stop the drain
+            log.exception("task %s: agent loop pause (engine abort) failed", ctx.task)
+
+
+class SyncProduceStrategy(ProduceStrategy):
+    name = "sync"
+
+    def __init__(self, conf: SyncStrategyConf) -> None:
+        super().__init__(conf)
+
+    async def produce(self, ctx: ProduceContext) -> ProduceStatus:
+        while True:
+            ctx.producer_wake.clear()
+            if ctx.should_stop():
+                return ProduceStatus.PAUSED
+            ctx.collect(ctx.pending.claim_done())
+            gap = ctx.target() - ctx.available()
+            if gap <= 0:
+                return ProduceStatus.DONE
+            self._fill(ctx, max_pending=gap, from_expired_only=False)
+            await ctx.wait_and_collect(_POLL_S)
+
+
+class AsyncProduceStrategy(ProduceStrategy):
+    name = "async"
+
+    def __init__(self, conf: AsyncStrategyConf) -> None:
+        super().__init__(conf)
+        self.over_sample_threshold = conf.over_sample_threshold
+        self.enable_partial_rollout = conf.enable_partial_rollout
+        self.tail_batch_trigger_size = conf.tail_batch_trigger_size
+
+    def oversample(self, ctx: ProduceContext) -> int:
+        return math.ceil(self.over_sample_threshold * ctx.task_batch_size)
+
+    def in_flight_budget(self, ctx: ProduceContext) -> int:
+        return super().in_flight_budget(ctx) + self.oversample(ctx)
+
+    def tail_mode(self, ctx: ProduceContext) -> bool:
+        return self.tail_batch_trigger_size > 0 and ctx.expired_count() >= self.tail_batch_trigger_size
+
+    async def produce(self, ctx: ProduceContext) -> ProduceStatus:
+        tail = self.tail_mode(ctx)
+        ctx.last_round_tail = tail
+        if tail:
+            ctx.tail_rounds += 1
+            log.info("task %s: %d EXPIRED groups >= tail_batch_trigger_size=%d: tail-batch round",
+                     ctx.task, ctx.expired_count(), self.tail_batch_trigger_size)
+        # Fixed for this round: tail mode refills only what is missing, from EXPIRED first.
+        oversample = 0 if tail else self.oversample(ctx)
+        while True:
+            ctx.producer_wake.clear()
+            if ctx.should_stop():
+                return ProduceStatus.PAUSED
+            ctx.collect(ctx.pending.claim_done())
+            available = ctx.available()
+            if available >= ctx.target():
+                return ProduceStatus.DONE
+            self._fill(ctx, max_pending=ctx.target() + oversample - available, from_expired_only=tail)
+            await ctx.wait_and_collect(_POLL_S)
+
+
+def build_strategy(conf: StrategyConf) -> ProduceStrategy:
+    if conf.name == "sync":
+        return SyncProduceStrategy(conf)  # type: ignore[arg-type]
+    if conf.name == "async":
+        if not isinstance(conf, AsyncStrategyConf):
+            raise TypeError(f"strategy.name='async' needs AsyncStrategyConf, got {type(conf).__name__}")
+        return AsyncProduceStrategy(conf)
+    raise ValueError(f"strategy.name={conf.name!r} is not one of sync, async")

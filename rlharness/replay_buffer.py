@@ -1,0 +1,226 @@
+"""The replay buffer: every group that left the sampler and is not in flight lives here.
+
+Groups are kept per task and per group status (FIFO within a pool), so counts are
+O(1). COMPLETED groups wait for the trainer (`take_batch`, stalest first); ABORTED
+and EXPIRED groups wait for the sampler to hand them out again; FILTERED and FAILED
+groups are counted and handed to a `dropped` list that the trainer drains into the
+ledger (`rollouts/dropped.jsonl`), never kept here.
+
+Staleness (DESIGN.md): a sample trained at `train_step` whose oldest token came from
+weight version v has staleness `train_step - v - 1`; a group expires once any sample
+reaches `(max_staleness + 1) * sync_weights_interval`. An expired group loses its
+responses and goes back to the sampler instead of being dropped, so slow prompts are
+not silently skipped (tinker-cookbook PR #822).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, OrderedDict
+from typing import Any, Iterable
+
+from rlharness.types import Group, RolloutState, Status, group_staleness, group_status
+
+log = logging.getLogger(__name__)
+
+# Pools a group can wait in; FILTERED/FAILED go to the dropped list instead.
+KEPT_STATUSES = (Status.COMPLETED, Status.ABORTED, Status.EXPIRED)
+DROPPED_STATUSES = (Status.FILTERED, Status.FAILED)
+
+
+def stale_threshold(max_staleness: int, sync_weights_interval: int) -> int:
+    """Staleness at which a sample expires: one sync period of lag is inherent, hence +1."""
+    if max_staleness < 0:
+        raise ValueError(f"max_staleness={max_staleness} must be >= 0")
+    if sync_weights_interval < 1:
+        raise ValueError(f"sync_weights_interval={sync_weights_interval} must be >= 1")
+    return (max_staleness + 1) * sync_weights_interval
+
+
+def mark_aborted(group: Group) -> Group:
+    """Mark a group that was interrupted (or never started) as ABORTED, in place.
+
+    Members that finished keep COMPLETED and their tokens; the others keep whatever
+    partial tokens they hold (the agent loop already reset them when partial rollout
+    is off) and become ABORTED, so the group as a whole reports ABORTED.
+    """
+    for s in group:
+        if s.status != Status.COMPLETED:
+            s.status = Status.ABORTED
+    if group_status(group) != Status.ABORTED:
+        for s in group:  # every member finished but the group was never judged
+            s.status = Status.ABORTED
+    return group
+
+
+def _expire(group: Group) -> int:
+    """Clear the responses of a too-stale group; returns the number of tokens thrown away."""
+    wasted = sum(len(s.response_ids) for s in group)
+    for s in group:
+        s.reset_response()
+        s.status = Status.EXPIRED
+        s.extra["num_expired"] = int(s.extra.get("num_expired", 0)) + 1
+    return wasted
+
+
+class ReplayBuffer:
+    def __init__(self, max_staleness: int, sync_weights_interval: int = 1) -> None:
+        self.max_staleness = max_staleness
+        self.sync_weights_interval = sync_weights_interval
+        self.stale_threshold = stale_threshold(max_staleness, sync_weights_interval)
+        # task -> status -> group_id -> group (insertion order = FIFO)
+        self._pools: dict[str, dict[Status, OrderedDict[str, Group]]] = {}
+        self._dropped: list[tuple[Group, str]] = []
+        # Cumulative counters (part of the checkpoint) for metrics and accounting.
+        self.counters: Counter[str] = Counter()
+
+    # ------------------------------------------------------------------ pools
+    def _pool(self, task: str, status: Status) -> OrderedDict[str, Group]:
+        if status not in KEPT_STATUSES:
+            raise ValueError(f"replay buffer keeps no {status.value} pool (kept: {[s.value for s in KEPT_STATUSES]})")
+        return self._pools.setdefault(task, {st: OrderedDict() for st in KEPT_STATUSES})[status]
+
+    def count(self, task: str, status: Status) -> int:
+        return len(self._pool(task, status))
+
+    def counts(self) -> dict[str, int]:
+        """Groups held, by status, over all tasks."""
+        return {st.value: sum(len(p[st]) for p in self._pools.values()) for st in KEPT_STATUSES}
+
+    def tasks(self) -> list[str]:
+        return list(self._pools)
+
+    def groups(self, task: str, status: Status) -> list[Group]:
+        """The groups of one pool, oldest first (read-only view for tests and metrics)."""
+        return list(self._pool(task, status).values())
+
+    def pop_group(self, task: str, status: Status) -> Group | None:
+        """The oldest group of one pool, or None if it is empty (the sampler's entry point)."""
+        pool = self._pool(task, status)
+        if not pool:
+            return None
+        _, group = pool.popitem(last=False)
+        return group
+
+    # ------------------------------------------------------------------ put
+    def put(self, group: Group, model_step: int, train_step: int) -> Status:
+        """Store a group coming back from generation; returns the status it was stored under.
+
+        `model_step` is the producer's weight version when the group came back,
+        `train_step` the earliest step it can be trained at (the consumer's next step).
+        """
+        if not group:
+            raise ValueError("ReplayBuffer.put: empty group")
+        task = group[0].task
+        for s in group:
+            s.extra["put_model_step"] = model_step
+            s.extra["put_train_step"] = train_step
+        status = group_status(group)
+        if status == Status.INIT:  # returned without being generated at all
+            status = group_status(mark_aborted(group))
+        if status in DROPPED_STATUSES:
+            reason = self._drop_reason(group, status)
+            self.counters[f"dropped_{status.value}"] += 1
+            self._dropped.append((group, reason))
+            return status
+        if status not in KEPT_STATUSES:
+            raise ValueError(f"ReplayBuffer.put: group {group[0].group_id} has status {status.value}")
+        if status in (Status.COMPLETED, Status.ABORTED) and self._too_stale(group, train_step):
+            self._expire_into_pool(group)
+            return Status.EXPIRED
+        if status == Status.ABORTED:
+            self.counters["aborted"] += 1
+        self._pool(task, status)[group[0].group_id] = group
+        return status
+
+    @staticmethod
+    def _drop_reason(group: Group, status: Status) -> str:
+        for s in group:
+            for key in ("fail_reason", "filter_reason"):
+                if key in s.extra:
+                    return str(s.extra[key])
+        return status.value
+
+    def _too_stale(self, group: Group, train_step: int) -> bool:
+        return group_staleness(group, train_step) >= self.stale_threshold
+
+    def _expire_into_pool(self, group: Group) -> None:
+        self.counters["expired_tokens"] += _expire(group)
+        self.counters["expired"] += 1
+        self._pool(group[0].task, Status.EXPIRED)[group[0].group_id] = group
+
+    def refresh_staleness(self, train_step: int) -> int:
+        """Expire every kept group that would be too stale at `train_step`; returns how many."""
+        expired = 0
+        for task, pools in self._pools.items():
+            for status in (Status.COMPLETED, Status.ABORTED):
+                stale = [gid for gid, g in pools[status].items() if self._too_stale(g, train_step)]
+                for gid in stale:
+                    self._expire_into_pool(pools[status].pop(gid))
+                expired += len(stale)
+        if expired:
+            log.info("replay buffer: %d group(s) expired at train step %d", expired, train_step)
+        return expired
+
+    # ------------------------------------------------------------------ take
+    def ready(self, task_sizes: dict[str, int]) -> bool:
+        return all(self.count(task, Status.COMPLETED) >= n for task, n in task_sizes.items())
+
+    def take_batch(self, task_sizes: dict[str, int], train_step: int | None = None) -> list[Group]:
+        """Pop `task_sizes[task]` COMPLETED groups per task, stalest (oldest version) first.
+
+        With `train_step`, staleness is refreshed first so nothing past the bound is taken.
+        Raises if any task lacks enough groups (callers check `ready` first).
+        """
+        if train_step is not None:
+            self.refresh_staleness(train_step)
+        if not self.ready(task_sizes):
+            have = {t: self.count(t, Status.COMPLETED) for t in task_sizes}
+            raise RuntimeError(f"take_batch: wanted {task_sizes} COMPLETED groups, have {have}")
+        batch: list[Group] = []
+        for task, n in task_sizes.items():
+            pool = self._pool(task, Status.COMPLETED)
+            # Oldest version first; insertion order breaks ties (sorted is stable).
+            order = sorted(pool, key=lambda gid: _min_version(pool[gid]))
+            for gid in order[:n]:
+                batch.append(pool.pop(gid))
+        return batch
+
+    # ------------------------------------------------------------------ dropped ledger
+    def pop_dropped(self) -> list[tuple[Group, str]]:
+        out, self._dropped = self._dropped, []
+        return out
+
+    def num_dropped_pending(self) -> int:
+        return len(self._dropped)
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self, in_flight: Iterable[Group] = ()) -> dict[str, Any]:
+        """Every group held, plus `in_flight` groups saved as ABORTED (copies; nothing live mutated)."""
+        groups = []
+        for task, pools in self._pools.items():
+            for status, pool in pools.items():
+                for g in pool.values():
+                    groups.append([s.to_dict() for s in g])
+        for g in in_flight:
+            groups.append([s.to_dict() for s in mark_aborted([s.clone() for s in g])])
+        return {
+            "max_staleness": self.max_staleness,
+            "sync_weights_interval": self.sync_weights_interval,
+            "groups": groups,
+            "dropped": [[[s.to_dict() for s in g], reason] for g, reason in self._dropped],
+            "counters": dict(self.counters),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._pools.clear()
+        for g in state["groups"]:
+            group = [RolloutState.from_dict(d) for d in g]
+            self._pool(group[0].task, group_status(group))[group[0].group_id] = group
+        self._dropped = [([RolloutState.from_dict(d) for d in g], reason) for g, reason in state["dropped"]]
+        self.counters = Counter(state["counters"])
+
+
+def _min_version(group: Group) -> float:
+    versions = [v for s in group for v in s.response_model_steps]
+    return min(versions) if versions else float("inf")

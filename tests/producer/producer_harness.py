@@ -1,0 +1,186 @@
+"""Builds a real producer stack on the sim engine, plus the invariant checks the tests share."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlharness.agent import build_agent_loop
+from rlharness.config.schema import (
+    AsyncStrategyConf,
+    SamplerConf,
+    SamplingConf,
+    SimEngineConf,
+    SingleTurnAgentConf,
+    SyncStrategyConf,
+)
+from rlharness.data.base import PromptRow
+from rlharness.engine.sim import SimEngine
+from rlharness.judger.base import Judger
+from rlharness.producer.manager import AgentLoopManager, ProducedBatch
+from rlharness.producer.strategies import build_strategy
+from rlharness.replay_buffer import KEPT_STATUSES, ReplayBuffer
+from rlharness.sampler import Sampler
+from rlharness.types import Group
+
+TASK = "t"
+VOCAB = 50
+
+
+class ParityJudger(Judger):
+    """Test judger: reward 1 when the first response token is even."""
+
+    name = "parity"
+
+    def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
+        first = response_text.split()[0] if response_text else "1"
+        return {"score": float(int(first) % 2 == 0)}
+
+
+class RaisingJudger(ParityJudger):
+    """Test judger that raises on every prompt whose index is a multiple of `every`."""
+
+    name = "raising"
+
+    def __init__(self, every: int = 3) -> None:
+        self.every = every
+
+    def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
+        if label["i"] % self.every == 0:
+            raise ValueError(f"cannot judge prompt {label['i']}")
+        return super().score(response_text, label)
+
+
+def make_rows(n: int) -> list[PromptRow]:
+    return [PromptRow(index=i, prompt_text=f"p{i}", label={"i": i}) for i in range(n)]
+
+
+def encode(text: str) -> list[int]:
+    return [ord(c) % VOCAB for c in text]
+
+
+def decode(ids: list[int]) -> str:
+    return " ".join(map(str, ids))
+
+
+def strategy_conf(name: str, *, max_staleness: int = 0, group_filter: str = "none", pause_timeout_s: float = 5.0,
+                  **async_kw: Any):
+    if name == "sync":
+        return SyncStrategyConf(max_staleness=max_staleness, group_filter=group_filter,
+                                pause_timeout_s=pause_timeout_s)
+    return AsyncStrategyConf(max_staleness=max_staleness, group_filter=group_filter,
+                             pause_timeout_s=pause_timeout_s, **async_kw)
+
+
+@dataclass
+class Harness:
+    mgr: AgentLoopManager
+    engine: SimEngine
+    rb: ReplayBuffer
+    sampler: Sampler
+    max_staleness: int
+    trained: list[tuple[int, Group]] = field(default_factory=list)  # (train_step, group)
+    dropped: list[tuple[Group, str]] = field(default_factory=list)
+
+
+def build(
+    strategy: Any,
+    *,
+    n_rows: int = 64,
+    k: int = 2,
+    batch_size: int = 4,
+    seed: int = 0,
+    rollover: bool = True,
+    judger: Judger | None = None,
+    engine_conf: SimEngineConf | None = None,
+    engine: SimEngine | None = None,
+    max_tokens: int = 16,
+) -> Harness:
+    max_staleness = strategy.max_staleness
+    rb = ReplayBuffer(max_staleness=max_staleness, sync_weights_interval=1)
+    sampler = Sampler(SamplerConf(prompt_repeat_k=k, allow_epoch_rollover=rollover), TASK, make_rows(n_rows),
+                      encode, rb, seed)
+    if engine is None:
+        engine = SimEngine(engine_conf or SimEngineConf(mean_response_len=8, cv=1.0, time_per_token_s=1e-4, slots=8),
+                           seed=seed, vocab_size=VOCAB)
+    loop = build_agent_loop(SingleTurnAgentConf(sampling=SamplingConf(max_tokens=max_tokens)), engine,
+                            judger or ParityJudger(), decode)
+    mgr = AgentLoopManager(tasks={TASK: (sampler, loop)}, strategy=build_strategy(strategy), replay_buffer=rb,
+                           batch_size=batch_size, max_staleness=max_staleness, sync_weights_interval=1,
+                           poll_interval_s=0.05)
+    return Harness(mgr, engine, rb, sampler, max_staleness)
+
+
+def check_batch(h: Harness, batch: ProducedBatch, step: int) -> None:
+    assert len(batch.groups) == h.mgr.batch_size
+    for g in batch.groups:
+        for s in g:
+            assert s.status.value == "completed"
+            assert s.response_ids and len(s.response_ids) == len(s.response_logprobs) == len(s.response_model_steps)
+            staleness = step - 1 - min(s.response_model_steps)
+            assert 0 <= staleness <= h.max_staleness, (step, s.response_model_steps)
+            assert s.response_model_steps == sorted(s.response_model_steps)  # continuations only append newer
+    assert batch.stats["staleness/max"] <= h.max_staleness
+    h.trained.extend((step, g) for g in batch.groups)
+    h.dropped.extend(h.mgr.pop_dropped())
+
+
+async def sync_weights(h: Harness, step: int) -> None:
+    await h.engine.load_weights({}, step)
+    h.mgr.set_model_step(step)
+
+
+async def run_colocate(h: Harness, steps: int, first_step: int = 1) -> None:
+    for step in range(first_step, first_step + steps):
+        batch = await h.mgr.produce_batch(step)
+        check_batch(h, batch, step)
+        assert h.mgr.in_flight() == 0  # colocated: nothing runs into training
+        check_accounting(h)
+        await sync_weights(h, step)
+
+
+async def run_disagg(h: Harness, steps: int, *, first_step: int = 1, train_s: float = 0.002,
+                     on_pause=None) -> None:
+    loop_task = asyncio.create_task(h.mgr.produce_loop())
+    try:
+        for step in range(first_step, first_step + steps):
+            batch = await h.mgr.get_batch(step, timeout_s=30)
+            check_batch(h, batch, step)
+            await asyncio.sleep(train_s)  # training, concurrent with production
+            await h.mgr.pause()
+            assert h.mgr.in_flight() == 0
+            check_accounting(h)
+            if on_pause is not None:
+                on_pause(h)
+            await sync_weights(h, step)
+            h.mgr.resume()
+    finally:
+        await h.mgr.close()
+        await asyncio.wait_for(loop_task, timeout=10)
+    check_accounting(h)
+
+
+def buffered_groups(rb: ReplayBuffer) -> list[Group]:
+    return [g for t in rb.tasks() for st in KEPT_STATUSES for g in rb.groups(t, st)]
+
+
+def check_accounting(h: Harness) -> None:
+    acc = h.mgr.accounting()
+    assert acc["unaccounted"] == 0, acc
+
+
+def check_nothing_lost(h: Harness, extra_trained: list[Group] = (), extra_dropped: list[Group] = ()) -> None:
+    """Every prompt drawn is trained, dropped or buffered exactly once (nothing in flight)."""
+    assert h.mgr.in_flight() == 0
+    h.dropped.extend(h.mgr.pop_dropped())
+    trained = [g for _, g in h.trained] + list(extra_trained)
+    dropped = [g for g, _ in h.dropped] + list(extra_dropped)
+    everything = trained + dropped + buffered_groups(h.rb)
+    keys = Counter((g[0].epoch, g[0].prompt_index) for g in everything)
+    dup = {k: n for k, n in keys.items() if n > 1}
+    assert not dup, f"prompts seen more than once within an epoch: {dup}"
+    assert len({g[0].group_id for g in everything}) == len(everything)
+    assert len(everything) == h.sampler.drawn, (len(everything), h.sampler.drawn)
+    check_accounting(h)
