@@ -1,0 +1,262 @@
+"""`backend=torch`: plain PyTorch training of a Hugging Face causal LM (the default).
+
+One `train_step(batch)`:
+1. old log-probs of every response token under the current policy (no grad): the
+   PPO importance ratio is taken against them. With one optimizer step per training
+   step (ppo_epochs = mini_batches = 1) they equal the detached log-probs of the
+   training forward, so that forward is reused instead of run twice.
+2. for each of `ppo_epochs` x `mini_batches` (contiguous slices, no shuffling):
+   micro-batches of `micro_batch_size` samples, gradient accumulation with the loss
+   divided by the *mini-batch's* token/sequence count (so gradients do not depend on
+   the micro-batch size), gradient clipping, one AdamW step.
+3. one LR-scheduler step (warmup and decay are counted in training steps).
+
+The heavy work runs inline in the async methods; the caller decides the thread. The
+`*_blocking` methods are the same work for callers that run it in a thread or actor.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlharness.algo.losses import (
+    aggregate_loss,
+    clipped_policy_loss,
+    kl_penalty,
+    loss_denominator,
+    tis_weights,
+    token_entropy,
+    token_logprobs,
+)
+from rlharness.backend.base import TrainingBackend
+from rlharness.config.schema import AlgoConf, ModelConf, TorchBackendConf
+from rlharness.model import load_model, load_tokenizer
+from rlharness.types import TrainBatch
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "backend_state.pt"
+
+
+def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
+    """LR factor for training step `step` (0-based): linear warmup, then constant/cosine/linear decay."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if schedule == "cosine":
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return 1.0 - (1.0 - min_lr_ratio) * progress
+    raise ValueError(f"algo.lr_schedule={schedule!r} is not allowed: expected constant, cosine or linear")
+
+
+class _Sums:
+    """Token- and step-weighted running sums for the step's metrics."""
+
+    def __init__(self) -> None:
+        self.v: dict[str, float] = {}
+
+    def add(self, key: str, value: float | torch.Tensor) -> None:
+        self.v[key] = self.v.get(key, 0.0) + float(value)
+
+    def ratio(self, num: str, den: str) -> float:
+        d = self.v.get(den, 0.0)
+        return self.v.get(num, 0.0) / d if d > 0 else 0.0
+
+
+class TorchBackend(TrainingBackend):
+    def __init__(self, conf: TorchBackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int, seed: int):
+        self.conf, self.algo, self.total_steps = conf, algo, total_steps
+        self.device = torch.device(conf.device)
+        torch.manual_seed(seed)
+        self.tokenizer = load_tokenizer(model_conf)
+        self.model = load_model(model_conf, device=conf.device)
+        if conf.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.model.train()
+        self.ref_model = None
+        if algo.kl_coef > 0:  # the frozen reference is the starting policy
+            self.ref_model = load_model(model_conf, device=conf.device).eval()
+            self.ref_model.requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad], lr=algo.lr,
+            betas=(algo.adam_beta1, algo.adam_beta2), weight_decay=algo.weight_decay, fused=False,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_multiplier(
+            step, warmup_steps=algo.warmup_steps, total_steps=total_steps, schedule=algo.lr_schedule,
+            min_lr_ratio=algo.min_lr_ratio))
+
+    # ------------------------------------------------------------------ async interface
+    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        return self.train_step_blocking(batch)
+
+    async def get_weights(self) -> dict[str, Any]:
+        return self.get_weights_blocking()
+
+    async def save(self, directory: str) -> None:
+        self.save_blocking(directory)
+
+    async def load(self, directory: str) -> None:
+        self.load_blocking(directory)
+
+    # ------------------------------------------------------------------ training
+    def _forward_logits(self, model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+
+    def _rows(self, batch: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Select rows and trim the right padding they all share (less compute per micro-batch)."""
+        width = int(batch["attention_mask"][idx].sum(-1).max().item())
+        return {k: v[idx, :max(width, 1)] for k, v in batch.items()}
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, model, batch: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
+        out = torch.zeros_like(batch["response_mask"])
+        for idx in self._micro_slices(torch.arange(batch["input_ids"].shape[0])):
+            mb = self._rows(batch, idx)
+            logits = self._forward_logits(model, mb["input_ids"], mb["attention_mask"])
+            out[idx, : mb["input_ids"].shape[1]] = token_logprobs(logits, mb["input_ids"], temperature)
+        return out
+
+    def _micro_slices(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        return list(torch.split(rows, self.algo.micro_batch_size))
+
+    def train_step_blocking(self, batch: TrainBatch) -> dict[str, float]:
+        algo = self.algo
+        tensors = {
+            "input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+            "response_mask": batch.response_mask.float(), "advantages": batch.advantages.float(),
+            "rollout_logprobs": batch.rollout_logprobs.float(),
+        }
+        tensors = {k: v.to(self.device) for k, v in tensors.items()}
+        num_rows = tensors["input_ids"].shape[0]
+        if int(tensors["response_mask"].sum()) == 0:
+            raise ValueError(f"train_step {batch.train_step}: the batch has no response tokens to train on")
+        max_len = batch.max_response_len or int(tensors["response_mask"].sum(-1).max())
+        updates = algo.ppo_epochs * algo.mini_batches
+        if updates > 1:
+            tensors["old_logprobs"] = self._logprobs_no_grad(self.model, tensors, batch.temperature)
+        lr = self.optimizer.param_groups[0]["lr"]
+
+        sums = _Sums()
+        for epoch in range(algo.ppo_epochs):
+            for mini in torch.tensor_split(torch.arange(num_rows), algo.mini_batches):
+                if mini.numel() == 0:
+                    continue
+                den = loss_denominator(tensors["response_mask"][mini], algo.loss_agg)
+                self.optimizer.zero_grad(set_to_none=True)
+                step_loss = step_pg = 0.0
+                for idx in self._micro_slices(mini):
+                    loss, pg = self._micro_step(self._rows(tensors, idx), batch.temperature, den, max_len,
+                                                sums, first_epoch=epoch == 0)
+                    step_loss += loss
+                    step_pg += pg
+                params = [p for p in self.model.parameters() if p.requires_grad]
+                clip = algo.grad_clip if algo.grad_clip > 0 else float("inf")
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
+                if not torch.isfinite(grad_norm):
+                    log.warning("train_step %d: non-finite grad norm %s; skipping the optimizer step",
+                                batch.train_step, grad_norm)
+                    self.optimizer.zero_grad(set_to_none=True)
+                else:
+                    self.optimizer.step()
+                sums.add("grad_norm", grad_norm)
+                sums.add("loss", step_loss)
+                sums.add("pg_loss", step_pg)
+                sums.add("updates", 1)
+        self.scheduler.step()
+        return {
+            "train/loss": sums.ratio("loss", "updates"),
+            "train/pg_loss": sums.ratio("pg_loss", "updates"),
+            "train/kl": sums.ratio("kl_sum", "tokens"),
+            "train/entropy": sums.ratio("entropy_sum", "tokens"),
+            "train/grad_norm": sums.ratio("grad_norm", "updates"),
+            "train/clip_frac": sums.ratio("clipped_sum", "tokens"),
+            "train/lr": lr,
+            "train/tis_ratio_mean": sums.ratio("ratio_sum", "tis_tokens"),
+            "train/tis_truncated_frac": sums.ratio("truncated_sum", "tis_tokens"),
+            "train/logprob_diff_rollout": sums.ratio("abs_diff_sum", "tis_tokens"),
+            "train/num_updates": sums.v.get("updates", 0.0),
+            "train/response_tokens": float(tensors["response_mask"].sum()),
+        }
+
+    def _micro_step(self, mb: dict[str, torch.Tensor], temperature: float, denominator: float, max_len: int,
+                    sums: _Sums, first_epoch: bool) -> tuple[float, float]:
+        """Forward + backward of one micro-batch; returns its share of (loss, pg_loss)."""
+        algo, mask = self.algo, mb["response_mask"]
+        logits = self._forward_logits(self.model, mb["input_ids"], mb["attention_mask"])
+        logprobs = token_logprobs(logits, mb["input_ids"], temperature)
+        old = mb["old_logprobs"] if "old_logprobs" in mb else logprobs.detach()
+
+        weights, tis = tis_weights(old, mb["rollout_logprobs"], mask, algo.tis_cap)
+        pg_tok, clipped = clipped_policy_loss(logprobs, old, mb["advantages"], algo.clip_eps_low, algo.clip_eps_high)
+        pg_tok = pg_tok * weights
+        loss_tok = pg_tok
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_logits = self._forward_logits(self.ref_model, mb["input_ids"], mb["attention_mask"])
+                ref_lp = token_logprobs(ref_logits, mb["input_ids"], temperature)
+            kl_tok = kl_penalty(logprobs, ref_lp, algo.kl_estimator)
+            loss_tok = loss_tok + algo.kl_coef * kl_tok
+            sums.add("kl_sum", (kl_tok.detach() * mask).sum())
+        if algo.entropy_coef > 0:
+            entropy = token_entropy(logits, temperature)
+            loss_tok = loss_tok - algo.entropy_coef * entropy
+            entropy = entropy.detach()
+        else:
+            with torch.no_grad():
+                entropy = token_entropy(logits.detach(), temperature)
+
+        loss = aggregate_loss(loss_tok, mask, algo.loss_agg, max_response_len=max_len, denominator=denominator)
+        loss.backward()
+        with torch.no_grad():
+            pg = aggregate_loss(pg_tok.detach(), mask, algo.loss_agg, max_response_len=max_len,
+                                denominator=denominator)
+        sums.add("entropy_sum", (entropy * mask).sum())
+        sums.add("clipped_sum", (clipped & (mask > 0)).sum())
+        sums.add("tokens", mask.sum())
+        if first_epoch:  # every sample is seen once per epoch; measure the mismatch once
+            sums.add("ratio_sum", tis["ratio_sum"])
+            sums.add("truncated_sum", tis["truncated_sum"])
+            sums.add("abs_diff_sum", tis["abs_diff_sum"])
+            sums.add("tis_tokens", tis["tokens"])
+        return float(loss.detach()), float(pg)
+
+    # ------------------------------------------------------------------ weights and state
+    def get_weights_blocking(self) -> dict[str, torch.Tensor]:
+        return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()}
+
+    def save_blocking(self, directory: str) -> None:
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        torch.save({
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        }, out / STATE_FILE)
+
+    def load_blocking(self, directory: str) -> None:
+        from transformers import AutoModelForCausalLM
+
+        src = Path(directory)
+        state_path = src / STATE_FILE
+        if not state_path.is_file():
+            raise FileNotFoundError(f"backend checkpoint {src}: {STATE_FILE} is missing (not written by TorchBackend.save?)")
+        saved = AutoModelForCausalLM.from_pretrained(str(src), dtype=next(self.model.parameters()).dtype)
+        self.model.load_state_dict(saved.state_dict())
+        del saved
+        state = torch.load(state_path, map_location="cpu", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])

@@ -1,0 +1,208 @@
+"""`backend=torch` on the tiny random model: real train steps, invariances, save/load."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import random
+
+import pytest
+import torch
+
+from rlharness.algo.losses import token_logprobs
+from rlharness.backend import build_backend
+from rlharness.backend.torch_backend import TorchBackend, lr_multiplier
+from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, ModelConf, TorchBackendConf
+from rlharness.trainer.batch import build_train_batch
+from rlharness.types import RolloutState, Status
+
+pytestmark = pytest.mark.timeout(120)
+
+METRICS = {"train/loss", "train/pg_loss", "train/kl", "train/entropy", "train/grad_norm", "train/clip_frac",
+           "train/lr", "train/tis_ratio_mean", "train/tis_truncated_frac", "train/logprob_diff_rollout"}
+
+
+def make_groups(seed: int, num_groups: int = 3, k: int = 4, vocab: int = 24, rewards=None) -> list[list[RolloutState]]:
+    """Groups with different prompt and response lengths; token ids avoid the 4 special tokens."""
+    rng = random.Random(seed)
+    groups = []
+    for g in range(num_groups):
+        prompt = [rng.randrange(4, vocab) for _ in range(rng.randint(3, 6))]
+        group = []
+        for i in range(k):
+            n = rng.randint(1, 5)
+            score = rewards[g][i] if rewards is not None else float(rng.random() < 0.5)
+            group.append(RolloutState(
+                uid=f"{g}-{i}", group_id=str(g), task="t", prompt_index=g, epoch=0, prompt_text="",
+                prompt_ids=list(prompt), response_ids=[rng.randrange(4, vocab) for _ in range(n)],
+                response_logprobs=[-rng.uniform(2.0, 4.0) for _ in range(n)], response_model_steps=[0] * n,
+                reward={"score": score}, status=Status.COMPLETED, finish_reason="stop"))
+        groups.append(group)
+    return groups
+
+
+def make_batch(algo: AlgoConf, seed: int = 0, **kw):
+    return build_train_batch(make_groups(seed, **kw), algo, pad_token_id=0, train_step=1, max_response_len=8,
+                             temperature=1.0)[0]
+
+
+def backend(model_dir: str, **algo_kw) -> TorchBackend:
+    algo = AlgoConf(name="test", **algo_kw)
+    return TorchBackend(TorchBackendConf(), ModelConf(path=model_dir), algo, total_steps=10, seed=0)
+
+
+def step(b: TorchBackend, batch) -> dict[str, float]:
+    return asyncio.run(b.train_step(batch))
+
+
+def test_lr_multiplier_schedules():
+    kw = dict(warmup_steps=2, total_steps=12, min_lr_ratio=0.1)
+    assert [lr_multiplier(s, schedule="constant", **kw) for s in (0, 1, 2, 11)] == [0.5, 1.0, 1.0, 1.0]
+    assert lr_multiplier(2, schedule="cosine", **kw) == pytest.approx(1.0)
+    assert lr_multiplier(7, schedule="cosine", **kw) == pytest.approx(0.55)  # halfway: 0.1 + 0.9 * 0.5
+    assert lr_multiplier(12, schedule="cosine", **kw) == pytest.approx(0.1)
+    assert lr_multiplier(7, schedule="linear", **kw) == pytest.approx(0.55)
+    assert lr_multiplier(50, schedule="linear", **kw) == pytest.approx(0.1)
+
+
+def test_build_backend_dispatch(tiny_model_dir):
+    algo = AlgoConf(name="grpo")
+    b = build_backend(TorchBackendConf(), ModelConf(path=tiny_model_dir), algo, total_steps=5, seed=0)
+    assert isinstance(b, TorchBackend) and b.ref_model is None
+    with pytest.raises(NotImplementedError, match="deepspeed"):
+        build_backend(DeepSpeedBackendConf(), ModelConf(path=tiny_model_dir), algo, total_steps=5, seed=0)
+
+
+def test_train_step_changes_weights_and_returns_finite_metrics(tiny_model_dir):
+    b = backend(tiny_model_dir)
+    before = asyncio.run(b.get_weights())
+    metrics = step(b, make_batch(b.algo))
+    after = asyncio.run(b.get_weights())
+    assert METRICS <= set(metrics)
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+    assert metrics["train/lr"] == pytest.approx(3e-4)
+    assert metrics["train/grad_norm"] > 0 and metrics["train/entropy"] > 0
+    assert metrics["train/clip_frac"] == 0.0  # one update per step: the ratio is exactly 1
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert all(v.device.type == "cpu" for v in after.values())
+    after[next(iter(after))].add_(1.0)  # a clone: the engine's copy must not alias the policy
+    assert not torch.equal(after[next(iter(after))], asyncio.run(b.get_weights())[next(iter(after))])
+
+
+def test_repeated_steps_raise_the_likelihood_of_positive_advantage_responses(tiny_model_dir):
+    # Within each group one response is rewarded; its log-prob must rise, the others' fall.
+    rewards = [[1.0, 0.0, 0.0, 0.0]] * 3
+    b = backend(tiny_model_dir, lr=3e-3)
+    batch = make_batch(b.algo, rewards=rewards)
+    chosen = batch.advantages > 0
+    rejected = batch.advantages < 0
+
+    def mean_logprob(where):
+        lp = b._logprobs_no_grad(b.model, {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+                                          "response_mask": batch.response_mask}, 1.0)
+        return lp[where].mean().item()
+
+    chosen0, rejected0 = mean_logprob(chosen), mean_logprob(rejected)
+    for _ in range(5):
+        step(b, batch)
+    assert mean_logprob(chosen) > chosen0 + 0.5
+    assert mean_logprob(rejected) < rejected0
+
+
+def test_gradients_do_not_depend_on_micro_batch_size(tiny_model_dir):
+    for agg in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
+        grads, losses = [], []
+        for micro in (1, 256):
+            b = backend(tiny_model_dir, micro_batch_size=micro, grad_clip=0.0, loss_agg=agg, tis_cap=2.0)
+            losses.append(step(b, make_batch(b.algo))["train/loss"])
+            grads.append(torch.cat([p.grad.flatten() for p in b.model.parameters()]))
+        for g, loss in zip(grads[1:], losses[1:]):
+            torch.testing.assert_close(g, grads[0], atol=1e-6, rtol=1e-4, msg=f"loss_agg={agg}")
+            assert loss == pytest.approx(losses[0], rel=1e-5, abs=1e-7)
+        assert grads[0].abs().sum() > 0
+
+
+def test_all_zero_advantages_give_no_gradient_but_count(tiny_model_dir):
+    b = backend(tiny_model_dir, grad_clip=0.0)
+    before = asyncio.run(b.get_weights())
+    metrics = step(b, make_batch(b.algo, rewards=[[1.0] * 4] * 3))
+    assert metrics["train/grad_norm"] == 0.0 and metrics["train/loss"] == 0.0
+    assert metrics["train/response_tokens"] > 0
+    after = asyncio.run(b.get_weights())
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_tis_metrics_measure_trainer_vs_rollout_logprobs(tiny_model_dir):
+    b = backend(tiny_model_dir, tis_cap=1.5)
+    batch = make_batch(b.algo)
+    with torch.no_grad():
+        logits = b.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    trainer_lp = token_logprobs(logits, batch.input_ids)
+    m = batch.response_mask > 0
+    ratio = torch.exp(trainer_lp - batch.rollout_logprobs)[m]
+    metrics = step(b, batch)
+    assert metrics["train/logprob_diff_rollout"] == pytest.approx(
+        (trainer_lp - batch.rollout_logprobs)[m].abs().mean().item(), rel=1e-4)
+    assert metrics["train/tis_ratio_mean"] == pytest.approx(ratio.mean().item(), rel=1e-4)
+    assert metrics["train/tis_truncated_frac"] == pytest.approx((ratio > 1.5).float().mean().item())
+    assert 0 < metrics["train/tis_truncated_frac"] < 1
+
+
+def test_kl_to_frozen_reference(tiny_model_dir):
+    b = backend(tiny_model_dir, kl_coef=0.1, kl_estimator="k3", lr=3e-3)
+    assert b.ref_model is not None
+    batch = make_batch(b.algo)
+    first = step(b, batch)
+    assert first["train/kl"] == pytest.approx(0.0, abs=1e-7)  # policy == reference before the first update
+    second = step(b, batch)
+    assert second["train/kl"] > 0
+    assert all(not p.requires_grad for p in b.ref_model.parameters())
+
+
+def test_several_updates_per_step_use_old_logprobs(tiny_model_dir):
+    b = backend(tiny_model_dir, ppo_epochs=2, mini_batches=2, micro_batch_size=3, lr=3e-3)
+    metrics = step(b, make_batch(b.algo))
+    assert metrics["train/num_updates"] == 4
+    assert all(math.isfinite(v) for v in metrics.values())
+    # After the first epoch's updates the ratio moves away from 1, so the second epoch's
+    # loss differs from -mean advantage and some tokens may clip.
+    assert 0.0 <= metrics["train/clip_frac"] <= 1.0
+
+
+def test_save_load_round_trip_is_exact(tiny_model_dir, tmp_path):
+    algo_kw = dict(lr_schedule="cosine", warmup_steps=1, lr=1e-3)
+    first = backend(tiny_model_dir, **algo_kw)
+    step(first, make_batch(first.algo, seed=1))
+    asyncio.run(first.save(str(tmp_path / "ckpt")))
+    assert (tmp_path / "ckpt" / "config.json").is_file()  # usable as model.path
+    loaded_model = ModelConf(path=str(tmp_path / "ckpt"))
+    torch.manual_seed(123)  # RNG state is restored by load, whatever it is now
+    reference_metrics = step(first, make_batch(first.algo, seed=2))
+    reference_weights = asyncio.run(first.get_weights())
+
+    fresh = backend(tiny_model_dir, **algo_kw)
+    asyncio.run(fresh.load(str(tmp_path / "ckpt")))
+    metrics = step(fresh, make_batch(fresh.algo, seed=2))
+    assert metrics["train/loss"] == reference_metrics["train/loss"]
+    assert metrics["train/lr"] == reference_metrics["train/lr"]
+    weights = asyncio.run(fresh.get_weights())
+    assert all(torch.equal(weights[k], reference_weights[k]) for k in reference_weights)
+
+    # The checkpoint directory is an ordinary model.path.
+    as_policy = TorchBackend(TorchBackendConf(), loaded_model, first.algo, total_steps=10, seed=0)
+    assert as_policy.tokenizer.pad_token_id == first.tokenizer.pad_token_id
+
+
+def test_load_rejects_a_directory_without_backend_state(tiny_model_dir, tmp_path):
+    b = backend(tiny_model_dir)
+    with pytest.raises(FileNotFoundError, match="backend_state.pt"):
+        asyncio.run(b.load(str(tmp_path)))
+
+
+def test_empty_batch_is_refused(tiny_model_dir):
+    b = backend(tiny_model_dir)
+    batch = make_batch(b.algo)
+    batch = dataclasses.replace(batch, response_mask=torch.zeros_like(batch.response_mask))
+    with pytest.raises(ValueError, match="no response tokens"):
+        step(b, batch)
