@@ -134,8 +134,10 @@ def _ray_start(args: list[str], log_path: str) -> subprocess.Popen:
     cmd = [ray_bin if os.path.exists(ray_bin) else "ray", "start", "--block", "--disable-usage-stats",
            *args]
     log.info("starting: %s", " ".join(cmd))
+    # No 30 s drain on SIGTERM (meant for Ray Serve on Kubernetes): the job is over.
+    env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     with open(log_path, "ab") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
 def stop_process_group(proc: subprocess.Popen) -> None:
