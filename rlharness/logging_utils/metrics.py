@@ -67,7 +67,7 @@ def format_step_line(row: dict[str, Any], total_steps: int) -> str:
         ("gnorm", "train/grad_norm", ".3f"),
         ("len", "rollout/response_len_mean", ".1f"),
         ("stale", "staleness/mean", ".2f"),
-        ("filt", "rollout/groups_filtered", "d"),
+        ("filt", "rollout/groups_filtered", ".0f"),
         ("tok/s", "perf/tokens_per_s", ".0f"),
         ("step_s", "perf/step_s", ".2f"),
     ):
