@@ -1,0 +1,80 @@
+"""conf/cluster/slurm.yaml composes into hydra-submitit-launcher's settings (no Slurm needed)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from rlharness.config.schema import ConfigError, SlurmClusterConf
+from rlharness.config.store import register_configs
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def _compose(overrides: list[str]):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        return compose("config", overrides=overrides, return_hydra_config=True)
+
+
+def test_cluster_slurm_selects_and_fills_the_submitit_launcher():
+    cfg = _compose(["cluster=slurm", "cluster.partition=gpu", "cluster.nodes=2", "cluster.gpus_per_node=4",
+                    "cluster.mem_gb=64", "cluster.timeout_min=90", 'cluster.setup=["module load cuda"]'])
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    assert launcher["_target_"].endswith("submitit_launcher.SlurmLauncher")
+    assert cfg.hydra.runtime.choices["hydra/launcher"] == "submitit_slurm"
+    assert {k: launcher[k] for k in ("partition", "nodes", "gpus_per_node", "mem_gb", "timeout_min",
+                                     "cpus_per_task", "max_num_timeout", "setup")} == {
+        "partition": "gpu", "nodes": 2, "gpus_per_node": 4, "mem_gb": 64, "timeout_min": 90,
+        "cpus_per_task": SlurmClusterConf.cpus_per_task, "max_num_timeout": SlurmClusterConf.max_num_timeout,
+        "setup": ["module load cuda"]}
+    # Unset keys stay real nulls (submitit omits them), never the string "None".
+    assert launcher["account"] is None and launcher["qos"] is None and launcher["constraint"] is None
+    assert cfg.cluster.name == "slurm"
+
+
+def test_other_clusters_keep_the_basic_launcher():
+    for cluster in ("local", "local_ray"):
+        cfg = _compose([f"cluster={cluster}"])
+        assert cfg.hydra.runtime.choices["hydra/launcher"] == "basic", cluster
+
+
+@pytest.mark.timeout(60)
+def test_connect_ray_slurm_outside_a_job_says_so(monkeypatch):
+    from rlharness.launch import connect_ray
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(ConfigError, match="SLURM_JOB_ID is not set"):
+        connect_ray(SlurmClusterConf())
+
+
+PROBE = """
+import ray
+from rlharness.config.schema import LocalRayClusterConf
+from rlharness.launch import connect_ray
+connect_ray(LocalRayClusterConf(num_cpus=1, object_store_memory_mb=100, temp_dir={temp!r}))
+print("CPUS", ray.cluster_resources()["CPU"], "VALUE", ray.get(ray.put(41)) + 1)
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_connect_ray_local_ray_starts_a_local_cluster():
+    # In a subprocess: other tests may hold their own Ray session in this process.
+    # A short temp dir: Ray's unix socket paths must stay under 107 bytes.
+    temp = tempfile.mkdtemp(prefix="rlh-ray-test-", dir="/tmp")
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    out = subprocess.run([sys.executable, "-c", PROBE.format(temp=temp)], capture_output=True, text=True,
+                         timeout=100, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "CPUS 1.0 VALUE 42" in out.stdout
+    assert any(Path(temp).glob("session_*"))  # session files went where configured
+    shutil.rmtree(temp, ignore_errors=True)
