@@ -157,20 +157,13 @@ class TorchBackend(TrainingBackend):
                                                 sums, first_epoch=epoch == 0)
                     step_loss += loss
                     step_pg += pg
-                params = [p for p in self.model.parameters() if p.requires_grad]
-                clip = algo.grad_clip if algo.grad_clip > 0 else float("inf")
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
-                if not torch.isfinite(grad_norm):
-                    log.warning("train_step %d: non-finite grad norm %s; skipping the optimizer step",
-                                batch.train_step, grad_norm)
-                    self.optimizer.zero_grad(set_to_none=True)
-                else:
-                    self.optimizer.step()
+                grad_norm = self._optimizer_step(batch.train_step)
                 sums.add("grad_norm", grad_norm)
                 sums.add("loss", step_loss)
                 sums.add("pg_loss", step_pg)
                 sums.add("updates", 1)
         self.scheduler.step()
+        self._reduce_sums(sums)
         return {
             "train/loss": sums.ratio("loss", "updates"),
             "train/pg_loss": sums.ratio("pg_loss", "updates"),
@@ -185,6 +178,25 @@ class TorchBackend(TrainingBackend):
             "train/num_updates": sums.v.get("updates", 0.0),
             "train/response_tokens": float(tensors["response_mask"].sum()),
         }
+
+    # Hooks a data-parallel subclass (backend=deepspeed) overrides; the step logic stays here.
+    def _backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def _optimizer_step(self, train_step: int) -> torch.Tensor:
+        """Clip, step, return the grad norm (skips the step on a non-finite norm)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        clip = self.algo.grad_clip if self.algo.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        if not torch.isfinite(grad_norm):
+            log.warning("train_step %d: non-finite grad norm %s; skipping the optimizer step", train_step, grad_norm)
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+        return grad_norm
+
+    def _reduce_sums(self, sums: _Sums) -> None:
+        """Combine the metric sums of data-parallel processes (one process here: nothing to do)."""
 
     def _micro_step(self, mb: dict[str, torch.Tensor], temperature: float, denominator: float, max_len: int,
                     sums: _Sums, first_epoch: bool) -> tuple[float, float]:
@@ -214,7 +226,7 @@ class TorchBackend(TrainingBackend):
                 entropy = token_entropy(logits.detach(), temperature)
 
         loss = aggregate_loss(loss_tok, mask, algo.loss_agg, max_response_len=max_len, denominator=denominator)
-        loss.backward()
+        self._backward(loss)
         with torch.no_grad():
             pg = aggregate_loss(pg_tok.detach(), mask, algo.loss_agg, max_response_len=max_len,
                                 denominator=denominator)
