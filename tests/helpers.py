@@ -1,0 +1,47 @@
+"""Compose and run configs in-process (the same path as train.py, minus Hydra's job setup)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from rlharness.config.store import register_configs
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = str(ROOT / "conf")
+
+# Small, quick settings for real-model runs in tests.
+QUICK = ["batch_size=8", "sampler.prompt_repeat_k=4", "eval.num_prompts=16", "logger.mode=disabled"]
+
+
+def compose_conf(overrides: list[str], run_dir: str | Path = ""):
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    cfg.run_dir = str(run_dir)
+    return OmegaConf.to_object(cfg), OmegaConf.to_container(cfg, resolve=True)
+
+
+def run_in_process(run_dir: str | Path, overrides: list[str]) -> dict:
+    from rlharness.launcher import run
+
+    conf, as_dict = compose_conf(overrides, run_dir)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    return run(conf, as_dict)
+
+
+def run_cli(args: list[str], cwd: str | Path, timeout_s: float = 600, check: bool = True,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """The real command line: `python train.py ...`."""
+    import os
+
+    full_env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0", **(env or {})}
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout_s, env=full_env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"train.py {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
