@@ -1,0 +1,400 @@
+"""`engine=hf`: any Hugging Face causal LM served with PyTorch, with continuous batching.
+
+One background thread owns the model and runs the loop: take new requests and
+commands from a thread-safe inbox, apply weight loads and aborts *between* steps,
+prefill joining requests together and merge their KV cache into the running batch
+(`rlharness.engine.kv`), decode one token for every running row, and retire rows
+that finished (EOS, stop string, max tokens) so waiting requests take their place.
+torch releases the GIL inside kernels, so the asyncio loop that calls `generate`
+stays responsive; results come back through `loop.call_soon_threadsafe`.
+
+Each token carries the log-probability of the temperature-scaled distribution
+(before top-p/top-k; temperature 1 for greedy) and the weight version that sampled
+it. Sampling draws from one seeded `torch.Generator`: a run is reproducible for the
+same requests arriving in the same order, not per request across schedules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rlharness.config.schema import HFEngineConf, ModelConf
+from rlharness.engine import kv
+from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
+from rlharness.engine.sampling import RowParams, sample_next
+
+log = logging.getLogger(__name__)
+
+# Extra tokens decoded beyond the longest stop string, so multi-character tokens and
+# skipped special tokens still leave the whole stop string inside the decoded tail.
+_STOP_TAIL_SLACK = 8
+
+
+@dataclass(eq=False)
+class _Seq:
+    """One request inside the engine thread."""
+
+    request: GenerateRequest
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    stop_tail_tokens: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    model_steps: list[int] = field(default_factory=list)
+    cancelled: bool = False
+
+
+@dataclass
+class _Command:
+    kind: str  # "abort" | "load" | "cancel" | "stop"
+    loop: asyncio.AbstractEventLoop | None = None
+    future: asyncio.Future | None = None
+    state: dict[str, Any] | None = None
+    version: int = 0
+    seq: _Seq | None = None
+
+
+def _resolve(fut: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
+
+
+def _post(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, result: Any = None,
+          error: BaseException | None = None) -> None:
+    try:
+        loop.call_soon_threadsafe(_resolve, fut, result, error)
+    except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+        pass
+
+
+class HFEngine(RolloutEngine):
+    """Continuous-batching engine over a Hugging Face causal LM (CPU or GPU).
+
+    Either loads `model_conf.path` (model + tokenizer) or takes an already-built
+    `model`/`tokenizer`. `eos_token_ids` overrides the model's EOS set (an empty list
+    disables EOS, as benchmarks do). A waiting request joins the running batch once
+    `join_min_free` slots are free (or fewer if fewer wait): prefilling a handful of
+    rows at once costs about one decode step, so this trades a little latency for
+    fewer prefill passes.
+    """
+
+    def __init__(self, conf: HFEngineConf, model_conf: ModelConf | None = None, seed: int = 0, *,
+                 model=None, tokenizer=None, eos_token_ids: list[int] | None = None,
+                 join_min_free: int | None = None, command_timeout_s: float = 300.0,
+                 idle_poll_s: float = 0.05):
+        from rlharness.model import load_model, load_tokenizer
+
+        if model is None:
+            if model_conf is None:
+                raise ValueError("HFEngine needs model_conf (to load model.path) or an explicit model")
+            model = load_model(model_conf, device=conf.device)
+        if tokenizer is None and model_conf is not None:
+            tokenizer = load_tokenizer(model_conf)
+        self.conf = conf
+        self.device = torch.device(conf.device)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        self.eos_token_ids = frozenset(self._default_eos() if eos_token_ids is None else eos_token_ids)
+        self.join_min_free = max(1, conf.max_batch_size // 8) if join_min_free is None else join_min_free
+        self.command_timeout_s = command_timeout_s
+        self.idle_poll_s = idle_poll_s
+        self._params = dict(self.model.state_dict())
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._version = 0
+        self._inbox: queue.Queue = queue.Queue()
+        self._waiting: list[_Seq] = []
+        self._running: list[_Seq] = []
+        self._batch: kv.Batch | None = None
+        self._rows: RowParams | None = None
+        self._stats_lock = threading.Lock()
+        self._counters = {"busy_s": 0.0, "tokens": 0, "finished": 0, "steps": 0, "rows": 0}
+        self._stats_since = time.perf_counter()
+        self.tokens_total = 0  # cumulative, never reset (stats() windows reset)
+        self._closed = False
+        kv.new_cache(self.model)  # fail now, not in the thread, on unsupported cache layouts
+        self._thread = threading.Thread(target=self._loop, name="hf-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_model(cls, model, tokenizer=None, conf: HFEngineConf | None = None, seed: int = 0,
+                   **kw) -> "HFEngine":
+        return cls(conf or HFEngineConf(device=str(next(model.parameters()).device)), None, seed,
+                   model=model, tokenizer=tokenizer, **kw)
+
+    def _default_eos(self) -> list[int]:
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(self.model.config, "eos_token_id", None)
+        if eos is None and self.tokenizer is not None:
+            eos = self.tokenizer.eos_token_id
+        if eos is None:
+            return []
+        return [int(e) for e in eos] if isinstance(eos, (list, tuple)) else [int(eos)]
+
+    # ------------------------------------------------------------------ async API
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if self._closed:
+            raise RuntimeError("HFEngine.generate after close()")
+        if not request.prompt_ids:
+            raise ValueError(f"request {request.request_id!r}: empty prompt_ids")
+        if request.sampling.max_tokens < 1:
+            raise ValueError(f"request {request.request_id!r}: sampling.max_tokens="
+                             f"{request.sampling.max_tokens} (expected >= 1)")
+        bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"request {request.request_id!r}: token ids {bad[:5]} outside the "
+                             f"vocabulary [0, {self.vocab_size})")
+        if request.sampling.stop and self.tokenizer is None:
+            raise ValueError(f"request {request.request_id!r}: stop strings need a tokenizer")
+        loop = asyncio.get_running_loop()
+        stop_chars = max((len(s) for s in request.sampling.stop), default=0)
+        seq = _Seq(request=request, loop=loop, future=loop.create_future(),
+                   stop_tail_tokens=stop_chars + _STOP_TAIL_SLACK if stop_chars else 0)
+        self._inbox.put(seq)
+        try:
+            return await seq.future
+        except asyncio.CancelledError:
+            self._inbox.put(_Command("cancel", seq=seq))  # free its slot
+            raise
+
+    async def _command(self, cmd: _Command) -> Any:
+        if self._closed:
+            raise RuntimeError(f"HFEngine.{cmd.kind} after close()")
+        cmd.loop = asyncio.get_running_loop()
+        cmd.future = cmd.loop.create_future()
+        self._inbox.put(cmd)
+        return await asyncio.wait_for(cmd.future, self.command_timeout_s)
+
+    async def abort_all(self) -> int:
+        return await self._command(_Command("abort"))
+
+    async def load_weights(self, state: dict[str, Any], version: int) -> None:
+        unknown = sorted(set(state) - set(self._params))
+        if unknown:
+            raise KeyError(f"load_weights: parameters not in the engine's model: {unknown[:5]}")
+        await self._command(_Command("load", state=state, version=int(version)))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox.put(_Command("stop"))
+        # join blocks: run it off the event loop, bounded.
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, self.command_timeout_s)
+        if self._thread.is_alive():
+            raise TimeoutError(f"hf engine thread did not stop within {self.command_timeout_s} s")
+
+    def stats(self) -> dict[str, float]:
+        """Counters since the previous call: busy fraction, tokens, finished requests, occupancy."""
+        with self._stats_lock:
+            now = time.perf_counter()
+            c, wall = self._counters, max(now - self._stats_since, 1e-9)
+            out = {
+                "busy_frac": min(1.0, c["busy_s"] / wall),
+                "tokens": float(c["tokens"]),
+                "tokens_per_s": c["tokens"] / wall,
+                "requests_finished": float(c["finished"]),
+                "mean_batch_size": c["rows"] / c["steps"] if c["steps"] else 0.0,
+                "mean_batch_occupancy": c["rows"] / (c["steps"] * self.conf.max_batch_size) if c["steps"] else 0.0,
+                "running": float(len(self._running)),
+                "waiting": float(len(self._waiting)),
+            }
+            self._counters = dict.fromkeys(c, 0)
+            self._counters["busy_s"] = 0.0
+            self._stats_since = now
+        return out
+
+    # ------------------------------------------------------------------ engine thread
+    def _loop(self) -> None:
+        try:
+            with torch.inference_mode():
+                while self._drain_inbox(block=not (self._running or self._waiting)):
+                    started = time.perf_counter()
+                    if self._waiting:
+                        self._admit()
+                    if self._running:
+                        self._decode_step()
+                    with self._stats_lock:
+                        self._counters["busy_s"] += time.perf_counter() - started
+        except BaseException as exc:  # noqa: BLE001 - every waiter must hear about it
+            log.exception("hf engine thread crashed")
+            self._fail_all(exc)
+            raise
+        finally:
+            self._abort_everything()
+            self._fail_inbox(RuntimeError("hf engine stopped"))
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Take everything queued; apply commands in arrival order. False when told to stop."""
+        try:
+            item = self._inbox.get(timeout=self.idle_poll_s) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            if isinstance(item, _Seq):
+                self._waiting.append(item)
+            elif not self._apply(item):
+                return False
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _apply(self, cmd: _Command) -> bool:
+        if cmd.kind == "stop":
+            return False
+        if cmd.kind == "cancel":
+            cmd.seq.cancelled = True
+            if cmd.seq in self._waiting:
+                self._waiting.remove(cmd.seq)
+            elif cmd.seq in self._running:
+                self._retire([i for i, s in enumerate(self._running) if s is not cmd.seq])
+            return True
+        try:
+            if cmd.kind == "abort":
+                result = self._abort_everything()
+            elif cmd.kind == "load":
+                self._load(cmd.state, cmd.version)
+                result = None
+            else:
+                raise ValueError(f"unknown engine command {cmd.kind!r}")
+        except Exception as exc:  # noqa: BLE001 - report to the caller, keep serving
+            _post(cmd.loop, cmd.future, error=exc)
+        else:
+            _post(cmd.loop, cmd.future, result)
+        return True
+
+    def _load(self, state: dict[str, Any], version: int) -> None:
+        with torch.no_grad():
+            for name, value in state.items():
+                self._params[name].copy_(value)
+        self._version = version
+        log.info("hf engine: weights version %d loaded (%d tensors)", version, len(state))
+
+    def _abort_everything(self) -> int:
+        seqs = self._running + self._waiting
+        self._running, self._waiting, self._batch, self._rows = [], [], None, None
+        for seq in seqs:
+            self._finish(seq, "abort")
+        return len(seqs)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for seq in self._running + self._waiting:
+            _post(seq.loop, seq.future, error=RuntimeError(f"hf engine failed: {exc!r}"))
+        self._running, self._waiting = [], []
+
+    def _fail_inbox(self, exc: BaseException) -> None:
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if item.future is not None and item.loop is not None:
+                _post(item.loop, item.future, error=exc)
+
+    # ------------------------------------------------------------------ scheduling
+    def _admit(self) -> None:
+        free = self.conf.max_batch_size - len(self._running)
+        if free <= 0 or (self._running and free < min(self.join_min_free, len(self._waiting))):
+            return
+        joining, self._waiting = self._waiting[:free], self._waiting[free:]
+        prompts = [s.request.prompt_ids for s in joining]
+        width = max(map(len, prompts))
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = kv.new_cache(self.model)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        rows = RowParams.from_params([s.request.sampling for s in joining], self.vocab_size, self.device)
+        tokens, logprobs = sample_next(out.logits[:, -1, :], rows, self._generator)
+        fresh = kv.Batch(cache=cache, attention_mask=mask, next_tokens=tokens,
+                         next_positions=mask.sum(-1))
+        self._batch = kv.merge(self._batch, fresh)
+        self._running = self._running + joining
+        self._rows = None
+        self._record(joining, tokens, logprobs, offset=len(self._running) - len(joining))
+
+    def _decode_step(self) -> None:
+        b = self._batch
+        if self._rows is None:
+            self._rows = RowParams.from_params([s.request.sampling for s in self._running],
+                                               self.vocab_size, self.device)
+        mask = torch.cat([b.attention_mask, b.attention_mask.new_ones(b.size, 1)], 1)
+        out = self.model(input_ids=b.next_tokens[:, None], attention_mask=mask,
+                         position_ids=b.next_positions[:, None], past_key_values=b.cache,
+                         use_cache=True)
+        tokens, logprobs = sample_next(out.logits[:, -1, :], self._rows, self._generator)
+        b.attention_mask, b.next_tokens, b.next_positions = mask, tokens, b.next_positions + 1
+        with self._stats_lock:
+            self._counters["steps"] += 1
+            self._counters["rows"] += b.size
+        self._record(self._running, tokens, logprobs, offset=0)
+
+    def _record(self, seqs: list[_Seq], tokens: torch.Tensor, logprobs: torch.Tensor, offset: int) -> None:
+        """Append each row's new token; retire the rows that finished."""
+        version, eos = self._version, self.eos_token_ids
+        finished: dict[int, tuple[_Seq, str]] = {}
+        for i, (seq, tok, lp) in enumerate(zip(seqs, tokens.tolist(), logprobs.tolist())):
+            seq.token_ids.append(tok)
+            seq.logprobs.append(lp)
+            seq.model_steps.append(version)
+            if tok in eos or (seq.stop_tail_tokens and self._hit_stop(seq)):
+                finished[offset + i] = (seq, "stop")
+            elif len(seq.token_ids) >= seq.request.sampling.max_tokens:
+                finished[offset + i] = (seq, "length")
+        self.tokens_total += len(seqs)
+        with self._stats_lock:  # before results go out, so a caller's stats() sees them
+            self._counters["tokens"] += len(seqs)
+            self._counters["finished"] += len(finished)
+        if finished:  # leave the batch first, so a caller woken by its result sees it gone
+            self._retire([i for i in range(len(self._running)) if i not in finished])
+            for seq, reason in finished.values():
+                self._finish(seq, reason)
+
+    def _retire(self, keep: list[int]) -> None:
+        if not keep:
+            self._running, self._batch, self._rows = [], None, None
+            return
+        self._running = [self._running[i] for i in keep]
+        self._batch = kv.select_rows(self._batch, keep)
+        self._rows = None
+
+    def _hit_stop(self, seq: _Seq) -> bool:
+        tail = self.tokenizer.decode(seq.token_ids[-seq.stop_tail_tokens:], skip_special_tokens=True)
+        return any(s in tail for s in seq.request.sampling.stop)
+
+    def _finish(self, seq: _Seq, reason: str) -> None:
+        if seq.cancelled:
+            return
+        text = self.tokenizer.decode(seq.token_ids, skip_special_tokens=True) if self.tokenizer else ""
+        result = GenerateResult(request_id=seq.request.request_id, token_ids=seq.token_ids,
+                                logprobs=seq.logprobs, model_steps=seq.model_steps,
+                                finish_reason=reason, text=text)
+        _post(seq.loop, seq.future, result)
+
