@@ -1,0 +1,228 @@
+"""`backend=deepspeed`: DeepSpeed ZeRO (stages 0-3) across several training processes on Ray actors.
+
+Each process (`DeepSpeedWorker`, one rank) is a `TorchBackend` whose model is the
+DeepSpeed engine: the step logic (old log-probs, mini/micro-batches, the clipped
+loss with TIS/KL/entropy, the metrics) is the torch backend's, unchanged. What
+differs is confined to its hooks:
+- every rank gets the whole batch and trains on its share of the samples
+  (rows rank, rank + W, ...); the loss denominator is still the whole mini-batch's,
+  and the loss is multiplied by W because DeepSpeed averages gradients over ranks,
+  so the update equals the single-process one;
+- rows are padded (zero mask, zero advantage) to a multiple of W x mini_batches so
+  every rank runs the same number of forward/backward passes (ZeRO-3 gathers
+  parameters collectively in each);
+- `engine.backward` / `engine.step` (unmanaged gradient accumulation: reduction,
+  clipping and the AdamW step at `step`), metric sums all-reduced across ranks.
+
+The optimizer is a plain `torch.optim.AdamW` (DeepSpeed's fused CPU Adam costs an
+80 s JIT compile). On CPU the gloo backend is used, and DeepSpeed's shared-memory
+all-reduce op (only used by inference all-reduce; ~45 s JIT compile at the first
+`init_distributed`) is marked unavailable so it is never built; JIT extensions that
+are built go to a stable `TORCH_EXTENSIONS_DIR` (~/.cache/rlharness/torch_extensions).
+
+Checkpoints: `save(dir)` writes DeepSpeed's checkpoint under `dir/deepspeed/` (every
+rank) and a Hugging Face copy of the policy in `dir/` from rank 0 (ZeRO-3 parameters
+gathered first), so the same `resume=` path as `backend=torch` works and `dir` loads
+as a model. `get_weights()` returns the full state dict from rank 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlharness.backend.torch_backend import TorchBackend, _Sums, lr_multiplier
+from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, ModelConf
+from rlharness.model import load_model, load_tokenizer
+from rlharness.types import TrainBatch
+
+log = logging.getLogger(__name__)
+
+DS_SUBDIR = "deepspeed"
+DS_TAG = "state"
+
+
+def torch_extensions_dir() -> str:
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "rlharness" / "torch_extensions")
+
+
+def worker_env(device: str) -> dict[str, str]:
+    """Environment a DeepSpeed worker process needs before `import deepspeed`."""
+    return {"DS_ACCELERATOR": "cpu" if device == "cpu" else "cuda",
+            "TORCH_EXTENSIONS_DIR": torch_extensions_dir()}
+
+
+def ds_config(conf: DeepSpeedBackendConf, algo: AlgoConf, model_conf: ModelConf) -> dict[str, Any]:
+    return {
+        # Batching is ours (TorchBackend's micro-batches); DeepSpeed reduces at `step()`.
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": float(algo.grad_clip),
+        "zero_optimization": {"stage": conf.zero_stage},
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": model_conf.dtype == "bfloat16"},
+        "fp16": {"enabled": model_conf.dtype == "float16"},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+def _skip_shm_comm_build() -> None:
+    """Training never uses DeepSpeed's CPU shm all-reduce (torch.distributed/gloo does the work)."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+def pad_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
+    """Append copies of row 0 that train nothing (mask and advantage 0) up to a multiple of `multiple`."""
+    rows = batch.input_ids.shape[0]
+    extra = (-rows) % multiple
+    if extra == 0:
+        return batch
+
+    def pad(t: torch.Tensor, zero: bool) -> torch.Tensor:
+        filler = t[:1].expand(extra, *t.shape[1:])
+        return torch.cat([t, torch.zeros_like(filler) if zero else filler], 0)
+
+    return dataclasses.replace(
+        batch, input_ids=pad(batch.input_ids, False), attention_mask=pad(batch.attention_mask, False),
+        response_mask=pad(batch.response_mask, True), advantages=pad(batch.advantages, True),
+        rollout_logprobs=pad(batch.rollout_logprobs, False), model_steps=pad(batch.model_steps, False))
+
+
+class DeepSpeedWorker(TorchBackend):
+    """One rank. Built inside a Ray actor with the rendezvous address of rank 0."""
+
+    def __init__(self, conf: DeepSpeedBackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int,
+                 seed: int, *, rank: int, world_size: int, master_addr: str, master_port: int,
+                 timeout_s: float = 600.0) -> None:
+        on_cpu = conf.device == "cpu"
+        os.environ.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "RANK": str(rank),
+                           "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank if on_cpu else 0),
+                           **worker_env(conf.device)})
+        import deepspeed
+
+        if on_cpu:
+            _skip_shm_comm_build()
+        deepspeed.init_distributed(dist_backend="gloo" if on_cpu else "nccl", auto_mpi_discovery=False,
+                                   timeout=timedelta(seconds=timeout_s), verbose=False)
+        self.conf, self.algo, self.total_steps = conf, algo, total_steps
+        self.rank, self.world_size = rank, world_size
+        self.device = torch.device("cpu" if on_cpu else "cuda")
+        torch.manual_seed(seed)
+        self.tokenizer = load_tokenizer(model_conf)
+        model = load_model(model_conf, device=str(self.device))
+        model.train()
+        self.ref_model = None
+        if algo.kl_coef > 0:
+            self.ref_model = load_model(model_conf, device=str(self.device)).eval()
+            self.ref_model.requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=algo.lr,
+            betas=(algo.adam_beta1, algo.adam_beta2), weight_decay=algo.weight_decay, fused=False)
+        # Stepped once per training step, as in TorchBackend (DeepSpeed would step it per update).
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_multiplier(
+            step, warmup_steps=algo.warmup_steps, total_steps=total_steps, schedule=algo.lr_schedule,
+            min_lr_ratio=algo.min_lr_ratio))
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.optimizer,
+                                                    config=ds_config(conf, algo, model_conf))
+        self.model = self.engine
+        log.info("deepspeed rank %d/%d up (ZeRO-%d, %s)", rank, world_size, conf.zero_stage,
+                 "gloo" if on_cpu else "nccl")
+
+    # ------------------------------------------------------------------ TorchBackend hooks
+    def train_step_blocking(self, batch: TrainBatch) -> dict[str, float]:
+        return super().train_step_blocking(pad_rows(batch, self.world_size * self.algo.mini_batches))
+
+    def _micro_slices(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        share = rows[self.rank::self.world_size]  # equal shares: rows are padded to a multiple of W
+        return list(torch.split(share, self.algo.micro_batch_size))
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+
+    def _optimizer_step(self, train_step: int) -> torch.Tensor:
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return torch.tensor(float("nan") if norm is None else float(norm))
+
+    def _reduce_sums(self, sums: _Sums) -> None:
+        same_everywhere = {"updates", "grad_norm"}
+        keys = sorted(k for k in sums.v if k not in same_everywhere)
+        values = torch.tensor([sums.v[k] for k in keys], dtype=torch.float64)
+        torch.distributed.all_reduce(values)
+        sums.v.update(zip(keys, values.tolist()))
+
+    # ------------------------------------------------------------------ weights and state
+    def _gathered(self):
+        if self.conf.zero_stage == 3:
+            import deepspeed
+
+            return deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()), modifier_rank=None)
+        return contextlib.nullcontext()
+
+    def get_weights_blocking(self) -> dict[str, torch.Tensor] | None:
+        """The full state dict on rank 0, None elsewhere (every rank must call: ZeRO-3 gathers)."""
+        with self._gathered():
+            if self.rank != 0:
+                return None
+            return {k: v.detach().to("cpu", copy=True) for k, v in self.engine.module.state_dict().items()}
+
+    def save_blocking(self, directory: str) -> None:
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        self.engine.save_checkpoint(str(out / DS_SUBDIR), tag=DS_TAG, save_latest=False, client_state={
+            "scheduler": self.scheduler.state_dict(), "torch_rng": torch.get_rng_state()})
+        state = self.get_weights_blocking()
+        if self.rank == 0:
+            self.engine.module.save_pretrained(out, state_dict=state)
+            self.tokenizer.save_pretrained(out)
+        torch.distributed.barrier()
+
+    def load_blocking(self, directory: str) -> None:
+        src = Path(directory) / DS_SUBDIR
+        if not (src / DS_TAG).is_dir():
+            raise FileNotFoundError(f"backend checkpoint {directory}: {DS_SUBDIR}/{DS_TAG}/ is missing "
+                                    f"(not written by backend=deepspeed?)")
+        path, client = self.engine.load_checkpoint(str(src), tag=DS_TAG, load_optimizer_states=True,
+                                                   load_lr_scheduler_states=False)
+        if path is None:
+            raise RuntimeError(f"deepspeed could not load the checkpoint in {src}")
+        self.scheduler.load_state_dict(client["scheduler"])
+        torch.set_rng_state(client["torch_rng"])
+
+
+def start_deepspeed_backend(conf: DeepSpeedBackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int,
+                            seed: int, *, cpus_per_worker: float = 1.0, timeout_s: float = 600.0):
+    """`conf.num_workers` `DeepSpeedWorker` ranks on Ray actors in one placement group.
+
+    Returns a `rlharness.distributed.RemoteBackend` (the `TrainingBackend` interface).
+    Needs a running Ray (`rlharness.launch.connect_ray`, which the launcher calls).
+    """
+    import functools
+
+    import ray
+
+    from rlharness.distributed.train_actor import spawn_train_workers
+
+    if not ray.is_initialized():
+        raise RuntimeError("backend=deepspeed runs its ranks as Ray actors, but Ray is not running: use "
+                           "cluster=local_ray or cluster=slurm (or call rlharness.launch.connect_ray first)")
+
+    def factory(rank: int, addr: str, port: int):
+        return functools.partial(DeepSpeedWorker, conf, model_conf, algo, total_steps, seed, rank=rank,
+                                 world_size=conf.num_workers, master_addr=addr, master_port=port,
+                                 timeout_s=timeout_s)
+
+    gpus = 0.0 if conf.device == "cpu" else 1.0
+    return spawn_train_workers(factory, conf.num_workers, cpus_per_worker, gpus, worker_env(conf.device),
+                               timeout_s, name="deepspeed")

@@ -1,0 +1,76 @@
+"""Disaggregated mode on Ray: engines and training workers as actors behind local interfaces.
+
+`build_remote_components(conf)` joins (or starts) the run's Ray cluster and returns
+`(engine, backend)`: engine actors in one placement group behind a `RemoteEngine` /
+`RayEngineRouter` (mode=disagg; else None, the engine is built locally), and the
+training side as actors behind a `RemoteBackend` (backend=deepspeed: one actor per
+rank; mode=disagg with another backend: one actor hosting it). Both implement the
+same async interfaces as local objects, so the trainer and manager do not change.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from rlharness.config.schema import LocalRayClusterConf, RunConf
+
+log = logging.getLogger(__name__)
+
+# Engine actors Ray restarts after a crash (the proxy re-sends the weights).
+ENGINE_MAX_RESTARTS = 3
+
+
+def actor_resources(conf: RunConf) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((engine CPUs, GPUs), (trainer CPUs, GPUs)) per actor."""
+    if isinstance(conf.cluster, LocalRayClusterConf):
+        engine_cpus, trainer_cpus = conf.cluster.engine_cpus, conf.cluster.trainer_cpus
+    else:  # slurm: a CPU per actor; the nodes' GPUs go one per actor that asks for one
+        engine_cpus = trainer_cpus = 1.0
+    engine_device = getattr(conf.engine, "device", "cpu")
+    engine_gpus = 1.0 if conf.engine.name == "vllm" or str(engine_device).startswith("cuda") else 0.0
+    trainer_gpus = 1.0 if str(getattr(conf.backend, "device", "cpu")).startswith("cuda") else 0.0
+    return (engine_cpus, engine_gpus), (trainer_cpus, trainer_gpus)
+
+
+def build_remote_components(conf: RunConf) -> tuple[Any, Any]:
+    from rlharness.launch import connect_ray
+
+    connect_ray(conf.cluster)
+    (engine_cpus, engine_gpus), (trainer_cpus, trainer_gpus) = actor_resources(conf)
+    engine = backend = None
+    try:
+        if conf.backend.name == "deepspeed":
+            from rlharness.backend.deepspeed_backend import start_deepspeed_backend
+
+            backend = start_deepspeed_backend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed,
+                                              cpus_per_worker=trainer_cpus, timeout_s=conf.timeout_s)
+        elif conf.mode == "disagg":
+            backend = start_backend_actor(conf, trainer_cpus, trainer_gpus)
+        if conf.mode == "disagg":
+            from rlharness.distributed.spawn import spawn_engines
+
+            engine = spawn_engines(conf.engine, conf.model, conf.seed, cpus=engine_cpus, gpus=engine_gpus,
+                                   timeout_s=conf.timeout_s, max_restarts=ENGINE_MAX_RESTARTS)
+    except BaseException:
+        if backend is not None:
+            import asyncio
+
+            asyncio.run(backend.close())
+        raise
+    return engine, backend
+
+
+def start_backend_actor(conf: RunConf, cpus: float, gpus: float):
+    """One training actor hosting the backend `build_backend` makes for `conf.backend`."""
+    from rlharness.backend import build_backend
+    from rlharness.distributed.train_actor import spawn_train_workers
+
+    def factory(rank: int, addr: str, port: int):
+        return functools.partial(build_backend, conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed)
+
+    return spawn_train_workers(factory, 1, cpus, gpus, {}, conf.timeout_s, name=conf.backend.name)
+
+
+__all__ = ["ENGINE_MAX_RESTARTS", "actor_resources", "build_remote_components", "start_backend_actor"]

@@ -1,0 +1,48 @@
+"""Placement groups and actor options: engines in one group, training workers in another."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+log = logging.getLogger(__name__)
+
+
+def make_placement_group(name: str, count: int, cpus: float, gpus: float, timeout_s: float) -> Any:
+    """`count` bundles of {CPU: cpus, GPU: gpus}, packed; fails clearly if the cluster cannot hold them."""
+    bundle: dict[str, float] = {"CPU": cpus}
+    if gpus:
+        bundle["GPU"] = gpus
+    pg = placement_group([dict(bundle) for _ in range(count)], strategy="PACK", name=name)
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if not ready:
+        ray.util.remove_placement_group(pg)
+        raise RuntimeError(f"placement group {name!r} ({count} x {bundle}) could not be placed within "
+                           f"{timeout_s:g} s; the cluster has {ray.available_resources()} available")
+    return pg
+
+
+def in_bundle(pg: Any, index: int) -> dict[str, Any]:
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+        placement_group=pg, placement_group_bundle_index=index)}
+
+
+def wait_all(refs: list[Any], names: list[str], what: str, timeout_s: float) -> list[Any]:
+    """ray.get for several calls that must all succeed; the first failure is raised at once, named."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(deadline - time.monotonic(), 0.0))
+        if not ready:
+            late = [n for r, n in zip(refs, names) if r in pending]
+            raise TimeoutError(f"{what}: {late} did not finish within {timeout_s:g} s")
+        try:
+            ray.get(ready[0])
+        except Exception as exc:
+            raise RuntimeError(f"{what}: {names[refs.index(ready[0])]} failed: {exc}") from exc
+    return ray.get(refs)

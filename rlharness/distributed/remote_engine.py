@@ -1,0 +1,255 @@
+"""Driver-side proxies that make engine actors look like local `RolloutEngine`s.
+
+`RemoteEngine` awaits one `EngineActor` (Ray ObjectRefs are awaitable):
+- a request that was in flight when the actor died comes back as finish "abort"
+  with no tokens, so the agent loop marks it ABORTED and the manager puts its group
+  back in the buffer to be sampled again; the proxy counts it (`requests_failed`);
+- after Ray restarts the actor, the proxy notices (new `instance_id`, or the actor
+  refusing to serve), counts the restart and re-sends the last weights it pushed,
+  with their version, before the engine serves again;
+- weight versions only go forward, and a load that takes longer than `timeout_s`
+  raises `WeightSyncTimeout` (and cancels the call) instead of blocking forever.
+
+`RayEngineRouter` is the `EngineRouter` over several proxies that puts a weight dict
+into the object store once, so every engine reads the same object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+
+from rlharness.distributed.engine_actor import EngineNeedsWeights
+from rlharness.distributed.weights import RemoteWeights, WeightSyncTimeout, to_object_ref
+from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
+from rlharness.engine.router import EngineRouter
+
+log = logging.getLogger(__name__)
+
+ACTOR_GONE = (RayActorError, ActorUnavailableError)
+# A restarted actor refusing to serve is re-synced and asked again at most this often per request.
+MAX_RESYNCS_PER_REQUEST = 3
+RESTART_POLL_S = 0.2
+
+
+class EngineLost(RuntimeError):
+    """An engine actor is gone for good (no restarts left) or did not come back in time."""
+
+
+def _now() -> float | None:
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return None
+
+
+class RemoteEngine(RolloutEngine):
+    def __init__(self, actor: Any, name: str, timeout_s: float, placement_group: Any = None) -> None:
+        self.actor = actor
+        self.placement_group = placement_group  # removed on close when this proxy owns it
+        self.name = name
+        self.timeout_s = timeout_s
+        info = ray.get(actor.info.remote(), timeout=timeout_s)  # also waits until the engine is built
+        self._instance_id: str = info["instance_id"]
+        self._version: int = int(info["version"])
+        self._target: tuple[Any, int] | None = None  # (ObjectRef, version) last pushed
+        self._resync_needed = False
+        self._lock: asyncio.Lock | None = None  # made in the loop that uses it
+        self._in_flight = 0
+        self._busy_s = 0.0
+        self._busy_since: float | None = None
+        self._window_start: float | None = None
+        self._engine_stats: dict[str, float] = {}
+        self.restarts = 0
+        self.requests_failed = 0
+        self.weight_loads = 0
+
+    # ------------------------------------------------------------------ interface
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        for _ in range(MAX_RESYNCS_PER_REQUEST):
+            if self._resync_needed:
+                await self._resync()
+            self._enter()
+            ref = self.actor.generate.remote(request)
+            try:
+                return await ref
+            except EngineNeedsWeights:  # restarted while idle: nothing was generated, ask again
+                self._resync_needed = True
+            except ACTOR_GONE as exc:
+                self._resync_needed = True
+                self.requests_failed += 1
+                log.warning("engine %s: request %s lost with the actor (%s); returned as aborted",
+                            self.name, request.request_id, type(exc).__name__)
+                return GenerateResult(request.request_id, [], [], [], "abort")
+            except asyncio.CancelledError:
+                ray.cancel(ref)  # free the engine's slot too
+                raise
+            finally:
+                self._leave()
+        raise EngineLost(f"engine {self.name}: still without weights after {MAX_RESYNCS_PER_REQUEST} re-syncs")
+
+    async def abort_all(self) -> int:
+        try:
+            return int(await asyncio.wait_for(self.actor.abort_all.remote(), self.timeout_s))
+        except ACTOR_GONE:  # its requests fail (and come back aborted) on their own
+            self._resync_needed = True
+            return 0
+
+    async def load_weights(self, state: Mapping[str, Any] | Any, version: int) -> None:
+        if version < self._version:
+            raise ValueError(f"engine {self.name}: weight version {version} arrived after version "
+                             f"{self._version}; versions must not go back")
+        ref = to_object_ref(state)
+        async with self._get_lock():
+            self._target = (ref, int(version))  # what a restarted actor must get, even if this push fails
+            try:
+                await self._push(ref, int(version))
+            except ACTOR_GONE:
+                log.warning("engine %s died during load_weights(version=%d); waiting for its restart",
+                            self.name, version)
+                await self._resync_locked()
+        await self._refresh_stats()
+
+    async def close(self) -> None:
+        try:
+            await asyncio.wait_for(self.actor.close.remote(), self.timeout_s)
+        except Exception as exc:  # noqa: BLE001 - closing a dead or hung actor must still kill it
+            log.warning("engine %s: close failed (%r); killing the actor", self.name, exc)
+        ray.kill(self.actor, no_restart=True)
+        _remove(self)
+
+    def stats(self) -> dict[str, float]:
+        """The actor's engine counters (fetched at each weight load) plus the proxy's own.
+
+        `busy_frac` is the engine's own measure when it has one, else the fraction of
+        time since the previous call with at least one request in flight (`inflight_frac`).
+        """
+        now = _now()
+        inflight_frac = 0.0
+        if now is not None:
+            busy = self._busy_s + (now - self._busy_since if self._busy_since is not None else 0.0)
+            if self._window_start is not None and now > self._window_start:
+                inflight_frac = min(1.0, busy / (now - self._window_start))
+            self._busy_s, self._window_start = 0.0, now
+            if self._busy_since is not None:
+                self._busy_since = now
+        out = dict(self._engine_stats)
+        out.setdefault("busy_frac", inflight_frac)
+        out.update({"inflight_frac": inflight_frac, "in_flight": float(self._in_flight),
+                    "restarts": float(self.restarts), "requests_failed": float(self.requests_failed),
+                    "weight_loads": float(self.weight_loads), "version": float(self._version)})
+        return out
+
+    async def info(self) -> dict[str, Any]:
+        """The actor's own view (instance, version, every version it loaded), for tests and debugging."""
+        return await asyncio.wait_for(self.actor.info.remote(), self.timeout_s)
+
+    # ------------------------------------------------------------------ internals
+    def _get_lock(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    def _enter(self) -> None:
+        now = _now()
+        if self._window_start is None:
+            self._window_start = now
+        if self._in_flight == 0:
+            self._busy_since = now
+        self._in_flight += 1
+
+    def _leave(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._busy_since is not None:
+            now = _now()
+            if now is not None:
+                self._busy_s += now - self._busy_since
+            self._busy_since = None
+
+    async def _push(self, ref: Any, version: int) -> None:
+        call = self.actor.load_weights.remote(ref, version)
+        try:
+            await asyncio.wait_for(call, self.timeout_s)
+        except asyncio.TimeoutError:
+            ray.cancel(call)
+            raise WeightSyncTimeout(f"engine {self.name}: load_weights(version={version}) did not finish "
+                                    f"within timeout_s={self.timeout_s:g}") from None
+        self._version = version
+        self.weight_loads += 1
+
+    async def _resync(self) -> None:
+        async with self._get_lock():
+            if self._resync_needed:
+                await self._resync_locked()
+
+    async def _resync_locked(self) -> None:
+        """Wait for the actor to answer; if it is a new incarnation, count it and give it the weights."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        while True:
+            try:
+                info = await asyncio.wait_for(self.actor.info.remote(), max(deadline - loop.time(), 0.01))
+                break
+            except (asyncio.TimeoutError, *ACTOR_GONE) as exc:
+                if loop.time() >= deadline:
+                    raise EngineLost(f"engine {self.name}: actor did not come back within "
+                                     f"timeout_s={self.timeout_s:g} ({exc!r})") from exc
+                await asyncio.sleep(RESTART_POLL_S)
+        if info["instance_id"] != self._instance_id:
+            self.restarts += 1
+            self._instance_id = info["instance_id"]
+            log.warning("engine %s restarted (instance %s, pid %s); re-sending weights version %s",
+                        self.name, info["instance_id"], info["pid"],
+                        self._target[1] if self._target else "0 (initial)")
+        if info["needs_weights"] or (self._target is not None and info["version"] != self._target[1]):
+            if self._target is not None:
+                await self._push(*self._target)
+            else:
+                await asyncio.wait_for(self.actor.mark_ready.remote(), self.timeout_s)
+        self._resync_needed = False
+
+    async def _refresh_stats(self) -> None:
+        try:
+            self._engine_stats = dict(await asyncio.wait_for(self.actor.stats.remote(), self.timeout_s))
+        except (asyncio.TimeoutError, GetTimeoutError, *ACTOR_GONE) as exc:
+            log.warning("engine %s: stats unavailable (%r)", self.name, exc)
+
+
+def _remove(owner: Any) -> None:
+    if owner.placement_group is not None:
+        ray.util.remove_placement_group(owner.placement_group)
+        owner.placement_group = None
+
+
+class RayEngineRouter(EngineRouter):
+    """Several engine actors; one object-store copy of each weight version for all of them."""
+
+    def __init__(self, engines: list[RolloutEngine], placement_group: Any = None) -> None:
+        super().__init__(engines)
+        self.placement_group = placement_group
+
+    async def close(self) -> None:
+        await super().close()
+        _remove(self)
+
+    async def load_weights(self, state: Mapping[str, Any] | Any, version: int) -> None:
+        await super().load_weights(to_object_ref(state), version)
+
+    def stats(self) -> dict[str, float]:
+        out = super().stats()
+        for key in ("inflight_frac", "version"):  # means, not sums
+            if key in out:
+                out[key] /= len(self.engines)
+        return out
+
+
+__all__ = ["EngineLost", "RayEngineRouter", "RemoteEngine", "RemoteWeights", "WeightSyncTimeout"]

@@ -1,0 +1,168 @@
+"""Training workers as Ray actors, and the driver-side `RemoteBackend` over them.
+
+A `TrainWorkerActor` hosts one process's backend object (a `TorchBackend`, one rank
+of `DeepSpeedWorker`, a `SimBackend`), built by a picklable factory after the actor
+is up (DeepSpeed ranks first need rank 0's address). `RemoteBackend` implements
+`TrainingBackend` by calling every worker at once (data parallel: each does its share
+and the collectives meet) and answering with rank 0's result.
+
+Training actors are not restarted: one that dies stops the run with
+`TrainingWorkerDied`, naming it; the last complete checkpoint stays resumable
+(checkpoints are committed atomically by the trainer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import socket
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import ActorUnavailableError, RayActorError
+
+from rlharness.backend.base import TrainingBackend
+from rlharness.distributed.placement import in_bundle, make_placement_group, wait_all
+from rlharness.distributed.weights import RemoteWeights
+from rlharness.types import TrainBatch
+
+log = logging.getLogger(__name__)
+
+
+class TrainingWorkerDied(RuntimeError):
+    """A training actor died; the run cannot continue (resume from the last checkpoint)."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class TrainWorkerActor:
+    def __init__(self, env: dict[str, str], num_threads: int) -> None:
+        os.environ.update(env)
+        import torch
+
+        torch.set_num_threads(max(1, num_threads))
+        self.backend: Any = None
+
+    def address(self) -> tuple[str, int]:
+        """This node's IP and a free port (rank 0's become MASTER_ADDR/MASTER_PORT)."""
+        return ray.util.get_node_ip_address(), free_port()
+
+    def build(self, factory: Callable[[], Any]) -> None:
+        self.backend = factory()
+
+    async def call(self, method: str, *args: Any) -> Any:
+        result = getattr(self.backend, method)(*args)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    async def call_and_put(self, method: str, *args: Any) -> list[Any]:
+        """Like `call`, but the result stays in the object store; returns [ref] (None -> [])."""
+        result = await self.call(method, *args)
+        return [] if result is None else [ray.put(result)]
+
+
+class RemoteBackend(TrainingBackend):
+    """`TrainingBackend` over one or more `TrainWorkerActor`s (rank order)."""
+
+    def __init__(self, actors: list[Any], names: list[str], timeout_s: float, placement_group: Any = None) -> None:
+        if not actors or len(actors) != len(names):
+            raise ValueError(f"RemoteBackend needs one name per actor (got {len(actors)} actors, {len(names)} names)")
+        self.actors = actors
+        self.names = names
+        self.timeout_s = timeout_s
+        self.placement_group = placement_group
+
+    async def _on_all(self, method: str, *args: Any, put: bool = False) -> list[Any]:
+        """Call `method` on every worker at once; results in rank order."""
+        refs = [(a.call_and_put if put else a.call).remote(method, *args) for a in self.actors]
+        tasks = [asyncio.ensure_future(_await(r)) for r in refs]
+        # The first failure ends the wait: its peers may be blocked in a collective with it.
+        _, pending = await asyncio.wait(tasks, timeout=self.timeout_s, return_when=asyncio.FIRST_EXCEPTION)
+        failed = [(i, t.exception()) for i, t in enumerate(tasks) if t.done() and t.exception() is not None]
+        dead = [(i, e) for i, e in failed if isinstance(e, (RayActorError, ActorUnavailableError))]
+        if failed:
+            _cancel(tasks, refs)
+            i, exc = (dead or failed)[0]
+            if dead:
+                raise TrainingWorkerDied(f"training worker {self.names[i]} died during {method}: "
+                                         f"{type(exc).__name__}: {exc}") from exc
+            raise exc
+        if pending:
+            late = [self.names[i] for i, t in enumerate(tasks) if t in pending]
+            _cancel(tasks, refs)
+            raise TimeoutError(f"training worker(s) {late}: {method} did not finish within "
+                               f"timeout_s={self.timeout_s:g}")
+        return [t.result() for t in tasks]
+
+    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        ref = ray.put(batch)  # one copy for every rank
+        return (await self._on_all("train_step", ref))[0]
+
+    async def get_weights(self) -> RemoteWeights:
+        results = await self._on_all("get_weights", put=True)
+        if not results[0]:
+            raise RuntimeError(f"training worker {self.names[0]} (rank 0) returned no weights")
+        return RemoteWeights(results[0][0], self.timeout_s)
+
+    async def save(self, directory: str) -> None:
+        await self._on_all("save", directory)
+
+    async def load(self, directory: str) -> None:
+        await self._on_all("load", directory)
+
+    async def close(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        if self.placement_group is not None:
+            ray.util.remove_placement_group(self.placement_group)
+            self.placement_group = None
+
+
+async def _await(ref: Any) -> Any:
+    return await ref
+
+
+def _cancel(tasks: list[asyncio.Future], refs: list[Any]) -> None:
+    for task, ref in zip(tasks, refs):
+        if not task.done():
+            task.cancel()
+            ray.cancel(ref)
+
+
+def spawn_train_workers(factory: Callable[[int, str, int], Callable[[], Any]], count: int, cpus: float,
+                        gpus: float, env: dict[str, str], timeout_s: float, name: str) -> RemoteBackend:
+    """`count` training actors in their own placement group, each hosting `factory(rank, addr, port)()`.
+
+    `addr`/`port` are rank 0's node address and a free port there (the rendezvous of a
+    process group). Training actors are never restarted (max_restarts=0).
+    """
+    pg = make_placement_group(f"{name}-train", count, cpus, gpus, timeout_s)
+    names = [f"{name}-rank{i}" for i in range(count)]
+    actor_cls = ray.remote(TrainWorkerActor)
+    actors = [actor_cls.options(num_cpus=cpus, num_gpus=gpus, max_restarts=0, max_concurrency=1, name=None,
+                                runtime_env={"env_vars": env}, **in_bundle(pg, i)).remote(env, int(max(1, cpus)))
+              for i in range(count)]
+    backend = RemoteBackend(actors, names, timeout_s, pg)
+    try:
+        addr, port = wait_all([actors[0].address.remote()], names[:1], f"starting {name} training workers",
+                              timeout_s)[0]
+        wait_all([a.build.remote(factory(i, addr, port)) for i, a in enumerate(actors)], names,
+                 f"building {name} training workers", timeout_s)
+    except BaseException:
+        _kill_all(actors, pg)
+        raise
+    log.info("%d %s training worker(s) up (rank 0 at %s:%d)", count, name, addr, port)
+    return backend
+
+
+def _kill_all(actors: list[Any], pg: Any) -> None:
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+    ray.util.remove_placement_group(pg)
