@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from rlharness.build import Components
-from rlharness.checkpoint import begin_checkpoint, commit_checkpoint, latest_checkpoint, read_meta
+from rlharness.checkpoint import CheckpointError, begin_checkpoint, commit_checkpoint, latest_checkpoint, read_meta
 from rlharness.config.schema import RunConf
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, format_step_line
@@ -46,8 +46,7 @@ class Trainer:
     # ------------------------------------------------------------------ main loop
     async def fit(self) -> dict[str, Any]:
         conf = self.conf
-        self._maybe_resume()
-        await self.restore_remote_state()
+        await self._resume()
         self.metrics = MetricsWriter(self.run_dir, resume_step=self.step)
         self.ledger = RolloutLedger(self.run_dir, resume_step=self.step)
         self.wandb = WandbLogger(conf.logger, str(self.run_dir), self.run_dir.name, self.config_dict,
@@ -151,16 +150,18 @@ class Trainer:
         commit_checkpoint(self.run_dir, self.step, tmp, self.conf.keep_checkpoints,
                           meta={"model_version": self.model_version})
 
-    def _maybe_resume(self) -> None:
-        if self.conf.resume == "never":
-            return
-        found = latest_checkpoint(self.run_dir)
+    async def _resume(self) -> None:
+        """Continue from the newest complete checkpoint in the run directory, if any."""
+        found = None if self.conf.resume == "never" else latest_checkpoint(self.run_dir)
         if found is None:
             return
-        step, path = found
+        _, path = found
         read_meta(path)
-        state = torch.load(path / "trainer.pt", weights_only=False)
-        self._resume_state = (path, state)
+        try:
+            state = torch.load(path / "trainer.pt", weights_only=False)
+            await self.c.backend.load(str(path / "backend"))  # may be remote (Ray actors)
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is a corrupted checkpoint
+            raise CheckpointError(f"checkpoint {path} is corrupted or incompatible: {exc}") from exc
         self.step = state["step"]
         self.model_version = state["model_version"]
         self.wandb_run_id = state["wandb_run_id"]
@@ -168,17 +169,9 @@ class Trainer:
         np.random.set_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"])
         self.c.manager.load_state_dict(state["producer"])
-        log.info("resuming from %s (step %d, weight version %d)", path, self.step, self.model_version)
-
-    async def restore_remote_state(self) -> None:
-        """Load backend and engine weights for a resume (async: they may be actors)."""
-        if not hasattr(self, "_resume_state"):
-            return
-        path, _ = self._resume_state
-        await self.c.backend.load(str(path / "backend"))
-        weights = await self.c.backend.get_weights()
-        await self.c.engine.load_weights(weights, self.model_version)
+        await self.c.engine.load_weights(await self.c.backend.get_weights(), self.model_version)
         self.c.manager.set_model_step(self.model_version)
+        log.info("resumed from %s (step %d, weight version %d)", path, self.step, self.model_version)
 
 
 def latest_checkpoint_is(run_dir: Path, step: int) -> bool:
