@@ -70,7 +70,7 @@ def test_build_backend_dispatch(tiny_model_dir):
     algo = AlgoConf(name="grpo")
     b = build_backend(TorchBackendConf(), ModelConf(path=tiny_model_dir), algo, total_steps=5, seed=0)
     assert isinstance(b, TorchBackend) and b.ref_model is None
-    with pytest.raises(NotImplementedError, match="deepspeed"):
+    with pytest.raises(RuntimeError, match="deepspeed runs its ranks as Ray actors"):
         build_backend(DeepSpeedBackendConf(), ModelConf(path=tiny_model_dir), algo, total_steps=5, seed=0)
 
 
@@ -174,6 +174,7 @@ def test_save_load_round_trip_is_exact(tiny_model_dir, tmp_path):
     algo_kw = dict(lr_schedule="cosine", warmup_steps=1, lr=1e-3)
     first = backend(tiny_model_dir, **algo_kw)
     step(first, make_batch(first.algo, seed=1))
+    rng_at_save = torch.get_rng_state()
     asyncio.run(first.save(str(tmp_path / "ckpt")))
     assert (tmp_path / "ckpt" / "config.json").is_file()  # usable as model.path
     loaded_model = ModelConf(path=str(tmp_path / "ckpt"))
@@ -183,6 +184,7 @@ def test_save_load_round_trip_is_exact(tiny_model_dir, tmp_path):
 
     fresh = backend(tiny_model_dir, **algo_kw)
     asyncio.run(fresh.load(str(tmp_path / "ckpt")))
+    assert torch.equal(torch.get_rng_state(), rng_at_save)
     metrics = step(fresh, make_batch(fresh.algo, seed=2))
     assert metrics["train/loss"] == reference_metrics["train/loss"]
     assert metrics["train/lr"] == reference_metrics["train/lr"]
