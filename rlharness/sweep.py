@@ -46,9 +46,10 @@ class JobSummary:
     total_steps: Optional[int]
     final: dict[str, Optional[float]] = field(default_factory=dict)
     curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    label: str = ""  # the overrides that differ between the sweep's jobs
 
     def row(self) -> dict[str, Any]:
-        row = {k: v for k, v in asdict(self).items() if k not in ("final", "curves")}
+        row = {k: v for k, v in asdict(self).items() if k not in ("final", "curves", "label")}
         row.update({k: self.final.get(k) for k in FINAL_METRICS})
         return row
 
@@ -132,7 +133,12 @@ def summarize_sweep(sweep_dir: Path) -> list[JobSummary]:
     job_dirs = find_job_dirs(sweep_dir)
     if not job_dirs:
         raise FileNotFoundError(f"{sweep_dir} holds no Hydra job directories (*/.hydra/overrides.yaml)")
-    return sorted((summarize_job(d) for d in job_dirs), key=lambda j: j.job)
+    jobs = sorted((summarize_job(d) for d in job_dirs), key=lambda j: j.job)
+    # Label each job by what differs between jobs; shared overrides would only add noise.
+    common = set.intersection(*(set(j.overrides.split()) for j in jobs)) if len(jobs) > 1 else set()
+    for job in jobs:
+        job.label = " ".join(o for o in job.overrides.split() if o not in common) or job.overrides
+    return jobs
 
 
 # ----------------------------------------------------------------------------- writers
@@ -153,7 +159,7 @@ def write_csv(jobs: list[JobSummary], path: Path) -> None:
 
 
 def markdown_table(jobs: list[JobSummary]) -> str:
-    rows = [j.row() for j in jobs]
+    rows = [{**j.row(), "overrides": j.label} for j in jobs]
     header = list(rows[0])
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(_fmt(r[k]).replace("|", "\\|") for k in header) + " |" for r in rows]
@@ -173,7 +179,7 @@ def write_plot(jobs: list[JobSummary], path: Path) -> None:
             if points:
                 steps, values = zip(*points)
                 ax.plot(steps, values, marker="." if len(points) < 30 else None,
-                        label=f"#{job.job} {job.overrides}"[:60])
+                        label=f"#{job.job} {job.label}"[:60])
         ax.set_title(key)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -189,7 +195,9 @@ def write_summary(sweep_dir: Path) -> list[JobSummary]:
     jobs = summarize_sweep(sweep_dir)
     write_csv(jobs, sweep_dir / "summary.csv")
     table = markdown_table(jobs)
-    (sweep_dir / "summary.md").write_text(f"# Sweep {sweep_dir}\n\n{table}")
+    common = sorted(set(jobs[0].overrides.split()) - set(jobs[0].label.split()))
+    shared = f"Overrides shared by every job: `{' '.join(common)}`\n\n" if common else ""
+    (sweep_dir / "summary.md").write_text(f"# Sweep {sweep_dir}\n\n{shared}{table}")
     write_plot(jobs, sweep_dir / "summary.png")
     return jobs
 

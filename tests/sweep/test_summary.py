@@ -53,6 +53,8 @@ def test_summary_rows_statuses_and_final_metrics(sweep):
     assert [j.steps_done for j in jobs] == [4, 4, 2]
     assert jobs[1].job_id == "101_1"
     assert jobs[1].overrides == "strategy=async max_staleness=1"  # hydra.* overrides hidden
+    assert [j.label for j in jobs] == ["strategy=sync max_staleness=0", "strategy=async max_staleness=1",
+                                       "strategy=async max_staleness=2"]
     assert jobs[0].final == pytest.approx({"train/loss": 0.25, "rollout/reward_mean": 0.4, "eval/accuracy": 0.2})
     assert jobs[2].final["eval/accuracy"] == pytest.approx(0.1)
     assert jobs[1].curves["eval/accuracy"] == [(2, pytest.approx(0.1)), (4, pytest.approx(0.2))]

@@ -1,0 +1,104 @@
+"""train.py on the local Slurm: one job per sweep point, and a preempted job that is
+requeued by submitit and resumes in its own run directory."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.slurm]
+
+ROOT = Path(__file__).resolve().parents[2]
+# Small and quick: simulated engine and trainer, tiny batches, no W&B.
+SMALL = ["engine=sim", "backend=sim", "batch_size=2", "sampler.prompt_repeat_k=2", "eval.num_prompts=8",
+         "logger=none", "cluster.cpus_per_task=1", "cluster.mem_gb=2"]
+
+
+def _train(sweep: Path, *overrides: str, timeout_s: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), "-m", "cluster=slurm", *SMALL, *overrides,
+                             f"hydra.sweep.dir={sweep}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=sweep.parent)
+
+
+def _steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+
+
+def assert_complete_run(run_dir: Path, total_steps: int) -> None:
+    """The run-directory contract after a finished run, resumed or not."""
+    steps = _steps(run_dir)
+    train_steps = [s for s in steps if s > 0]  # step 0: the evaluation before training
+    assert train_steps == list(range(1, total_steps + 1)), f"{run_dir}: metrics steps {steps}"
+    assert steps == sorted(steps) and len(set(steps)) == len(steps), f"{run_dir}: repeated steps {steps}"
+    rollout_files = sorted(p.name for p in (run_dir / "rollouts").glob("step_*.jsonl"))
+    assert rollout_files == [f"step_{s:08d}.jsonl" for s in range(1, total_steps + 1)]
+    for s in range(1, total_steps + 1):
+        rows = [json.loads(x) for x in (run_dir / "rollouts" / f"step_{s:08d}.jsonl").read_text().splitlines()]
+        assert rows and {r["train_step"] for r in rows} == {s}, f"step {s}: {rows[:1]}"
+    assert any((c / "DONE").is_file() for c in (run_dir / "checkpoints").glob("step_*"))
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+
+
+def _job_id(run_dir: Path) -> str:
+    return str(yaml.safe_load((run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]["job"]["id"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_one_slurm_job_per_point_each_a_complete_run(slurm_env, tmp_path):
+    proc = _train(tmp_path / "sweep", "total_steps=5", "seed=1,2", timeout_s=240)
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out
+    job_ids = []
+    for num in (0, 1):
+        run_dir = tmp_path / "sweep" / str(num)
+        assert_complete_run(run_dir, 5)
+        job_ids.append(_job_id(run_dir))
+        assert f"job #{num}: id {job_ids[-1]}, ok" in out  # printed by the sweep summary
+    assert len(set(job_ids)) == 2 and all(j.split("_")[0].isdigit() for j in job_ids)
+
+
+def _slurm(*args: str) -> str:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=30, check=True).stdout
+
+
+def _wait(what: str, ready, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(0.3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_preempted_job_is_requeued_and_resumes_from_its_checkpoint(slurm_env, tmp_path):
+    total = 12
+    run_dir = tmp_path / "sweep" / "0"
+    proc = _train(tmp_path / "sweep", f"total_steps={total}", "save_every=2", "eval_every=0",
+                  "backend.step_time_s=0.4", "seed=3", timeout_s=240)
+    try:
+        _wait("5 logged steps", lambda: (run_dir / "metrics.jsonl").is_file() and len(_steps(run_dir)) >= 5, 120)
+        job_id = _job_id(run_dir)
+        # What Slurm does on preemption (and before a timeout): SIGUSR2 to the job step.
+        # submitit catches it, calls the launcher's checkpoint() and requeues the job.
+        _slurm("scancel", "--signal=USR2", job_id)
+        _wait("the requeue", lambda: "Restarts=1" in _slurm("scontrol", "show", "job", job_id), 60)
+        # Slurm holds a requeued job back ~2 minutes (BeginTime); let it start now.
+        _wait("job pending again", lambda: "JobState=PENDING" in _slurm("scontrol", "show", "job", job_id), 60)
+        _slurm("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    log = (run_dir / "train.log").read_text()
+    assert "Requeued job" in log  # submitit's own line, from the interrupted attempt
+    assert re.search(r"resum\w* from \S*checkpoints/step_\d+", log), "the requeued job did not resume"
+    assert_complete_run(run_dir, total)
