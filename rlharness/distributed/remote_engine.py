@@ -49,12 +49,14 @@ def _now() -> float | None:
 
 
 class RemoteEngine(RolloutEngine):
-    def __init__(self, actor: Any, name: str, timeout_s: float, placement_group: Any = None) -> None:
+    def __init__(self, actor: Any, name: str, timeout_s: float, placement_group: Any = None,
+                 start_timeout_s: float | None = None) -> None:
         self.actor = actor
         self.placement_group = placement_group  # removed on close when this proxy owns it
         self.name = name
         self.timeout_s = timeout_s
-        info = ray.get(actor.info.remote(), timeout=timeout_s)  # also waits until the engine is built
+        # Also waits until the engine is built (model load), which may take longer than a transfer.
+        info = ray.get(actor.info.remote(), timeout=start_timeout_s or timeout_s)
         self._instance_id: str = info["instance_id"]
         self._version: int = int(info["version"])
         self._target: tuple[Any, int] | None = None  # (ObjectRef, version) last pushed

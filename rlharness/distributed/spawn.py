@@ -18,14 +18,16 @@ log = logging.getLogger(__name__)
 
 def spawn_engines(engine_conf: EngineConf, model_conf: ModelConf, seed: int, *, cpus: float, gpus: float,
                   timeout_s: float, max_restarts: int = 3, actor_cls: type = EngineActor,
-                  name: str = "engine") -> RolloutEngine:
+                  name: str = "engine", start_timeout_s: float | None = None) -> RolloutEngine:
     """`engine_conf.num_engines` engine actors; one `RemoteEngine`, or a `RayEngineRouter` over several.
 
     Ray restarts a dead engine actor up to `max_restarts` times (the proxy then re-sends
-    the current weights). Engine i is seeded `seed + i`.
+    the current weights). Engine i is seeded `seed + i`. `timeout_s` bounds every call
+    (a weight transfer included); `start_timeout_s` (default `timeout_s`) the start.
     """
     count = engine_conf.num_engines
-    pg = make_placement_group(f"{name}s", count, cpus, gpus, timeout_s)
+    start_timeout_s = start_timeout_s or timeout_s
+    pg = make_placement_group(f"{name}s", count, cpus, gpus, start_timeout_s)
     remote_cls = ray.remote(actor_cls)
     names = [f"{name}{i}" for i in range(count)]
     actors = [remote_cls.options(num_cpus=cpus, num_gpus=gpus, max_restarts=max_restarts, max_task_retries=0,
@@ -33,7 +35,7 @@ def spawn_engines(engine_conf: EngineConf, model_conf: ModelConf, seed: int, *, 
               .remote(engine_conf, model_conf, seed + i, names[i], int(max(1, cpus)))
               for i in range(count)]
     try:
-        proxies = [RemoteEngine(a, n, timeout_s) for a, n in zip(actors, names)]
+        proxies = [RemoteEngine(a, n, timeout_s, start_timeout_s=start_timeout_s) for a, n in zip(actors, names)]
     except BaseException:
         for a in actors:
             ray.kill(a, no_restart=True)
