@@ -66,6 +66,7 @@ print("CPUS", ray.cluster_resources()["CPU"], "VALUE", ray.get(ray.put(41)) + 1)
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_connect_ray_local_ray_starts_a_local_cluster():
     # In a subprocess: other tests may hold their own Ray session in this process.

@@ -116,6 +116,7 @@ def test_refused_partition_names_it(slurm_env, tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_ray_head_started_inside_a_slurm_job(slurm_env, tmp_path):
     job = _executor(tmp_path / "submitit").submit(_ray_probe, 4)
