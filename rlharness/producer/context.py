@@ -84,6 +84,9 @@ class ProduceContext:
     window: Counter = field(default_factory=Counter)
     pending: _PendingTasks = field(default_factory=_PendingTasks)
     paused: bool = False
+    # Generated groups filtered, failed or expired on arrival since the last one kept COMPLETED
+    # (a run that cannot make progress stops with an error instead of spinning).
+    dropped_in_a_row: int = 0
     # Tail-batch bookkeeping, for metrics and tests.
     tail_rounds: int = 0
     last_round_tail: bool = False
@@ -180,5 +183,10 @@ class ProduceContext:
             self.window["groups_failed"] += 1
         elif status == Status.ABORTED:
             self.window["groups_aborted"] += 1
-        self.replay_buffer.put(group, model_step=self.model_step(), train_step=self.progress.next_consumer_step)
+        stored = self.replay_buffer.put(group, model_step=self.model_step(),
+                                        train_step=self.progress.next_consumer_step)
+        if stored == Status.COMPLETED:
+            self.dropped_in_a_row = 0
+        elif status in (Status.FILTERED, Status.FAILED, Status.COMPLETED):  # COMPLETED -> expired on arrival
+            self.dropped_in_a_row += 1
         self.on_put()

@@ -88,6 +88,11 @@ class AgentLoopManager:
         self.task_sizes = allocate_batch_sizes(batch_size, list(tasks))
         for name, (sampler, _) in tasks.items():
             sampler.check_batch_size(self.task_sizes[name])
+            if strategy.group_filter_name == "all_equal_reward" and sampler.conf.prompt_repeat_k < 2:
+                raise ValueError(
+                    f"strategy.group_filter=all_equal_reward with sampler.prompt_repeat_k="
+                    f"{sampler.conf.prompt_repeat_k} (task {name!r}) would filter every group"
+                )
 
         self.progress = ProduceProgress.build(list(tasks))
         self._model_step = 0
@@ -188,14 +193,15 @@ class AgentLoopManager:
                 if self._paused:
                     await self._producer_wake.wait(self.poll_interval_s)
                     continue
+                # Target every step the staleness bound allows now, not one step at a time:
+                # otherwise the in-flight budget is one batch, and while the last groups of
+                # that batch finish (the long tail) the engines idle (producer benchmark).
+                self._advance_targets()
                 statuses = await self._produce_all()
                 if self._closed or ProduceStatus.PAUSED in statuses:
                     continue
-                nxt = self.progress.target_upto_future_step + 1
-                if self._may_produce_for(nxt):
-                    self.progress.producer_future_step = nxt
-                    self.progress.ensure_target_upto(nxt, self.task_sizes)
-                    continue
+                if self._may_produce_for(self.progress.target_upto_future_step + 1):
+                    continue  # the weights moved on while producing: raise the targets again
                 await self._producer_wake.wait(self.poll_interval_s)
         except asyncio.CancelledError:
             raise
@@ -204,6 +210,14 @@ class AgentLoopManager:
             self._loop_error = exc
             self._consumer_wake.set()
             raise
+
+    def _advance_targets(self) -> None:
+        """Raise the cumulative targets to the furthest step `_may_produce_for` allows."""
+        nxt = self.progress.target_upto_future_step + 1
+        while self._may_produce_for(nxt):
+            self.progress.producer_future_step = nxt
+            self.progress.ensure_target_upto(nxt, self.task_sizes)
+            nxt += 1
 
     def _may_produce_for(self, future_step: int) -> bool:
         """Producing for `future_step` now is worthwhile if it would not expire on arrival.

@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.5
 # While draining, re-send the abort this often: a request may reach the engine after the first abort.
 _ABORT_RETRY_S = 0.2
+# Give up when this many groups in a row were filtered/failed (e.g. every reward equal):
+# max(MIN, PER_GROUP * task batch size).
+MIN_DROPPED_IN_A_ROW = 256
+DROPPED_IN_A_ROW_PER_GROUP = 20
 
 
 class ProduceStatus(Enum):
@@ -48,6 +52,7 @@ class ProduceStrategy(abc.ABC):
     def __init__(self, conf: StrategyConf) -> None:
         self.max_staleness = conf.max_staleness
         self.pause_timeout_s = conf.pause_timeout_s
+        self.group_filter_name = conf.group_filter
         self.group_filter = build_group_filter(conf.group_filter)
 
     @abc.abstractmethod
@@ -59,6 +64,14 @@ class ProduceStrategy(abc.ABC):
 
     def _fill(self, ctx: ProduceContext, max_pending: int, from_expired_only: bool) -> None:
         """Start groups until `max_pending` are in flight; stop quietly when the data run out."""
+        limit = max(MIN_DROPPED_IN_A_ROW, DROPPED_IN_A_ROW_PER_GROUP * ctx.task_batch_size)
+        if ctx.dropped_in_a_row >= limit:
+            raise RuntimeError(
+                f"task {ctx.task}: the last {ctx.dropped_in_a_row} generated groups were all filtered, failed "
+                f"or expired on arrival (strategy.group_filter={self.group_filter_name}, weight version "
+                f"{ctx.model_step()}, consumer step {ctx.progress.next_consumer_step}); production cannot make "
+                f"progress. Are the engines' weights synced (set_model_step)?"
+            )
         try:
             while ctx.schedule_one(
                 max_pending=max_pending,
