@@ -61,6 +61,7 @@ class SimEngine(RolloutEngine):
         self._busy_since: float | None = None
         self._busy_s = 0.0
         self._first_s: float | None = None
+        self._last_s: float | None = None  # last time a request started or ended
         self._tokens = 0
         self._num_requests = 0
         self._num_aborted = 0
@@ -152,12 +153,14 @@ class SimEngine(RolloutEngine):
             self._slots.release()
 
     def _enter(self, now: float) -> None:
+        self._last_s = now
         if self._active == 0:
             self._busy_since = now
         self._active += 1
         self._max_active = max(self._max_active, self._active)
 
     def _leave(self, now: float) -> None:
+        self._last_s = now
         self._active -= 1
         if self._active == 0 and self._busy_since is not None:
             self._busy_s += now - self._busy_since
@@ -180,8 +183,8 @@ class SimEngine(RolloutEngine):
         """Cumulative counters: busy time (>= 1 request running) over time since the first request."""
         try:
             now = asyncio.get_running_loop().time()
-        except RuntimeError:
-            now = None
+        except RuntimeError:  # read after the loop ended: up to the last activity
+            now = self._last_s
         busy = self._busy_s
         if self._busy_since is not None and now is not None:
             busy += now - self._busy_since

@@ -1,0 +1,131 @@
+"""The single-turn agent loop on the sim engine: generation, abort, continuation token for token, judging."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from rlharness.agent import build_agent_loop
+from rlharness.config.schema import AgentConf, SamplingConf, SimEngineConf, SingleTurnAgentConf
+from rlharness.engine.sim import SimEngine
+from rlharness.judger.base import Judger
+from rlharness.types import Status, group_status, make_group
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class FirstTokenParity(Judger):
+    name = "parity"
+
+    def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
+        return {"score": float(int(response_text.split()[0]) % 2 == 0)}
+
+
+class Broken(Judger):
+    name = "broken"
+
+    def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
+        raise RuntimeError("judge down")
+
+
+def decode(ids: list[int]) -> str:
+    return " ".join(map(str, ids))
+
+
+def _setup(*, judger=None, mean=40.0, cv=0.0, tpt=0.002, max_tokens=64, k=3):
+    engine = SimEngine(SimEngineConf(mean_response_len=mean, cv=cv, time_per_token_s=tpt, slots=16),
+                       seed=1, vocab_size=30)
+    loop = build_agent_loop(SingleTurnAgentConf(sampling=SamplingConf(max_tokens=max_tokens)), engine,
+                            judger or FirstTokenParity(), decode)
+    group = make_group(task="t", prompt_index=0, epoch=0, prompt_text="p", prompt_ids=[5, 6], label={}, k=k)
+    return engine, loop, group
+
+
+async def _interrupt(loop, group, partial: bool, after_s: float):
+    task = asyncio.create_task(loop.generate_group(group, enable_partial_rollout=partial))
+    await asyncio.sleep(after_s)
+    await loop.pause()
+    return await task
+
+
+def test_generates_judges_and_leaves_its_input_untouched():
+    engine, loop, group = _setup(mean=5, cv=1.0, tpt=1e-4)
+    out = asyncio.run(loop.generate_group(group, enable_partial_rollout=False))
+    assert group_status(out) == Status.COMPLETED
+    for s in out:
+        assert s.response_ids and len(s.response_ids) == len(s.response_logprobs) == len(s.response_model_steps)
+        assert s.response_text == decode(s.response_ids)
+        assert s.reward["score"] == float(s.response_ids[0] % 2 == 0)
+        assert set(s.response_model_steps) == {0}
+    assert all(s.status == Status.INIT and not s.response_ids for s in group)
+
+
+def test_partial_rollout_continues_token_for_token_on_newer_weights():
+    engine, loop, group = _setup(mean=40, cv=0.0, tpt=0.002, max_tokens=64)
+
+    async def main():
+        first = await _interrupt(loop, group, partial=True, after_s=0.03)
+        assert group_status(first) == Status.ABORTED
+        assert all(s.status == Status.ABORTED and s.num_aborts == 1 for s in first)
+        assert all(0 < len(s.response_ids) < 40 for s in first)
+        snap = [(list(s.response_ids), list(s.response_logprobs), list(s.response_model_steps)) for s in first]
+        await engine.load_weights({}, version=1)
+        second = await loop.generate_group(first, enable_partial_rollout=True)
+        return snap, second
+
+    snap, second = asyncio.run(main())
+    assert group_status(second) == Status.COMPLETED
+    for (ids, lps, steps), s in zip(snap, second):
+        n = len(ids)
+        assert s.response_ids[:n] == ids and s.response_logprobs[:n] == lps and s.response_model_steps[:n] == steps
+        assert set(steps) == {0} and set(s.response_model_steps[n:]) == {1}
+        # the continuation asked only for what the budget still allowed
+        assert len(s.response_ids) <= 64 and len(s.response_ids) > n
+        assert s.reward is not None
+
+
+def test_continuation_keeps_members_that_already_finished():
+    engine, loop, group = _setup(mean=20, cv=1.5, tpt=0.002, max_tokens=200, k=8)
+
+    async def main():
+        first = await _interrupt(loop, group, partial=True, after_s=0.04)
+        done = {s.uid: (list(s.response_ids), s.finish_reason) for s in first if s.status == Status.COMPLETED}
+        assert done and len(done) < 8, "expected some members finished and some interrupted"
+        second = await loop.generate_group(first, enable_partial_rollout=True)
+        return done, second
+
+    done, second = asyncio.run(main())
+    for s in second:
+        if s.uid in done:
+            assert (s.response_ids, s.finish_reason) == done[s.uid]
+            assert s.num_aborts == 0
+    assert group_status(second) == Status.COMPLETED
+
+
+def test_without_partial_rollout_an_interrupted_group_restarts_from_scratch():
+    engine, loop, group = _setup(mean=40, cv=0.0, tpt=0.002)
+
+    async def main():
+        first = await _interrupt(loop, group, partial=False, after_s=0.03)
+        assert all(s.status == Status.ABORTED and s.response_ids == [] for s in first)
+        assert loop.tokens_discarded > 0
+        await engine.load_weights({}, version=3)
+        return await loop.generate_group(first, enable_partial_rollout=False)
+
+    second = asyncio.run(main())
+    assert group_status(second) == Status.COMPLETED
+    assert all(set(s.response_model_steps) == {3} for s in second)
+
+
+def test_a_judger_that_raises_marks_the_group_failed():
+    engine, loop, group = _setup(judger=Broken(), mean=3, tpt=1e-4)
+    out = asyncio.run(loop.generate_group(group, enable_partial_rollout=False))
+    assert all(s.status == Status.FAILED for s in out)
+    assert "judge down" in out[0].extra["fail_reason"]
+
+
+def test_unknown_agent_name_is_refused():
+    with pytest.raises(ValueError, match="agent.name='nope'"):
+        build_agent_loop(AgentConf(name="nope"), None, FirstTokenParity(), decode)
