@@ -8,7 +8,7 @@ differs is confined to its hooks:
   (rows rank, rank + W, ...); the loss denominator is still the whole mini-batch's,
   and the loss is multiplied by W because DeepSpeed averages gradients over ranks,
   so the update equals the single-process one;
-- rows are padded (zero mask, zero advantage) to a multiple of W x mini_batches so
+- each mini-batch is padded (zero mask, zero advantage rows) to a multiple of W so
   every rank runs the same number of forward/backward passes (ZeRO-3 gathers
   parameters collectively in each);
 - `engine.backward` / `engine.step` (unmanaged gradient accumulation: reduction,
@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -82,21 +83,32 @@ def _skip_shm_comm_build() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
-def pad_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
-    """Append copies of row 0 that train nothing (mask and advantage 0) up to a multiple of `multiple`."""
-    rows = batch.input_ids.shape[0]
-    extra = (-rows) % multiple
-    if extra == 0:
-        return batch
+def pad_rows(batch: TrainBatch, world_size: int, mini_batches: int) -> TrainBatch:
+    """Pad every mini-batch (TorchBackend's `tensor_split` of the rows) to the same multiple of `world_size`.
 
-    def pad(t: torch.Tensor, zero: bool) -> torch.Tensor:
-        filler = t[:1].expand(extra, *t.shape[1:])
-        return torch.cat([t, torch.zeros_like(filler) if zero else filler], 0)
+    Padding rows copy row 0 but train nothing (mask and advantage 0), and sit inside the
+    mini-batch they pad, so each mini-batch holds the same real rows as without padding.
+    """
+    rows = batch.input_ids.shape[0]
+    chunks = torch.tensor_split(torch.arange(rows), mini_batches)
+    size = math.ceil(max(len(c) for c in chunks) / world_size) * world_size
+    if all(len(c) == size for c in chunks):
+        return batch
+    index, real = [], []
+    for c in chunks:
+        index += c.tolist() + [0] * (size - len(c))
+        real += [1.0] * len(c) + [0.0] * (size - len(c))
+    index_t = torch.tensor(index)
+    keep = torch.tensor(real).unsqueeze(1)
+
+    def take(t: torch.Tensor, zero_pads: bool) -> torch.Tensor:
+        out = t[index_t]
+        return out * keep.to(out.dtype) if zero_pads else out
 
     return dataclasses.replace(
-        batch, input_ids=pad(batch.input_ids, False), attention_mask=pad(batch.attention_mask, False),
-        response_mask=pad(batch.response_mask, True), advantages=pad(batch.advantages, True),
-        rollout_logprobs=pad(batch.rollout_logprobs, False), model_steps=pad(batch.model_steps, False))
+        batch, input_ids=take(batch.input_ids, False), attention_mask=take(batch.attention_mask, False),
+        response_mask=take(batch.response_mask, True), advantages=take(batch.advantages, True),
+        rollout_logprobs=take(batch.rollout_logprobs, False), model_steps=take(batch.model_steps, False))
 
 
 class DeepSpeedWorker(TorchBackend):
@@ -141,7 +153,7 @@ class DeepSpeedWorker(TorchBackend):
 
     # ------------------------------------------------------------------ TorchBackend hooks
     def train_step_blocking(self, batch: TrainBatch) -> dict[str, float]:
-        return super().train_step_blocking(pad_rows(batch, self.world_size * self.algo.mini_batches))
+        return super().train_step_blocking(pad_rows(batch, self.world_size, self.algo.mini_batches))
 
     def _micro_slices(self, rows: torch.Tensor) -> list[torch.Tensor]:
         share = rows[self.rank::self.world_size]  # equal shares: rows are padded to a multiple of W
