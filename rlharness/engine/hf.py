@@ -28,10 +28,13 @@ import torch
 
 from rlharness.config.schema import HFEngineConf, ModelConf
 from rlharness.engine import kv
-from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
+from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine, SamplingParams
 from rlharness.engine.sampling import RowParams, sample_next
 
 log = logging.getLogger(__name__)
+
+# Sampling parameters for a finished row still in the batch (its token is discarded).
+_DEAD_ROW = SamplingParams(greedy=True)
 
 # Extra tokens decoded beyond the longest stop string, so multi-character tokens and
 # skipped special tokens still leave the whole stop string inside the decoded tail.
@@ -116,7 +119,9 @@ class HFEngine(RolloutEngine):
         self._version = 0
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: list[_Seq] = []
-        self._running: list[_Seq] = []
+        # Rows of the running batch; None marks a finished row not yet compacted away.
+        self._slots: list[_Seq | None] = []
+        self._num_live = 0
         self._batch: kv.Batch | None = None
         self._rows: RowParams | None = None
         self._stats_lock = threading.Lock()
@@ -124,7 +129,7 @@ class HFEngine(RolloutEngine):
         self._stats_since = time.perf_counter()
         self.tokens_total = 0  # cumulative, never reset (stats() windows reset)
         self._closed = False
-        kv.new_cache(self.model)  # fail now, not in the thread, on unsupported cache layouts
+        kv.check_supported(self.model)  # fail here, not in the thread
         self._thread = threading.Thread(target=self._loop, name="hf-engine", daemon=True)
         self._thread.start()
 
@@ -217,7 +222,7 @@ class HFEngine(RolloutEngine):
                 "requests_finished": float(c["finished"]),
                 "mean_batch_size": c["rows"] / c["steps"] if c["steps"] else 0.0,
                 "mean_batch_occupancy": c["rows"] / (c["steps"] * self.conf.max_batch_size) if c["steps"] else 0.0,
-                "running": float(len(self._running)),
+                "running": float(self._num_live),
                 "waiting": float(len(self._waiting)),
             }
             self._counters = dict.fromkeys(c, 0)
@@ -229,11 +234,10 @@ class HFEngine(RolloutEngine):
     def _loop(self) -> None:
         try:
             with torch.inference_mode():
-                while self._drain_inbox(block=not (self._running or self._waiting)):
+                while self._drain_inbox(block=not (self._num_live or self._waiting)):
                     started = time.perf_counter()
-                    if self._waiting:
-                        self._admit()
-                    if self._running:
+                    self._schedule()
+                    if self._batch is not None:
                         self._decode_step()
                     with self._stats_lock:
                         self._counters["busy_s"] += time.perf_counter() - started
@@ -268,8 +272,9 @@ class HFEngine(RolloutEngine):
             cmd.seq.cancelled = True
             if cmd.seq in self._waiting:
                 self._waiting.remove(cmd.seq)
-            elif cmd.seq in self._running:
-                self._retire([i for i, s in enumerate(self._running) if s is not cmd.seq])
+            elif cmd.seq in self._slots:
+                self._slots[self._slots.index(cmd.seq)] = None
+                self._num_live -= 1
             return True
         try:
             if cmd.kind == "abort":
@@ -293,16 +298,17 @@ class HFEngine(RolloutEngine):
         log.info("hf engine: weights version %d loaded (%d tensors)", version, len(state))
 
     def _abort_everything(self) -> int:
-        seqs = self._running + self._waiting
-        self._running, self._waiting, self._batch, self._rows = [], [], None, None
+        seqs = [s for s in self._slots if s is not None] + self._waiting
+        self._slots, self._waiting, self._batch, self._rows = [], [], None, None
+        self._num_live = 0
         for seq in seqs:
             self._finish(seq, "abort")
         return len(seqs)
 
     def _fail_all(self, exc: BaseException) -> None:
-        for seq in self._running + self._waiting:
+        for seq in [s for s in self._slots if s is not None] + self._waiting:
             _post(seq.loop, seq.future, error=RuntimeError(f"hf engine failed: {exc!r}"))
-        self._running, self._waiting = [], []
+        self._slots, self._waiting, self._num_live = [], [], 0
 
     def _fail_inbox(self, exc: BaseException) -> None:
         while True:
@@ -314,10 +320,23 @@ class HFEngine(RolloutEngine):
                 _post(item.loop, item.future, error=exc)
 
     # ------------------------------------------------------------------ scheduling
-    def _admit(self) -> None:
-        free = self.conf.max_batch_size - len(self._running)
-        if free <= 0 or (self._running and free < min(self.join_min_free, len(self._waiting))):
-            return
+    def _schedule(self) -> None:
+        """Between steps: let waiting requests join, or compact finished rows away.
+
+        Finished rows stay in the batch (decoded, ignored) until a rebuild: rebuilding
+        copies the whole cache, so it happens when requests join, when a quarter of the
+        rows are dead, or when none is alive.
+        """
+        live = [i for i, s in enumerate(self._slots) if s is not None]
+        free = self.conf.max_batch_size - len(live)
+        if self._waiting and free > 0 and (not live or free >= min(self.join_min_free, len(self._waiting))):
+            self._admit(live, free)
+        elif len(live) < len(self._slots) and (not live or 4 * (len(self._slots) - len(live)) >= len(self._slots)):
+            self._batch = kv.rebuild(self._batch, live, None)
+            self._slots = [self._slots[i] for i in live]
+            self._rows = None
+
+    def _admit(self, live: list[int], free: int) -> None:
         joining, self._waiting = self._waiting[:free], self._waiting[free:]
         prompts = [s.request.prompt_ids for s in joining]
         width = max(map(len, prompts))
@@ -328,23 +347,25 @@ class HFEngine(RolloutEngine):
             mask[i, width - len(p):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = kv.new_cache(self.model)
+        cache = kv.prefill_cache(self.model)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
         rows = RowParams.from_params([s.request.sampling for s in joining], self.vocab_size, self.device)
         tokens, logprobs = sample_next(out.logits[:, -1, :], rows, self._generator)
         fresh = kv.Batch(cache=cache, attention_mask=mask, next_tokens=tokens,
                          next_positions=mask.sum(-1))
-        self._batch = kv.merge(self._batch, fresh)
-        self._running = self._running + joining
+        self._batch = kv.rebuild(self._batch, live, fresh)
+        self._slots = [self._slots[i] for i in live] + joining
+        self._num_live = len(self._slots)
         self._rows = None
-        self._record(joining, tokens, logprobs, offset=len(self._running) - len(joining))
+        self._record(tokens, logprobs, offset=len(live))
 
     def _decode_step(self) -> None:
         b = self._batch
         if self._rows is None:
-            self._rows = RowParams.from_params([s.request.sampling for s in self._running],
-                                               self.vocab_size, self.device)
+            self._rows = RowParams.from_params(
+                [s.request.sampling if s is not None else _DEAD_ROW for s in self._slots],
+                self.vocab_size, self.device)
         mask = torch.cat([b.attention_mask, b.attention_mask.new_ones(b.size, 1)], 1)
         out = self.model(input_ids=b.next_tokens[:, None], attention_mask=mask,
                          position_ids=b.next_positions[:, None], past_key_values=b.cache,
@@ -353,37 +374,35 @@ class HFEngine(RolloutEngine):
         b.attention_mask, b.next_tokens, b.next_positions = mask, tokens, b.next_positions + 1
         with self._stats_lock:
             self._counters["steps"] += 1
-            self._counters["rows"] += b.size
-        self._record(self._running, tokens, logprobs, offset=0)
+            self._counters["rows"] += self._num_live
+        self._record(tokens, logprobs, offset=0)
 
-    def _record(self, seqs: list[_Seq], tokens: torch.Tensor, logprobs: torch.Tensor, offset: int) -> None:
-        """Append each row's new token; retire the rows that finished."""
-        version, eos = self._version, self.eos_token_ids
-        finished: dict[int, tuple[_Seq, str]] = {}
-        for i, (seq, tok, lp) in enumerate(zip(seqs, tokens.tolist(), logprobs.tolist())):
+    def _record(self, tokens: torch.Tensor, logprobs: torch.Tensor, offset: int) -> None:
+        """Append each live row's new token (rows from `offset` on); mark finished rows dead."""
+        version, eos, slots = self._version, self.eos_token_ids, self._slots
+        finished: list[tuple[_Seq, str]] = []
+        for i, (tok, lp) in enumerate(zip(tokens.tolist(), logprobs.tolist()), start=offset):
+            seq = slots[i]
+            if seq is None:
+                continue
             seq.token_ids.append(tok)
             seq.logprobs.append(lp)
             seq.model_steps.append(version)
             if tok in eos or (seq.stop_tail_tokens and self._hit_stop(seq)):
-                finished[offset + i] = (seq, "stop")
+                finished.append((seq, "stop"))
             elif len(seq.token_ids) >= seq.request.sampling.max_tokens:
-                finished[offset + i] = (seq, "length")
-        self.tokens_total += len(seqs)
+                finished.append((seq, "length"))
+            else:
+                continue
+            slots[i] = None
+        new_tokens = self._num_live if offset == 0 else len(slots) - offset
+        self._num_live -= len(finished)
+        self.tokens_total += new_tokens
         with self._stats_lock:  # before results go out, so a caller's stats() sees them
-            self._counters["tokens"] += len(seqs)
+            self._counters["tokens"] += new_tokens
             self._counters["finished"] += len(finished)
-        if finished:  # leave the batch first, so a caller woken by its result sees it gone
-            self._retire([i for i in range(len(self._running)) if i not in finished])
-            for seq, reason in finished.values():
-                self._finish(seq, reason)
-
-    def _retire(self, keep: list[int]) -> None:
-        if not keep:
-            self._running, self._batch, self._rows = [], None, None
-            return
-        self._running = [self._running[i] for i in keep]
-        self._batch = kv.select_rows(self._batch, keep)
-        self._rows = None
+        for seq, reason in finished:
+            self._finish(seq, reason)
 
     def _hit_stop(self, seq: _Seq) -> bool:
         tail = self.tokenizer.decode(seq.token_ids[-seq.stop_tail_tokens:], skip_special_tokens=True)
