@@ -17,6 +17,8 @@ The heavy work runs inline in the async methods; the caller decides the thread. 
 
 from __future__ import annotations
 
+import asyncio
+
 import logging
 import math
 from pathlib import Path
@@ -95,7 +97,8 @@ class TorchBackend(TrainingBackend):
 
     # ------------------------------------------------------------------ async interface
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        return self.train_step_blocking(batch)
+        # In a worker thread: in disaggregated runs the producer keeps going meanwhile.
+        return await asyncio.to_thread(self.train_step_blocking, batch)
 
     async def get_weights(self) -> dict[str, Any]:
         return self.get_weights_blocking()

@@ -84,6 +84,9 @@ class Trainer:
                 producer.result()
             produced = await c.manager.get_batch(step, timeout_s=conf.timeout_s)
         t_rollout = loop.time()
+        # Groups finish in timing-dependent order; train them in data order so a run
+        # (and a resumed run) sums its loss the same way every time.
+        produced.groups.sort(key=lambda g: (g[0].task, g[0].epoch, g[0].prompt_index, g[0].group_id))
         batch, batch_metrics = build_train_batch(
             produced.groups, conf.algo, c.tokenizer.pad_token_id, step,
             max_response_len=conf.agent.sampling.max_tokens, temperature=conf.agent.sampling.temperature)
