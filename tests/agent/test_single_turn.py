@@ -43,9 +43,15 @@ def _setup(*, judger=None, mean=40.0, cv=0.0, tpt=0.002, max_tokens=64, k=3):
     return engine, loop, group
 
 
-async def _interrupt(loop, group, partial: bool, after_s: float):
+async def _interrupt(loop, group, partial: bool, after_s: float, until=None):
+    """Abort once every member's request has run at least `after_s` (and `until(engine stats)` holds)."""
     task = asyncio.create_task(loop.generate_group(group, enable_partial_rollout=partial))
-    await asyncio.sleep(after_s)
+    clock = asyncio.get_running_loop()
+    while loop.engine.stats()["in_flight"] < len(group):
+        await asyncio.sleep(0.001)
+    start = clock.time()
+    while clock.time() - start < after_s or (until is not None and not until(loop.engine.stats())):
+        await asyncio.sleep(0.001)
     await loop.pause()
     return await task
 
@@ -63,10 +69,10 @@ def test_generates_judges_and_leaves_its_input_untouched():
 
 
 def test_partial_rollout_continues_token_for_token_on_newer_weights():
-    engine, loop, group = _setup(mean=40, cv=0.0, tpt=0.002, max_tokens=64)
+    engine, loop, group = _setup(mean=40, cv=0.0, tpt=0.02, max_tokens=64)
 
     async def main():
-        first = await _interrupt(loop, group, partial=True, after_s=0.03)
+        first = await _interrupt(loop, group, partial=True, after_s=0.05)
         assert group_status(first) == Status.ABORTED
         assert all(s.status == Status.ABORTED and s.num_aborts == 1 for s in first)
         assert all(0 < len(s.response_ids) < 40 for s in first)
@@ -87,10 +93,10 @@ def test_partial_rollout_continues_token_for_token_on_newer_weights():
 
 
 def test_continuation_keeps_members_that_already_finished():
-    engine, loop, group = _setup(mean=20, cv=1.5, tpt=0.002, max_tokens=200, k=8)
+    engine, loop, group = _setup(mean=20, cv=1.5, tpt=0.005, max_tokens=1000, k=8)
 
     async def main():
-        first = await _interrupt(loop, group, partial=True, after_s=0.04)
+        first = await _interrupt(loop, group, partial=True, after_s=0.0, until=lambda st: st["in_flight"] < 8)
         done = {s.uid: (list(s.response_ids), s.finish_reason) for s in first if s.status == Status.COMPLETED}
         assert done and len(done) < 8, "expected some members finished and some interrupted"
         second = await loop.generate_group(first, enable_partial_rollout=True)
@@ -105,10 +111,10 @@ def test_continuation_keeps_members_that_already_finished():
 
 
 def test_without_partial_rollout_an_interrupted_group_restarts_from_scratch():
-    engine, loop, group = _setup(mean=40, cv=0.0, tpt=0.002)
+    engine, loop, group = _setup(mean=40, cv=0.0, tpt=0.02)
 
     async def main():
-        first = await _interrupt(loop, group, partial=False, after_s=0.03)
+        first = await _interrupt(loop, group, partial=False, after_s=0.05)
         assert all(s.status == Status.ABORTED and s.response_ids == [] for s in first)
         assert loop.tokens_discarded > 0
         await engine.load_weights({}, version=3)

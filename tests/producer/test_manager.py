@@ -277,3 +277,39 @@ def test_bad_input_is_refused_before_anything_starts():
     stale = build(strategy_conf("sync", max_staleness=0))
     with pytest.raises(ValueError, match="call set_model_step"):
         asyncio.run(stale.mgr.produce_batch(3))
+
+
+class CrashingEngine(SimEngine):
+    """Fault injection: requests for prompts p3, p30..p39 always raise (an engine bug)."""
+
+    async def generate(self, request):
+        if request.prompt_ids[1] == ord("3") % 50:
+            raise RuntimeError("engine exploded")
+        return await super().generate(request)
+
+
+def test_a_crashing_agent_loop_is_retried_then_failed_and_nothing_is_lost():
+    engine = CrashingEngine(SimEngineConf(mean_response_len=6, time_per_token_s=1e-4), seed=0, vocab_size=50)
+    h = build(strategy_conf("async", max_staleness=1, over_sample_threshold=0.5), engine=engine, n_rows=40)
+    asyncio.run(run_colocate(h, 8))
+    check_nothing_lost(h)
+    failed = [(g, r) for g, r in h.dropped if g[0].status == Status.FAILED]
+    assert failed and all("crashed 3 times" in r and "engine exploded" in r for _, r in failed)
+    assert all(str(g[0].prompt_index).startswith("3") for g, _ in failed)
+
+
+def test_production_that_cannot_keep_anything_stops_with_a_clear_error():
+    h = build(strategy_conf("sync"), judger=RaisingJudger(every=1), engine_conf=SimEngineConf(
+        mean_response_len=2, time_per_token_s=1e-5, slots=64))
+    with pytest.raises(RuntimeError, match="were all filtered, failed or expired on arrival"):
+        asyncio.run(h.mgr.produce_batch(1))
+    check_nothing_lost(h)
+
+
+def test_colocated_manager_can_be_driven_by_one_event_loop_per_step():
+    h = build(strategy_conf("async", max_staleness=1, over_sample_threshold=1.0, enable_partial_rollout=True))
+    for step in range(1, 5):
+        batch = asyncio.run(h.mgr.produce_batch(step))
+        check_batch(h, batch, step)
+        asyncio.run(sync_weights(h, step))
+    check_nothing_lost(h)

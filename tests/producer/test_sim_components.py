@@ -59,11 +59,16 @@ def test_sim_engine_lengths_follow_the_configured_mean():
 
 
 def test_sim_engine_limits_concurrency_and_aborts_with_partial_tokens():
-    engine = _engine(mean_response_len=100, cv=0.0, time_per_token_s=0.001, slots=2)
+    engine = _engine(mean_response_len=100, cv=0.0, time_per_token_s=0.005, slots=2)
 
     async def main():
         tasks = [asyncio.create_task(engine.generate(_req(i, 1000))) for i in range(5)]
-        await asyncio.sleep(0.03)
+        clock = asyncio.get_running_loop()
+        while engine.stats()["in_flight"] < 5:
+            await asyncio.sleep(0.001)
+        start = clock.time()
+        while clock.time() - start < 0.03:
+            await asyncio.sleep(0.001)
         assert engine.stats()["in_flight"] == 5
         assert await engine.abort_all() == 5
         return await asyncio.gather(*tasks)
