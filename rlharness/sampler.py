@@ -109,6 +109,7 @@ class Sampler:
             prompt_ids=self.encode(row.prompt_text),
             label=row.label,
             k=self.conf.prompt_repeat_k,
+            seed=self.seed,
         )
 
     def _permutation(self, epoch: int) -> np.ndarray:

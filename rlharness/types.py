@@ -8,6 +8,7 @@ the unit the sampler hands out, the replay buffer stores and the trainer consume
 from __future__ import annotations
 
 import copy
+import hashlib
 import uuid
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -72,6 +73,9 @@ class RolloutState:
     status: Status = Status.INIT
     finish_reason: str | None = None  # "stop" | "length" | "abort" | None
     num_aborts: int = 0  # times generation was interrupted (partial rollout)
+    # Seeds this sample's token draws (see SamplingParams.seed): a function of the run
+    # seed and the sample's place in the data, so reruns and resumes draw the same tokens.
+    sample_seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -125,6 +129,7 @@ def make_group(
     prompt_ids: list[int],
     label: dict[str, Any],
     k: int,
+    seed: int = 0,
 ) -> Group:
     """`k` fresh copies of one prompt sharing a group id."""
     group_id = new_uid()
@@ -138,9 +143,16 @@ def make_group(
             prompt_text=prompt_text,
             prompt_ids=list(prompt_ids),
             label=dict(label),
+            sample_seed=stable_seed(seed, task, epoch, prompt_index, member),
         )
-        for _ in range(k)
+        for member in range(k)
     ]
+
+
+def stable_seed(*parts: Any) -> int:
+    """A 63-bit seed from its parts, the same in every process (unlike hash())."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 def group_staleness(group: Group, train_step: int) -> int:

@@ -35,7 +35,7 @@ class AgentLoop(abc.ABC):
     async def pause(self) -> None:
         await self.engine.abort_all()
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, seed: int | None = None) -> SamplingParams:
         sc = self.conf.sampling
         return SamplingParams(temperature=sc.temperature, top_p=sc.top_p, top_k=sc.top_k,
-                              max_tokens=max_tokens, stop=list(sc.stop))
+                              max_tokens=max_tokens, stop=list(sc.stop), seed=seed)

@@ -55,7 +55,7 @@ class SingleTurnAgentLoop(AgentLoop):
         request = GenerateRequest(
             request_id=new_uid(),
             prompt_ids=list(s.prompt_ids) + list(s.response_ids),
-            sampling=self.sampling_params(remaining),
+            sampling=self.sampling_params(remaining, seed=s.sample_seed),
         )
         result = await self.engine.generate(request)
         s.append_tokens(result.token_ids, result.logprobs, result.model_steps)
