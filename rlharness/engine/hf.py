@@ -177,6 +177,7 @@ class HFEngine(RolloutEngine):
         seq = _Seq(request=request, loop=loop, future=loop.create_future(),
                    stop_tail_tokens=stop_chars + _STOP_TAIL_SLACK if stop_chars else 0)
         self._inbox.put(seq)
+        self._check_alive()
         try:
             return await seq.future
         except asyncio.CancelledError:
@@ -189,7 +190,12 @@ class HFEngine(RolloutEngine):
         cmd.loop = asyncio.get_running_loop()
         cmd.future = cmd.loop.create_future()
         self._inbox.put(cmd)
+        self._check_alive()
         return await asyncio.wait_for(cmd.future, self.command_timeout_s)
+
+    def _check_alive(self) -> None:
+        if not self._thread.is_alive() and not self._closed:
+            raise RuntimeError("hf engine thread is not running (it crashed; see the log)")
 
     async def abort_all(self) -> int:
         return await self._command(_Command("abort"))
@@ -198,6 +204,10 @@ class HFEngine(RolloutEngine):
         unknown = sorted(set(state) - set(self._params))
         if unknown:
             raise KeyError(f"load_weights: parameters not in the engine's model: {unknown[:5]}")
+        bad = [(k, tuple(v.shape), tuple(self._params[k].shape)) for k, v in state.items()
+               if tuple(v.shape) != tuple(self._params[k].shape)]
+        if bad:
+            raise ValueError(f"load_weights: shape mismatch (name, given, expected): {bad[:3]}")
         await self._command(_Command("load", state=state, version=int(version)))
 
     async def close(self) -> None:

@@ -283,3 +283,19 @@ def test_bad_requests_are_refused_with_a_clear_error(lively):
             await engine.generate(_req(tok, 2, [1], greedy=True, max_tokens=0))
 
     _run(lambda: HFEngine.from_model(model, tok), go)
+
+
+@pytest.mark.timeout(120)
+def test_long_generation_grows_the_cache_buffers(lively):
+    model, tok = lively
+    # 150 tokens outgrow the 64 spare columns a rebuilt batch starts with (twice).
+    reqs = [_req(tok, 0, PROMPTS[0], greedy=True, max_tokens=150),
+            _req(tok, 1, PROMPTS[3], greedy=True, max_tokens=90)]
+
+    async def go(engine):
+        return await asyncio.gather(*(engine.generate(r) for r in reqs))
+
+    results = _run(lambda: HFEngine.from_model(model, tok, HFEngineConf(max_batch_size=2),
+                                               eos_token_ids=[]), go)
+    for req, res in zip(reqs, results):
+        assert res.token_ids == reference_greedy(model, req.prompt_ids, req.sampling.max_tokens, None)
