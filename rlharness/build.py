@@ -97,7 +97,9 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
 
     replay_buffer = ReplayBuffer(max_staleness=conf.max_staleness, sync_weights_interval=conf.sync_weights_interval)
     sampler = Sampler(conf.sampler, task_data.name, task_data.train, encode, replay_buffer, conf.seed)
-    agent_loop = build_agent_loop(conf.agent, engine, judger, decode)
+    # Text the agent loop inserts mid-response (tool output) must not get a BOS of its own.
+    agent_loop = build_agent_loop(conf.agent, engine, judger, decode,
+                                  encode=lambda text: tokenizer.encode(text, add_special_tokens=False))
     manager = AgentLoopManager(
         tasks={task_data.name: (sampler, agent_loop)},
         strategy=build_strategy(conf.strategy),

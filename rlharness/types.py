@@ -68,6 +68,11 @@ class RolloutState:
     response_logprobs: list[float] = field(default_factory=list)
     # The weight version that produced each response token (initial weights = 0).
     response_model_steps: list[int] = field(default_factory=list)
+    # 1 = the model produced this token and it is trained; 0 = text the agent loop
+    # inserted (tool output): no loss, no log-prob of its own. Empty on a state built
+    # without it (older checkpoints, code that fills response_ids directly) = all ones;
+    # read it through `loss_mask()`.
+    response_mask: list[int] = field(default_factory=list)
     response_text: str = ""
     reward: dict[str, float] | None = None
     status: Status = Status.INIT
@@ -91,19 +96,35 @@ class RolloutState:
         self.response_ids = []
         self.response_logprobs = []
         self.response_model_steps = []
+        self.response_mask = []
         self.response_text = ""
         self.reward = None
         self.finish_reason = None
 
-    def append_tokens(self, ids: list[int], logprobs: list[float], model_steps: list[int]) -> None:
-        if not (len(ids) == len(logprobs) == len(model_steps)):
+    def append_tokens(self, ids: list[int], logprobs: list[float], model_steps: list[int],
+                      mask: list[int] | None = None) -> None:
+        """Append tokens; `mask` defaults to ones (model tokens, trained)."""
+        mask = [1] * len(ids) if mask is None else list(mask)
+        if not (len(ids) == len(logprobs) == len(model_steps) == len(mask)):
             raise ValueError(
                 f"append_tokens: lengths differ (ids={len(ids)}, logprobs={len(logprobs)}, "
-                f"model_steps={len(model_steps)})"
+                f"model_steps={len(model_steps)}, mask={len(mask)})"
             )
+        # A state that predates the mask gets its implicit ones made explicit first.
+        self.response_mask = self.loss_mask()
+        self.response_mask.extend(mask)
         self.response_ids.extend(ids)
         self.response_logprobs.extend(logprobs)
         self.response_model_steps.extend(model_steps)
+
+    def loss_mask(self) -> list[int]:
+        """Per response token: 1 = trained, 0 = inserted (e.g. tool output). Empty mask = all ones."""
+        if not self.response_mask:
+            return [1] * len(self.response_ids)
+        if len(self.response_mask) != len(self.response_ids):
+            raise ValueError(f"sample uid={self.uid}: response_mask ({len(self.response_mask)}) and "
+                             f"response_ids ({len(self.response_ids)}) differ in length")
+        return list(self.response_mask)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

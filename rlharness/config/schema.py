@@ -116,11 +116,28 @@ class SingleTurnAgentConf(AgentConf):
 @dataclass
 class MultiTurnToolAgentConf(AgentConf):
     name: str = "multi_turn_tool"
+    # Model turns per sample (a turn ends with a tool call or the response's end), so
+    # at most max_turns - 1 tool calls are run.
     max_turns: int = 4
     tools: list[str] = field(default_factory=lambda: ["calculator"])
+    # The model calls a tool by writing start + argument + end (generation stops at the
+    # end marker); "name: argument" picks a tool other than the first of `tools`.
+    tool_call_start: str = "<tool>"
+    tool_call_end: str = "</tool>"
+    # The loop appends output_start + tool output + output_end (not trained).
+    tool_output_start: str = "<output>"
+    tool_output_end: str = "</output>"
+    max_tool_output_chars: int = 256
+    tool_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         _check(self.max_turns >= 1, "agent.max_turns", self.max_turns, ">= 1")
+        _check(len(self.tools) >= 1, "agent.tools", self.tools, "at least one tool name")
+        _check(bool(self.tool_call_start), "agent.tool_call_start", self.tool_call_start, "a non-empty string")
+        _check(bool(self.tool_call_end) and self.tool_call_end != self.tool_call_start, "agent.tool_call_end",
+               self.tool_call_end, "a non-empty string different from agent.tool_call_start")
+        _check(self.max_tool_output_chars >= 1, "agent.max_tool_output_chars", self.max_tool_output_chars, ">= 1")
+        _check(self.tool_timeout_s > 0, "agent.tool_timeout_s", self.tool_timeout_s, "> 0")
 
 
 # ----------------------------------------------------------------------------- judger

@@ -2,7 +2,8 @@
 
 Row b is prompt_ids + response_ids of one sample, right-padded. Every per-token
 tensor is indexed by the token's own position: a response token at position t has
-response_mask 1, its sample's advantage, the engine's log-prob for it and the weight
+response_mask 1 (0 for tokens the agent loop inserted, e.g. tool output:
+`RolloutState.loss_mask`), its sample's advantage, the engine's log-prob for it and the weight
 version that produced it, all at [b, t]. Prompt and padding positions have mask 0,
 advantage 0, log-prob 0 and model step -1. (The seeds shifted advantages one token
 against the labels; the loss functions shift the *logits* instead, once, in
@@ -65,8 +66,10 @@ def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, tr
         p, r = len(s.prompt_ids), len(s.response_ids)
         input_ids[b, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
         attention_mask[b, : p + r] = 1
-        response_mask[b, p: p + r] = 1.0
-        token_adv[b, p: p + r] = advantages[b]
+        # Tokens the agent loop inserted (tool output, `loss_mask` 0) get no loss and,
+        # like prompt positions, advantage 0.
+        response_mask[b, p: p + r] = torch.tensor(s.loss_mask(), dtype=torch.float32)
+        token_adv[b, p: p + r] = advantages[b] * response_mask[b, p: p + r]
         rollout_logprobs[b, p: p + r] = torch.tensor(s.response_logprobs, dtype=torch.float32)
         model_steps[b, p: p + r] = torch.tensor(s.response_model_steps, dtype=torch.long)
 

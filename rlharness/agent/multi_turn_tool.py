@@ -1,0 +1,178 @@
+"""Multi-turn agent loop with tools: the model calls a tool, the loop answers, the model goes on.
+
+Convention (markers from `MultiTurnToolAgentConf`, defaults shown): the model writes
+`<tool>2+3</tool>`; the engine stops at the end marker (a stop string); the loop runs
+the tool and appends `<output>5</output>`, encoded with the tokenizer, then asks the
+model to continue from prompt + everything so far. `<tool>name: argument</tool>` picks
+a tool other than the first configured one. Only the first end marker of a turn
+counts: with no start marker before it, it is not a call and the response ends there.
+A turn is one model generation; after `max_turns` turns a further call is not run and
+the sample ends (finish_reason "length"). The whole response, model and tool tokens,
+stays within `sampling.max_tokens` (a tool output is cut to fit). The judger scores the
+whole response text, tool outputs included.
+
+Per-token bookkeeping: tool-output tokens get `response_mask` 0 (no loss), log-prob
+0.0 and, as model step, the version that produced the call just before them, so
+`min/max(response_model_steps)` and staleness are those of the model's own tokens.
+
+Partial rollout: a pause aborts the engine requests (members come back ABORTED with
+every token so far, completed tool turns included) and stops members between engine
+calls. The loop needs no saved position: the current turn is the tokens after the last
+inserted output (mask 0). If its text holds a complete call, the call's output is
+missing and the tool runs; otherwise the model continues the turn (an unfinished call
+included). Tokens generated past a call's end marker (a marker split across the abort,
+or a multi-character token) are dropped: the turn ends at the token completing the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from typing import Callable
+
+from rlharness.agent.single_turn import SingleTurnAgentLoop
+from rlharness.agent.tools import ToolError, build_tools
+from rlharness.config.schema import MultiTurnToolAgentConf
+from rlharness.engine.base import GenerateRequest, RolloutEngine, SamplingParams
+from rlharness.judger.base import Judger
+from rlharness.types import RolloutState, Status, new_uid
+
+log = logging.getLogger(__name__)
+
+_TOOL_NAME_RE = re.compile(r"\s*([A-Za-z_]\w*)\s*:(.*)", re.DOTALL)
+
+
+def find_tool_call(text: str, start: str, end: str) -> str | None:
+    """The argument of the call closed by the first `end` marker in `text`, else None."""
+    close = text.find(end)
+    if close < 0:
+        return None
+    open_ = text.rfind(start, 0, close)
+    if open_ < 0:
+        return None
+    return text[open_ + len(start): close]
+
+
+def current_turn(response_ids: list[int], mask: list[int]) -> tuple[int, int]:
+    """(index where the current model turn starts, number of tool outputs inserted so far)."""
+    turn_start, outputs = 0, 0
+    for i, m in enumerate(mask):
+        if m == 0:
+            turn_start = i + 1
+            outputs += i == 0 or mask[i - 1] == 1
+    return turn_start, outputs
+
+
+class MultiTurnToolAgentLoop(SingleTurnAgentLoop):
+    """Group handling (copies, partial rollout on/off, judging) is the single-turn loop's;
+    each member runs the turn loop of `_generate_member`."""
+
+    conf: MultiTurnToolAgentConf
+
+    def __init__(self, conf: MultiTurnToolAgentConf, engine: RolloutEngine, judger: Judger,
+                 decode: Callable[[list[int]], str], encode: Callable[[str], list[int]]) -> None:
+        super().__init__(conf, engine, judger, decode)
+        self.encode = encode
+        self.tools = build_tools(list(conf.tools))
+        # Bumped by pause(): a member started before it issues no further engine request.
+        self._pause_epoch = 0
+        self.tool_calls = 0  # counters for logs/tests
+        self.tool_errors = 0
+
+    async def pause(self) -> None:
+        self._pause_epoch += 1
+        await super().pause()
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        params = super().sampling_params(max_tokens)
+        if self.conf.tool_call_end not in params.stop:
+            params.stop.append(self.conf.tool_call_end)
+        return params
+
+    def _pending_call(self, turn_ids: list[int]) -> str | None:
+        return find_tool_call(self.decode(turn_ids), self.conf.tool_call_start, self.conf.tool_call_end)
+
+    def _call_length(self, turn_ids: list[int]) -> int:
+        """Fewest leading tokens of the turn whose text already holds the complete call."""
+        lo, hi = 1, len(turn_ids)  # the predicate holds at hi; prefixes only grow the text
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._pending_call(turn_ids[:mid]) is not None:
+                hi = mid
+            else:
+                lo = mid + 1
+        return hi
+
+    def _finish(self, s: RolloutState, status: Status, reason: str) -> None:
+        s.status, s.finish_reason = status, reason
+        s.response_text = self.decode(s.response_ids)
+        s.extra["tool_calls"] = current_turn(s.response_ids, s.loss_mask())[1]
+        if status == Status.ABORTED:
+            s.num_aborts += 1
+
+    async def _generate_member(self, s: RolloutState) -> None:
+        conf, epoch = self.conf, self._pause_epoch
+        budget = conf.sampling.max_tokens
+        while True:
+            turn_start, outputs = current_turn(s.response_ids, s.loss_mask())
+            remaining = budget - len(s.response_ids)
+            call = self._pending_call(s.response_ids[turn_start:])
+            if call is not None:  # the turn ended with a call whose output is missing
+                if outputs + 1 >= conf.max_turns or remaining <= 0:
+                    self._finish(s, Status.COMPLETED, "length")
+                    return
+                await self._append_tool_output(s, call, remaining)
+                continue
+            if remaining <= 0:
+                self._finish(s, Status.COMPLETED, "length")
+                return
+            if self._pause_epoch != epoch:  # paused between engine calls (e.g. during a tool)
+                self._finish(s, Status.ABORTED, "abort")
+                return
+            request = GenerateRequest(request_id=new_uid(), prompt_ids=list(s.prompt_ids) + list(s.response_ids),
+                                      sampling=self.sampling_params(remaining))
+            result = await self.engine.generate(request)
+            s.append_tokens(result.token_ids, result.logprobs, result.model_steps)
+            turn_ids = s.response_ids[turn_start:]
+            if self._pending_call(turn_ids) is not None:
+                self._drop_after_call(s, turn_start + self._call_length(turn_ids))
+            if result.finish_reason == "abort":
+                self._finish(s, Status.ABORTED, "abort")
+                return
+            if self._pending_call(s.response_ids[turn_start:]) is None:
+                self._finish(s, Status.COMPLETED, result.finish_reason)
+                return
+
+    def _drop_after_call(self, s: RolloutState, keep: int) -> None:
+        if keep < len(s.response_ids):
+            self.tokens_discarded += len(s.response_ids) - keep
+            del s.response_ids[keep:], s.response_logprobs[keep:], s.response_model_steps[keep:]
+            del s.response_mask[keep:]
+
+    async def _append_tool_output(self, s: RolloutState, call: str, remaining: int) -> None:
+        output = await self._run_tool(call)
+        text = self.conf.tool_output_start + output[: self.conf.max_tool_output_chars] + self.conf.tool_output_end
+        ids = self.encode(text)[:remaining]
+        version = s.response_model_steps[-1]  # the version that wrote the call
+        s.append_tokens(ids, [0.0] * len(ids), [version] * len(ids), mask=[0] * len(ids))
+
+    async def _run_tool(self, call: str) -> str:
+        """The tool's output text, or "error: ..." for bad input, an unknown tool or a timeout."""
+        name, argument = next(iter(self.tools)), call
+        named = _TOOL_NAME_RE.fullmatch(call)
+        if named:
+            if named.group(1) not in self.tools:
+                self.tool_errors += 1
+                return f"error: unknown tool {named.group(1)!r} (available: {', '.join(self.tools)})"
+            name, argument = named.group(1), named.group(2)
+        self.tool_calls += 1
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self.tools[name], argument), self.conf.tool_timeout_s)
+        except ToolError as exc:
+            self.tool_errors += 1
+            return f"error: {exc}"
+        except asyncio.TimeoutError:
+            self.tool_errors += 1
+            log.warning("tool %s timed out after %.1f s on %r", name, self.conf.tool_timeout_s, argument[:80])
+            return f"error: timed out after {self.conf.tool_timeout_s:g} s"
