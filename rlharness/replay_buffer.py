@@ -73,6 +73,11 @@ class ReplayBuffer:
         self._dropped: list[tuple[Group, str]] = []
         # Cumulative counters (part of the checkpoint) for metrics and accounting.
         self.counters: Counter[str] = Counter()
+        # Every COMPLETED/ABORTED group held is known not to be too stale at this train step, so
+        # `refresh_staleness` at the same or an earlier step has nothing to do (staleness only
+        # grows with the step). The consumer refreshes on every wake-up; a rescan of the whole
+        # buffer each time made a step quadratic in the groups buffered (overhead benchmark).
+        self._checked_step = 0
 
     # ------------------------------------------------------------------ pools
     def _pool(self, task: str, status: Status) -> OrderedDict[str, Group]:
@@ -130,6 +135,8 @@ class ReplayBuffer:
             return Status.EXPIRED
         if status == Status.ABORTED:
             self.counters["aborted"] += 1
+        if status in (Status.COMPLETED, Status.ABORTED):
+            self._checked_step = min(self._checked_step, train_step)
         self._pool(task, status)[group[0].group_id] = group
         return status
 
@@ -151,6 +158,9 @@ class ReplayBuffer:
 
     def refresh_staleness(self, train_step: int) -> int:
         """Expire every kept group that would be too stale at `train_step`; returns how many."""
+        if train_step <= self._checked_step:
+            return 0
+        self._checked_step = train_step
         expired = 0
         for task, pools in self._pools.items():
             for status in (Status.COMPLETED, Status.ABORTED):
@@ -214,6 +224,7 @@ class ReplayBuffer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._pools.clear()
+        self._checked_step = 0
         for g in state["groups"]:
             group = [RolloutState.from_dict(d) for d in g]
             self._pool(group[0].task, group_status(group))[group[0].group_id] = group

@@ -26,6 +26,16 @@ Claimed = list[tuple[asyncio.Task, Group]]
 class _PendingTasks:
     def __init__(self) -> None:
         self._tasks: dict[asyncio.Task, Group] = {}
+        # Spawn sequence number of each task: claims come back oldest first, whatever the order
+        # of the set the caller passes (set order follows memory addresses, so it differs from
+        # run to run). Oldest first also sends interrupted groups back to the buffer, and so to
+        # the engines after a pause, ahead of younger ones, so they are not left to go stale.
+        self._seq: dict[asyncio.Task, int] = {}
+        self._next_seq = 0
+        # Tasks that finished and are not claimed yet (filled by a done-callback), and the future
+        # `wait_any` sleeps on: a wake-up costs O(finished), not O(in flight) (overhead benchmark).
+        self._finished: dict[asyncio.Task, None] = {}
+        self._waiter: asyncio.Future | None = None
         self.max_count_seen = 0  # for the over-sampling budget check
 
     def count(self) -> int:
@@ -38,10 +48,19 @@ class _PendingTasks:
               on_done: Callable[[asyncio.Task], None] | None = None) -> asyncio.Task:
         task = asyncio.ensure_future(make_coro(group))
         self._tasks[task] = group
+        self._seq[task] = self._next_seq
+        self._next_seq += 1
         self.max_count_seen = max(self.max_count_seen, len(self._tasks))
+        task.add_done_callback(self._on_task_done)
         if on_done is not None:
             task.add_done_callback(on_done)
         return task
+
+    def _on_task_done(self, task: asyncio.Task) -> None:
+        if task in self._tasks:
+            self._finished[task] = None
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     def schedule_one(
         self,
@@ -59,27 +78,37 @@ class _PendingTasks:
         return True
 
     def claim(self, tasks: Iterable[asyncio.Task]) -> Claimed:
-        """Remove and return those of `tasks` still pending here (others were claimed elsewhere)."""
-        return [(t, self._tasks.pop(t)) for t in tasks if t in self._tasks]
+        """Remove and return those of `tasks` still pending here (others were claimed elsewhere), oldest first."""
+        mine = sorted((t for t in set(tasks) if t in self._tasks), key=self._seq.__getitem__)
+        for t in mine:
+            del self._seq[t]
+            self._finished.pop(t, None)
+        return [(t, self._tasks.pop(t)) for t in mine]
 
     def claim_done(self) -> Claimed:
-        return self.claim([t for t in self._tasks if t.done()])
+        """Claim the finished tasks whose done-callback has run (a task that just finished is
+        reported one loop turn later, and its callback also ends a `wait_any`)."""
+        return self.claim(list(self._finished))
 
     async def wait_any(self, timeout_s: float, wake: asyncio.Event | None = None) -> set[asyncio.Task]:
         """Wait until a task is done, `wake` is set or `timeout_s` passes; returns done tasks (unclaimed)."""
-        snapshot = set(self._tasks)
-        if not snapshot:
+        if not self._tasks:
             return set()
-        waiters: set[asyncio.Future] = set(snapshot)
-        wake_task = asyncio.ensure_future(wake.wait()) if wake is not None else None
-        if wake_task is not None:
-            waiters.add(wake_task)
-        try:
-            await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
+        if not self._finished:
+            loop = asyncio.get_running_loop()
+            self._waiter = waiter = loop.create_future()
+            waiters: set[asyncio.Future] = {waiter}
+            wake_task = asyncio.ensure_future(wake.wait()) if wake is not None else None
             if wake_task is not None:
-                wake_task.cancel()
-        return {t for t in snapshot if t.done()}
+                waiters.add(wake_task)
+            try:
+                await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if wake_task is not None:
+                    wake_task.cancel()
+                if self._waiter is waiter:
+                    self._waiter = None
+        return set(self._finished)
 
     async def cancel_all(self, drain_timeout_s: float = 5.0) -> Claimed:
         """Claim everything, cancel it and wait for the cancellations to land.
