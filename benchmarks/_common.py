@@ -1,0 +1,199 @@
+"""Shared pieces of the producer benchmarks: the real producer stack, built small.
+
+Everything here is the project's own code (Sampler, ReplayBuffer, SingleTurnAgentLoop,
+AgentLoopManager, the produce strategies, SimEngine behind an EngineRouter), with two
+benchmark-only adjustments, both documented where they are defined:
+
+- `PureAsyncJudger`: scores inline on the event loop. The library's `Judger.judge_group`
+  runs the rule in `asyncio.to_thread` under a `wait_for` timeout; on a virtual clock the
+  loop jumps to its next timer while the worker thread runs, so the judge timeout can
+  fire in simulated time and the schedule depends on thread timing (not deterministic).
+- `BenchSimEngine`: a SimEngine that (a) integrates busy slot-seconds, so the engine busy
+  fraction means "share of slots generating", not "at least one request running", and
+  (b) remembers the length it drew for a request that was aborted, so continuing the
+  partial response (partial rollout) finishes the *same* response instead of drawing a
+  fresh length for the remainder. Without (b) an interrupted sample's total length
+  would be partial + a new draw, which changes the length distribution the ideal bound
+  is computed from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from rlharness.agent.single_turn import SingleTurnAgentLoop
+from rlharness.config.schema import (
+    AsyncStrategyConf,
+    SamplerConf,
+    SamplingConf,
+    SimEngineConf,
+    SingleTurnAgentConf,
+    StrategyConf,
+)
+from rlharness.data.base import PromptRow
+from rlharness.engine.router import EngineRouter
+from rlharness.engine.sim import SimEngine, lognormal_params
+from rlharness.judger.base import Judger
+from rlharness.producer.manager import AgentLoopManager
+from rlharness.producer.strategies import build_strategy
+from rlharness.replay_buffer import ReplayBuffer
+from rlharness.sampler import Sampler
+from rlharness.types import Group
+
+TASK = "bench"
+VOCAB = 64
+PROMPT_LEN = 16
+
+
+class PureAsyncJudger(Judger):
+    """Reward = parity of the response length; judged inline (no worker thread, no real time)."""
+
+    name = "bench_parity"
+
+    def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
+        return {"score": float(int(response_text or "0") % 2 == 0)}
+
+    async def judge_group(self, group: Group, timeout_s: float) -> Group:
+        for s in group:
+            s.reward = self.score(s.response_text, s.label)
+        return group
+
+
+def decode_len(ids: list[int]) -> str:
+    """The benchmark's 'text' is the response length: cheap, and all the judger needs."""
+    return str(len(ids))
+
+
+class BenchSimEngine(SimEngine):
+    """SimEngine + busy slot-seconds + continuation of the length drawn before an abort."""
+
+    def __init__(self, conf: SimEngineConf, seed: int, residual: dict[int, tuple[int, str]] | None = None) -> None:
+        super().__init__(conf, seed=seed, vocab_size=VOCAB)
+        self.slot_s = 0.0  # integral of running requests over loop time
+        self._last_t = 0.0
+        # hash(prompt + tokens emitted so far) -> (tokens still to come, finish reason); shared
+        # by the engines of one router, since a continuation may land on another engine.
+        self._residual = residual if residual is not None else {}
+        self._key: int | None = None
+        self._holder: dict[str, Any] = {}
+
+    # -- busy slot-seconds (SimEngine calls _enter/_leave when a request takes/frees a slot)
+    def _accrue(self, now: float) -> None:
+        self.slot_s += self._active * (now - self._last_t)
+        self._last_t = now
+
+    def _enter(self, now: float) -> None:
+        self._accrue(now)
+        super()._enter(now)
+
+    def _leave(self, now: float) -> None:
+        self._accrue(now)
+        super()._leave(now)
+
+    def busy_slot_s(self, now: float) -> float:
+        return self.slot_s + self._active * (now - self._last_t)
+
+    # -- continuation memory
+    async def generate(self, request):
+        # SimEngine.generate calls _draw synchronously before its first await, so the key and
+        # the holder set here are read and filled by this request's own draw.
+        key = hash(tuple(request.prompt_ids))
+        holder: dict[str, Any] = {}
+        self._key, self._holder = key, holder
+        result = await super().generate(request)
+        n = len(result.token_ids)
+        if result.finish_reason == "abort" and n > 0:
+            # Keyed by prompt + emitted tokens: exactly the continuation's prompt_ids.
+            self._residual[hash(tuple(request.prompt_ids) + tuple(result.token_ids))] = (
+                holder["length"] - n, holder["finish"])
+        return result
+
+    def _draw(self, max_tokens: int) -> tuple[list[int], list[float], str]:
+        key, holder = self._key, self._holder
+        self._key, self._holder = None, {}
+        residual = self._residual.pop(key, None) if key is not None else None
+        if residual is None:
+            ids, logprobs, finish = super()._draw(max_tokens)
+        else:
+            length, finish = residual
+            if length >= max_tokens:
+                length, finish = max_tokens, "length"
+            ids = [int(i) for i in self._rng.integers(0, self.vocab_size, size=length)]
+            logprobs = [float(x) for x in -self._rng.exponential(1.0, size=length)]
+        holder["length"], holder["finish"] = len(ids), finish
+        return ids, logprobs, finish
+
+
+# ----------------------------------------------------------------------------- lengths
+def capped_length_mean(mean: float, cv: float, cap: int) -> float:
+    """E[min(max(1, round(L)), cap)] for L ~ lognormal(mean, cv): the SimEngine's length law, exactly.
+
+    Sums n * P(round(L) = n) over n = 1..cap with the lognormal CDF (erf), so no sampling noise.
+    """
+    if cv == 0:
+        return float(min(max(1, round(mean)), cap))
+    mu, sigma = lognormal_params(mean, cv)
+
+    def cdf(x: float) -> float:
+        return 0.0 if x <= 0 else 0.5 * (1.0 + math.erf((math.log(x) - mu) / (sigma * math.sqrt(2.0))))
+
+    total, prev = 0.0, 0.0  # prev = P(L < n - 0.5)
+    for n in range(1, cap):
+        upto = cdf(n + 0.5)
+        total += n * (upto - (0.0 if n == 1 else prev))
+        prev = upto
+    return total + cap * (1.0 - prev)
+
+
+# ----------------------------------------------------------------------------- the stack
+@dataclass
+class Stack:
+    manager: AgentLoopManager
+    engines: list[BenchSimEngine]
+    router: EngineRouter
+    replay_buffer: ReplayBuffer
+    sampler: Sampler
+
+
+def make_rows(n: int) -> list[PromptRow]:
+    return [PromptRow(index=i, prompt_text=str(i), label={}) for i in range(n)]
+
+
+def encode_prompt(text: str) -> list[int]:
+    """A fixed-length prompt whose ids spell the row index (distinct prompts, distinct continuation keys)."""
+    digits = [int(c) for c in text]
+    return [VOCAB - 1] * (PROMPT_LEN - len(digits)) + digits
+
+
+def build_stack(
+    strategy: StrategyConf,
+    *,
+    engine_conf: SimEngineConf,
+    num_engines: int,
+    batch_size: int,
+    group_size: int,
+    max_tokens: int,
+    seed: int = 0,
+    num_rows: int = 100_000,
+    poll_interval_s: float = 0.5,
+) -> Stack:
+    """The project's producer (sampler, replay buffer, agent loop, manager, strategy) on sim engines."""
+    rb = ReplayBuffer(max_staleness=strategy.max_staleness, sync_weights_interval=1)
+    sampler = Sampler(SamplerConf(prompt_repeat_k=group_size), TASK, make_rows(num_rows), encode_prompt, rb, seed)
+    residual: dict[int, tuple[int, str]] = {}
+    engines = [BenchSimEngine(engine_conf, seed=seed * 1000 + i, residual=residual) for i in range(num_engines)]
+    router = EngineRouter(engines)
+    agent = SingleTurnAgentLoop(SingleTurnAgentConf(sampling=SamplingConf(max_tokens=max_tokens)), router,
+                                PureAsyncJudger(), decode_len)
+    manager = AgentLoopManager(tasks={TASK: (sampler, agent)}, strategy=build_strategy(strategy), replay_buffer=rb,
+                               batch_size=batch_size, max_staleness=strategy.max_staleness, sync_weights_interval=1,
+                               poll_interval_s=poll_interval_s)
+    return Stack(manager, engines, router, rb, sampler)
+
+
+def async_conf(max_staleness: int, *, partial: bool, over_sample: float = 0.0) -> AsyncStrategyConf:
+    return AsyncStrategyConf(max_staleness=max_staleness, enable_partial_rollout=partial,
+                             over_sample_threshold=over_sample)

@@ -1,0 +1,234 @@
+"""Orchestration overhead of the producer: microseconds per group with an engine that costs nothing.
+
+The project's real producer (Sampler, ReplayBuffer, SingleTurnAgentLoop, AgentLoopManager,
+strategies) runs against `InstantEngine`, a RolloutEngine that answers without doing any
+work, so the wall time measured is the producer's own: drawing prompts, spawning and
+tracking tasks, cloning groups, judging (inline, `PureAsyncJudger`; a real judger's
+thread hop is judging cost, not orchestration), collecting, buffering, taking batches.
+
+Two completion patterns:
+- `burst`: every request completes on its first turn of the event loop (the whole batch
+  finishes at once; the fewest producer wake-ups);
+- `staggered`: requests complete one per event-loop iteration, in arrival order, like a
+  real engine whose responses arrive one by one. Every completion wakes the producer, so
+  any O(in-flight) work per wake-up shows up here as quadratic growth.
+
+For each number of groups in flight N (the batch: N groups launched together), it times
+`steps` training steps of the colocated path (`produce_batch`) and of the disaggregated
+path (`produce_loop` + `get_batch` + pause/resume around each weight sync) and reports
+microseconds per group. The share of a real training step is computed against
+`perf/train_s` (and `perf/step_s`) of a metrics.jsonl from `python train.py total_steps=3`
+(the default tiny-model run), given with `--metrics`.
+
+    python benchmarks/overhead.py [--metrics outputs/<date>/<time>/metrics.jsonl]
+    python benchmarks/overhead.py --quick      # seconds; used by the tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import PureAsyncJudger, decode_len, encode_prompt, make_rows, TASK  # noqa: E402
+
+from rlharness.agent.single_turn import SingleTurnAgentLoop  # noqa: E402
+from rlharness.config.schema import SamplerConf, SamplingConf, SingleTurnAgentConf, StrategyConf  # noqa: E402
+from rlharness.config.schema import AsyncStrategyConf, SyncStrategyConf  # noqa: E402
+from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine  # noqa: E402
+from rlharness.producer.manager import AgentLoopManager  # noqa: E402
+from rlharness.producer.strategies import build_strategy  # noqa: E402
+from rlharness.replay_buffer import ReplayBuffer  # noqa: E402
+from rlharness.sampler import Sampler  # noqa: E402
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+TARGET_US = 100.0
+
+
+class InstantEngine(RolloutEngine):
+    """Answers every request with `num_tokens` fixed tokens, doing no work (benchmark engine)."""
+
+    def __init__(self, num_tokens: int = 8, staggered: bool = False) -> None:
+        self.num_tokens = num_tokens
+        self.staggered = staggered
+        self._version = 0
+        self._queue: collections.deque[asyncio.Future] = collections.deque()
+        self._pumping = False
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if self.staggered:  # wait for our turn: one completion per event-loop iteration
+            fut = asyncio.get_running_loop().create_future()
+            self._queue.append(fut)
+            if not self._pumping:
+                self._pumping = True
+                asyncio.get_running_loop().call_soon(self._pump)
+            await fut
+        n = min(self.num_tokens, request.sampling.max_tokens)
+        return GenerateResult(request_id=request.request_id, token_ids=[1] * n, logprobs=[-1.0] * n,
+                              model_steps=[self._version] * n, finish_reason="length")
+
+    def _pump(self) -> None:
+        while self._queue:
+            fut = self._queue.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                break
+        if self._queue:
+            asyncio.get_running_loop().call_soon(self._pump)
+        else:
+            self._pumping = False
+
+    async def abort_all(self) -> int:
+        return 0  # nothing is ever left running long enough to abort
+
+    async def load_weights(self, state: dict[str, Any], version: int) -> None:
+        self._version = version
+
+
+def build(strategy: StrategyConf, groups: int, group_size: int, staggered: bool) -> AgentLoopManager:
+    rb = ReplayBuffer(max_staleness=strategy.max_staleness)
+    sampler = Sampler(SamplerConf(prompt_repeat_k=group_size), TASK, make_rows(max(groups * 4, 1000)),
+                      encode_prompt, rb, seed=0)
+    agent = SingleTurnAgentLoop(SingleTurnAgentConf(sampling=SamplingConf(max_tokens=8)),
+                                InstantEngine(staggered=staggered), PureAsyncJudger(), decode_len)
+    return AgentLoopManager(tasks={TASK: (sampler, agent)}, strategy=build_strategy(strategy), replay_buffer=rb,
+                            batch_size=groups, max_staleness=strategy.max_staleness)
+
+
+async def _colocated(mgr: AgentLoopManager, steps: int) -> list[float]:
+    engine = mgr.contexts[TASK].agent_loop.engine
+    times = []
+    for step in range(1, steps + 1):
+        t0 = time.perf_counter()
+        batch = await mgr.produce_batch(step)
+        times.append(time.perf_counter() - t0)
+        assert len(batch.groups) == mgr.batch_size
+        await mgr.pause()
+        await engine.load_weights({}, step)
+        mgr.set_model_step(step)
+        mgr.resume()
+    return times
+
+
+async def _disaggregated(mgr: AgentLoopManager, steps: int) -> list[float]:
+    engine = mgr.contexts[TASK].agent_loop.engine
+    producer = asyncio.create_task(mgr.produce_loop())
+    times = []
+    try:
+        for step in range(1, steps + 1):
+            t0 = time.perf_counter()
+            batch = await mgr.get_batch(step, timeout_s=600)
+            assert len(batch.groups) == mgr.batch_size
+            await mgr.pause()
+            await engine.load_weights({}, step)
+            mgr.set_model_step(step)
+            mgr.resume()
+            times.append(time.perf_counter() - t0)
+    finally:
+        await mgr.close()
+        await asyncio.wait_for(producer, timeout=600)
+    return times
+
+
+def measure(path: str, groups: int, group_size: int, steps: int, staggered: bool) -> dict[str, Any]:
+    if path == "colocate":
+        mgr = build(SyncStrategyConf(max_staleness=0), groups, group_size, staggered)
+        times = asyncio.run(_colocated(mgr, steps))
+    else:
+        mgr = build(AsyncStrategyConf(max_staleness=0), groups, group_size, staggered)
+        times = asyncio.run(_disaggregated(mgr, steps))
+    acc = mgr.accounting()
+    if acc["unaccounted"]:
+        raise AssertionError(f"prompts unaccounted for: {acc}")
+    # The first step pays one-off costs (lazy permutation, first allocations): report the rest.
+    steady = times[1:] if len(times) > 1 else times
+    per_group_us = 1e6 * sum(steady) / (len(steady) * groups)
+    return {"path": path, "completions": "staggered" if staggered else "burst", "groups_in_flight": groups,
+            "group_size": group_size, "steps": len(steady), "us_per_group": per_group_us,
+            "us_per_sample": per_group_us / group_size, "step_s": sum(steady) / len(steady),
+            "max_in_flight": mgr.contexts[TASK].pending.max_count_seen}
+
+
+def read_step_times(path: Path) -> dict[str, float]:
+    """Mean perf/train_s and perf/step_s over the training rows of a metrics.jsonl."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    train = [r for r in rows if r.get("step", 0) >= 1 and "perf/train_s" in r]
+    if not train:
+        raise ValueError(f"{path}: no training rows with perf/train_s")
+    return {"train_s": sum(r["perf/train_s"] for r in train) / len(train),
+            "step_s": sum(r["perf/step_s"] for r in train) / len(train),
+            "batch_groups": None, "rows": len(train)}
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="100 and 1,000 groups, 3 steps (for tests)")
+    ap.add_argument("--groups", type=int, nargs="+", default=[100, 1000, 10000])
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--metrics", type=Path, default=None,
+                    help="metrics.jsonl of `python train.py total_steps=3` for the share of a real step")
+    ap.add_argument("--default-batch-groups", type=int, default=64,
+                    help="groups per step of that run (the default batch_size)")
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    groups, steps = args.groups, args.steps
+    if args.quick:
+        groups, steps = [100, 1000], 3
+
+    results = []
+    for staggered in (False, True):
+        for path in ("colocate", "disagg"):
+            for n in groups:
+                r = measure(path, n, args.group_size, steps, staggered)
+                results.append(r)
+                print(f"{r['completions']:9s} {path:8s} {n:6d} groups in flight: {r['us_per_group']:8.1f} us/group "
+                      f"({r['step_s'] * 1e3:8.1f} ms/step)", flush=True)
+
+    lines = [f"# Orchestration overhead ({'quick' if args.quick else 'full'} run)", "",
+             f"InstantEngine, K={args.group_size} samples per group, {steps} steps per point (first step excluded); "
+             f"target < {TARGET_US:g} us per group at 10,000 in flight.", "",
+             "| completions | path | groups in flight | us per group | us per sample | ms per step | growth vs smallest N |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        base = next(b for b in results if b["path"] == r["path"] and b["completions"] == r["completions"])
+        lines.append(f"| {r['completions']} | {r['path']} | {r['groups_in_flight']:,} | {r['us_per_group']:.1f} | "
+                     f"{r['us_per_sample']:.1f} | {r['step_s'] * 1e3:.1f} | "
+                     f"{r['us_per_group'] / base['us_per_group']:.2f}x |")
+    if args.metrics is not None:
+        st = read_step_times(args.metrics)
+        lines += ["", f"Share of a real training step (`{args.metrics}`: mean over {st['rows']} rows of the default "
+                  f"tiny-model run, {args.default_batch_groups} groups per step): perf/train_s = {st['train_s']:.3f} s, "
+                  f"perf/step_s = {st['step_s']:.3f} s.", "",
+                  "| completions | path | us per group | orchestration per step | share of perf/train_s | "
+                  "share of perf/step_s |", "| --- | --- | --- | --- | --- | --- |"]
+        for r in results:
+            if r["groups_in_flight"] != min(groups):
+                continue
+            per_step_s = r["us_per_group"] * 1e-6 * args.default_batch_groups
+            lines.append(f"| {r['completions']} | {r['path']} | {r['us_per_group']:.1f} | {per_step_s * 1e3:.2f} ms | "
+                         f"{100 * per_step_s / st['train_s']:.2f}% | {100 * per_step_s / st['step_s']:.2f}% |")
+    text = "\n".join(lines) + "\n"
+    args.out.mkdir(parents=True, exist_ok=True)
+    prefix = "overhead_quick" if args.quick else "overhead"
+    (args.out / f"{prefix}.md").write_text(text)
+    (args.out / f"{prefix}.json").write_text(json.dumps(results, indent=1))
+    print("\n" + text)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,430 @@
+"""Producer efficiency against the ideal bound, on a virtual clock.
+
+What runs: the project's real producer (AgentLoopManager, Sync/AsyncProduceStrategy,
+Sampler, ReplayBuffer, SingleTurnAgentLoop, build_train_batch) against `num_engines`
+SimEngines behind an EngineRouter and a SimBackend trainer, all on aiotools'
+`VirtualClock`: simulated time jumps ahead whenever every task waits, so hours of
+simulated training take seconds and the schedule is deterministic. Only the judger
+and a SimEngine subclass are benchmark-specific (see `_common.py` for why).
+
+The training side mirrors `rlharness.trainer.trainer.Trainer`:
+- colocated modes alternate: `produce_batch(step)` -> train -> weight sync;
+- disaggregated modes consume concurrently: `produce_loop()` runs as a task while the
+  trainer loops `get_batch(step)` -> `SimBackend.train_step` (a sleep of
+  step_time + per_token * tokens) -> `pause()` -> sleep(weight_sync_s) ->
+  `load_weights` -> `set_model_step` -> `resume()`.
+
+Ideal bound (printed with the results). Assumptions: E engines with S slots each
+generate independently (a slot is busy for prefill + length * t_tok per request);
+lengths are i.i.d. L ~ lognormal(mean, cv), rounded, at least 1, capped at `cap`; one
+trainer takes T_train(B) = step_time + per_token * B*K*E[len] per batch of B groups of
+K samples; a weight sync takes T_sync during which the trainer is busy and the
+engines are paused (the producer pauses every step). Then one step needs at least
+T_sync + B*K / R_gen of engine time and T_train + T_sync of trainer time, so
+
+    E[len]  = E[min(max(1, round(L)), cap)]              (exact sum over the lognormal CDF)
+    tau     = prefill + E[len] * t_tok                   (slot-seconds per sample)
+    R_gen   = E * S / tau                                (samples/s with every slot busy)
+    T_train = step_time + per_token * B * K * E[len]
+    X*      = B*K / (T_sync + max(T_train, B*K / R_gen)) (samples/s)
+
+No schedule beats X* on average (it ignores the re-paid prefill of continued samples
+and all waste). Sync and colocated modes run on the same simulated resources (they
+would share devices in a real colocated run; the time costs here are the same).
+
+Metrics per configuration, over steps warmup+1..N (steady state):
+throughput (trained samples per simulated second), its ratio to X*, engine busy
+fraction (busy slot-seconds / (E*S*window)), trainer idle fraction (time waiting for
+a batch / window), token staleness mean and max, tokens wasted (expired or discarded
+on restart) as a share of tokens generated, and the mean trained response length
+(against E[len]: expiry re-draws long samples, a bias to watch).
+
+    python benchmarks/producer_efficiency.py            # full run -> benchmarks/results/
+    python benchmarks/producer_efficiency.py --quick    # seconds; used by the tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from aiotools import VirtualClock
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import Stack, async_conf, build_stack, capped_length_mean  # noqa: E402
+
+from rlharness.backend.sim import SimBackend  # noqa: E402
+from rlharness.config.schema import AlgoConf, SimBackendConf, SimEngineConf, StrategyConf, SyncStrategyConf  # noqa: E402
+from rlharness.trainer.batch import build_train_batch  # noqa: E402
+
+log = logging.getLogger("producer_efficiency")
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+# ----------------------------------------------------------------------------- parameters
+@dataclass(frozen=True)
+class Case:
+    """One simulated cluster and workload (times in simulated seconds)."""
+
+    num_engines: int = 2
+    slots: int = 32  # concurrent requests per engine
+    time_per_token_s: float = 0.04
+    prefill_s: float = 0.2
+    mean_len: float = 128.0
+    cv: float = 1.0
+    cap: int = 2048  # 16x the mean
+    train_step_s: float = 2.0  # fixed part of a training step
+    train_per_token_s: float = 5.9e-4
+    weight_sync_s: float = 1.0
+    batch_size: int = 32  # groups per step: B*K = 4 samples per slot per step
+    group_size: int = 8  # samples per group
+
+    def engine_conf(self) -> SimEngineConf:
+        return SimEngineConf(num_engines=self.num_engines, mean_response_len=self.mean_len, cv=self.cv,
+                             max_len=self.cap, time_per_token_s=self.time_per_token_s, prefill_s=self.prefill_s,
+                             slots=self.slots)
+
+    def backend_conf(self) -> SimBackendConf:
+        return SimBackendConf(step_time_s=self.train_step_s, time_per_token_s=self.train_per_token_s)
+
+
+@dataclass(frozen=True)
+class Bound:
+    mean_len: float
+    tau_s: float
+    gen_rate: float  # R_gen, samples/s
+    train_s: float  # T_train(B)
+    train_rate: float  # B*K / (T_train + T_sync)
+    gen_rate_synced: float  # B*K / (B*K/R_gen + T_sync)
+    ideal: float  # X*
+
+
+def ideal_bound(c: Case) -> Bound:
+    n = c.batch_size * c.group_size
+    mean_len = capped_length_mean(c.mean_len, c.cv, c.cap)
+    tau = c.prefill_s + mean_len * c.time_per_token_s
+    gen_rate = c.num_engines * c.slots / tau
+    train_s = c.train_step_s + c.train_per_token_s * n * mean_len
+    train_rate = n / (train_s + c.weight_sync_s)
+    gen_synced = n / (n / gen_rate + c.weight_sync_s)
+    return Bound(mean_len, tau, gen_rate, train_s, train_rate, gen_synced, min(train_rate, gen_synced))
+
+
+FORMULA = """\
+E[len]  = E[min(max(1, round(L)), cap)], L ~ lognormal(mean, cv)   (exact sum over the CDF)
+tau     = prefill + E[len] * t_tok                                  (slot-seconds per sample)
+R_gen   = engines * slots / tau                                     (generation-bound samples/s)
+T_train = step_time + per_token * B*K * E[len]                      (one training step)
+X*      = B*K / (T_sync + max(T_train, B*K / R_gen))
+        = min(B*K / (B*K/R_gen + T_sync), B*K / (T_train + T_sync))
+Assumes: engines paused during each weight sync (the producer pauses every step), trainer busy
+during it; i.i.d. lengths; no re-paid prefill, no waste. No schedule beats X* on average."""
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    colocate: bool
+    strategy: StrategyConf
+    max_staleness: int
+    partial: bool
+    over_sample: float
+
+
+def modes() -> list[Mode]:
+    out = [Mode("sync", True, SyncStrategyConf(max_staleness=0), 0, False, 0.0)]
+    for s in (0, 1, 2, 4):
+        for partial in (False, True):
+            name = f"async s={s}" + (" partial" if partial else "")
+            out.append(Mode(name, False, async_conf(s, partial=partial), s, partial, 0.0))
+    out.append(Mode("over-sample 0.5 s=0", False, async_conf(0, partial=False, over_sample=0.5), 0, False, 0.5))
+    out.append(Mode("colocate over-sample 0.5", True, async_conf(0, partial=False, over_sample=0.5), 0, False, 0.5))
+    return out
+
+
+# ----------------------------------------------------------------------------- one run
+@dataclass
+class StepRecord:
+    step: int
+    t_start: float
+    t_batch: float
+    t_trained: float
+    t_end: float
+    samples: int
+    tokens: int
+    staleness_mean: float
+    staleness_max: float
+    tokens_wasted: float
+    busy_slot_s: float  # cumulative, all engines, at t_end
+    tokens_generated: float  # cumulative, all engines, at t_end
+
+
+@dataclass
+class Result:
+    case: str
+    cv: float
+    mode: str
+    colocate: bool
+    max_staleness: int
+    partial: bool
+    over_sample: float
+    steps: int
+    sim_s: float
+    throughput: float
+    ideal: float
+    ratio: float
+    engine_busy: float
+    trainer_idle: float
+    staleness_mean: float
+    staleness_max: float
+    wasted_frac: float
+    tokens_wasted: float
+    trained_len_mean: float
+    expected_len: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+async def _sync_weights(stack: Stack, backend: SimBackend, version: int, weight_sync_s: float) -> None:
+    """As Trainer._sync_weights, plus the transfer time as a sleep on the (virtual) clock."""
+    await stack.manager.pause()
+    weights = await backend.get_weights()
+    await asyncio.sleep(weight_sync_s)
+    await stack.router.load_weights(weights, version)
+    stack.manager.set_model_step(version)
+    stack.manager.resume()
+
+
+async def _train_steps(stack: Stack, backend: SimBackend, case: Case, colocate: bool, steps: int,
+                       timeout_s: float) -> list[StepRecord]:
+    loop = asyncio.get_running_loop()
+    algo = AlgoConf(name="grpo")
+    records: list[StepRecord] = []
+    for step in range(1, steps + 1):
+        t0 = loop.time()
+        if colocate:
+            produced = await stack.manager.produce_batch(step)
+        else:
+            produced = await stack.manager.get_batch(step, timeout_s=timeout_s)
+        t1 = loop.time()
+        batch, _ = build_train_batch(produced.groups, algo, pad_token_id=0, train_step=step,
+                                     max_response_len=case.cap, temperature=1.0)
+        await backend.train_step(batch)
+        t2 = loop.time()
+        await _sync_weights(stack, backend, step, case.weight_sync_s)
+        t3 = loop.time()
+        st = produced.stats
+        records.append(StepRecord(
+            step=step, t_start=t0, t_batch=t1, t_trained=t2, t_end=t3, samples=produced.num_samples,
+            tokens=sum(len(s.response_ids) for g in produced.groups for s in g),
+            staleness_mean=st["staleness/mean"], staleness_max=st["staleness/max"],
+            tokens_wasted=st["rollout/tokens_wasted"],
+            busy_slot_s=sum(e.busy_slot_s(t3) for e in stack.engines),
+            tokens_generated=sum(e.stats()["tokens"] for e in stack.engines)))
+    return records
+
+
+async def _run_virtual(case: Case, mode: Mode, steps: int, seed: int) -> tuple[list[StepRecord], dict[str, Any]]:
+    with VirtualClock().patch_loop():
+        stack = build_stack(mode.strategy, engine_conf=case.engine_conf(), num_engines=case.num_engines,
+                            batch_size=case.batch_size, group_size=case.group_size, max_tokens=case.cap, seed=seed)
+        backend = SimBackend(case.backend_conf())
+        timeout_s = 1e6  # simulated seconds; a stuck producer still ends the run with a TimeoutError
+        producer = None if mode.colocate else asyncio.create_task(stack.manager.produce_loop())
+        try:
+            records = await _train_steps(stack, backend, case, mode.colocate, steps, timeout_s)
+        finally:
+            await stack.manager.close()
+            if producer is not None:
+                await asyncio.wait_for(producer, timeout=60)
+        acc = stack.manager.accounting()
+        if acc["unaccounted"] != 0:
+            raise AssertionError(f"{mode.name}: prompts unaccounted for: {acc}")
+        return records, {"accounting": acc, "max_pending": max(c.pending.max_count_seen
+                                                                for c in stack.manager.contexts.values())}
+
+
+def summarise(case_name: str, case: Case, mode: Mode, records: list[StepRecord], warmup: int,
+              extra: dict[str, Any]) -> Result:
+    if len(records) <= warmup:
+        raise ValueError(f"steps={len(records)} must exceed warmup={warmup}")
+    base, window = records[warmup - 1] if warmup > 0 else None, records[warmup:]
+    t_from = base.t_end if base else 0.0
+    span = window[-1].t_end - t_from
+    samples = sum(r.samples for r in window)
+    tokens = sum(r.tokens for r in window)
+    busy = window[-1].busy_slot_s - (base.busy_slot_s if base else 0.0)
+    generated = window[-1].tokens_generated - (base.tokens_generated if base else 0.0)
+    wasted = sum(r.tokens_wasted for r in window)
+    bound = ideal_bound(case)
+    throughput = samples / span
+    return Result(
+        case=case_name, cv=case.cv, mode=mode.name, colocate=mode.colocate, max_staleness=mode.max_staleness,
+        partial=mode.partial, over_sample=mode.over_sample, steps=len(window), sim_s=span,
+        throughput=throughput, ideal=bound.ideal, ratio=throughput / bound.ideal,
+        engine_busy=busy / (case.num_engines * case.slots * span),
+        trainer_idle=sum(r.t_batch - r.t_start for r in window) / span,
+        staleness_mean=sum(r.staleness_mean * r.tokens for r in window) / max(tokens, 1),
+        staleness_max=max(r.staleness_max for r in window),
+        wasted_frac=wasted / max(generated, 1.0), tokens_wasted=wasted,
+        trained_len_mean=tokens / max(samples, 1), expected_len=bound.mean_len, extra=extra)
+
+
+def run_one(case_name: str, case: Case, mode: Mode, steps: int, warmup: int, seed: int = 0) -> Result:
+    records, extra = asyncio.run(_run_virtual(case, mode, steps, seed))
+    return summarise(case_name, case, mode, records, warmup, extra)
+
+
+# ----------------------------------------------------------------------------- output
+COLUMNS = ["case", "cv", "mode", "max_staleness", "partial", "over_sample", "steps", "sim_s", "throughput", "ideal",
+           "ratio", "speedup_vs_sync", "engine_busy", "trainer_idle", "staleness_mean", "staleness_max",
+           "wasted_frac", "trained_len_mean", "expected_len"]
+
+
+def rows_with_speedup(results: list[Result]) -> list[dict[str, Any]]:
+    sync = {(r.case, r.cv): r.throughput for r in results if r.mode == "sync"}
+    rows = []
+    for r in results:
+        d = asdict(r)
+        d.pop("extra")
+        d["speedup_vs_sync"] = r.throughput / sync[(r.case, r.cv)] if (r.case, r.cv) in sync else float("nan")
+        rows.append({k: d[k] for k in COLUMNS})
+    return rows
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    head = ("| case | cv | mode | samples/s | X* | % of X* | x sync | engine busy | trainer idle | "
+            "staleness mean / max | wasted tokens | trained len / E[len] |")
+    lines = [head, "|" + " --- |" * 12]
+    for r in rows:
+        lines.append(
+            f"| {r['case']} | {r['cv']:g} | {r['mode']} | {r['throughput']:.3f} | {r['ideal']:.3f} | "
+            f"{100 * r['ratio']:.1f}% | {r['speedup_vs_sync']:.2f} | {100 * r['engine_busy']:.1f}% | "
+            f"{100 * r['trainer_idle']:.1f}% | {r['staleness_mean']:.2f} / {r['staleness_max']:g} | "
+            f"{100 * r['wasted_frac']:.1f}% | {r['trained_len_mean']:.0f} / {r['expected_len']:.0f} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = sorted({(r["case"], r["cv"]) for r in rows})
+    fig, axes = plt.subplots(1, len(cases), figsize=(4.2 * len(cases), 3.6), squeeze=False)
+    for ax, (case, cv) in zip(axes[0], cases):
+        sub = [r for r in rows if r["case"] == case and r["cv"] == cv]
+        for partial, style in ((False, "o--"), (True, "s-")):
+            pts = sorted((r["max_staleness"], r["throughput"]) for r in sub
+                         if r["mode"].startswith("async") and r["partial"] == partial)
+            if pts:
+                ax.plot(*zip(*pts), style, label="async" + (" + partial" if partial else ""))
+        for r in sub:
+            if not r["mode"].startswith("async"):
+                ax.axhline(r["throughput"], lw=1, ls=":", color={"sync": "k"}.get(r["mode"], "tab:green"))
+                ax.annotate(r["mode"], (0, r["throughput"]), fontsize=7, va="bottom")
+        ax.axhline(sub[0]["ideal"], color="tab:red", lw=1.5, label="ideal X*")
+        ax.set_title(f"{case}, cv={cv:g}", fontsize=9)
+        ax.set_xlabel("max_staleness")
+        ax.set_ylabel("trained samples / simulated s")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- cases
+# Balanced: generation-bound and training-bound rates within a few percent (B*K/R_gen = 21.3 s,
+# T_train = 21.4 s), every slot serves 4 samples per step, and sync waits for the slowest of
+# 256 samples (lognormal tail, cap 16x the mean) and then trains while the engines idle.
+BALANCED = Case()
+# Half the batch: 2 samples per slot per step, so a long sample spans more weight versions and
+# the staleness bound expires more groups (still balanced: 10.6 s vs 11.7 s).
+SHORT_STEP = replace(BALANCED, batch_size=16)
+CASES = {"balanced": BALANCED, "short-step": SHORT_STEP}
+# Modes run for the short-step case (the full set runs for the balanced case).
+SHORT_STEP_MODES = ["sync", "async s=1 partial", "async s=2 partial", "async s=4 partial", "async s=2"]
+
+
+def describe(name: str, c: Case) -> str:
+    b = ideal_bound(c)
+    return (f"{name}: engines={c.num_engines} slots={c.slots} t_tok={c.time_per_token_s}s prefill={c.prefill_s}s "
+            f"len~lognormal(mean={c.mean_len:g}, cv={c.cv:g}) cap={c.cap} | train={c.train_step_s}s + "
+            f"{c.train_per_token_s}s/token, weight sync={c.weight_sync_s}s | B={c.batch_size} K={c.group_size}\n"
+            f"  E[len]={b.mean_len:.1f} tau={b.tau_s:.2f}s R_gen={b.gen_rate:.3f}/s "
+            f"(with sync {b.gen_rate_synced:.3f}/s) T_train={b.train_s:.2f}s train-bound={b.train_rate:.3f}/s "
+            f"-> X*={b.ideal:.3f} samples/s")
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a few steps of a small case, cv=1.0 only (for tests)")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--cvs", type=float, nargs="+", default=[0.5, 1.0, 1.5])
+    ap.add_argument("--modes", nargs="*", default=None, help="subset of mode names (default: all)")
+    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+
+    steps, warmup = args.steps, args.warmup
+    plan = [(name, cv, [m for m in modes() if (args.modes is None or m.name in args.modes)
+                        and (name == "balanced" or m.name in SHORT_STEP_MODES)])
+            for name in args.cases for cv in (args.cvs if name == "balanced" else [1.0])]
+    cases = dict(CASES)
+    if args.quick:  # small and short, but still balanced (gen 2.76 s per batch, train 2.75 s)
+        cases = {"quick": replace(BALANCED, num_engines=2, slots=8, batch_size=4, group_size=8, mean_len=32,
+                                  cap=512, time_per_token_s=0.04, prefill_s=0.1, train_step_s=0.5,
+                                  train_per_token_s=2.2e-3, weight_sync_s=0.2)}
+        steps, warmup = 16, 4
+        plan = [("quick", 1.0, [m for m in modes() if args.modes is None or m.name in args.modes])]
+    args.out.mkdir(parents=True, exist_ok=True)
+    prefix = "producer_efficiency_quick" if args.quick else "producer_efficiency"
+
+    header = [f"# Producer efficiency ({'quick' if args.quick else 'full'} run)", "", "```", FORMULA, "```", ""]
+    results: list[Result] = []
+    wall0 = time.perf_counter()
+    for name, cv, chosen in plan:
+        case = replace(cases[name], cv=cv)
+        header += ["```", describe(f"{name} cv={cv:g}", case), "```"]
+        for mode in chosen:
+            t = time.perf_counter()
+            r = run_one(name, case, mode, steps, warmup, seed=args.seed)
+            results.append(r)
+            print(f"{name} cv={cv:g} {mode.name:26s} {r.throughput:8.3f}/s  {100 * r.ratio:5.1f}% of X*  "
+                  f"busy {100 * r.engine_busy:5.1f}%  idle {100 * r.trainer_idle:5.1f}%  "
+                  f"stale {r.staleness_mean:.2f}/{r.staleness_max:g}  wasted {100 * r.wasted_frac:4.1f}%  "
+                  f"({time.perf_counter() - t:.1f}s wall)", flush=True)
+    rows = rows_with_speedup(results)
+    table = markdown_table(rows)
+    text = "\n".join(header) + "\n\n" + table + f"\n\nsteps={steps} (warm-up {warmup} excluded), seed={args.seed}, " \
+        f"wall time {time.perf_counter() - wall0:.0f}s\n"
+    (args.out / f"{prefix}.md").write_text(text)
+    write_csv(rows, args.out / f"{prefix}.csv")
+    plot(rows, args.out / f"{prefix}.png")
+    print("\n" + text)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""The producer benchmarks run and report (quick mode), and the producer changes they led to hold.
+
+Checks what the virtual clock makes deterministic (staleness bounds, accounting, the
+ideal bound's formula, identical results on a re-run), never how fast anything is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlharness.config.schema import AsyncStrategyConf
+from rlharness.engine.sim import lognormal_params
+from rlharness.producer.pending import _PendingTasks
+from rlharness.replay_buffer import ReplayBuffer
+from rlharness.types import Status, make_group
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str):
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def pe():
+    return _load("producer_efficiency")
+
+
+# ----------------------------------------------------------------------------- producer_efficiency
+@pytest.mark.timeout(240)
+def test_producer_efficiency_quick_runs_reports_and_holds_the_sim_invariants(pe, tmp_path):
+    rows = pe.main(["--quick", "--out", str(tmp_path)])
+    for ext in ("md", "csv", "png"):
+        assert (tmp_path / f"producer_efficiency_quick.{ext}").stat().st_size > 0
+    md = (tmp_path / "producer_efficiency_quick.md").read_text()
+    assert "X*      = B*K / (T_sync + max(T_train, B*K / R_gen))" in md and "| sync |" in md
+    with open(tmp_path / "producer_efficiency_quick.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(rows) == len(pe.modes())
+    by = {r["mode"]: r for r in rows}
+    for r in rows:
+        assert r["staleness_max"] <= r["max_staleness"], r  # the bound holds in every mode
+        assert 0 < r["throughput"] and 0 <= r["engine_busy"] <= 1 and 0 <= r["trainer_idle"] <= 1
+        assert 0 <= r["wasted_frac"] < 1
+    # On-policy modes: nothing is stale; without partial rollout nothing is wasted in sync.
+    assert by["sync"]["staleness_max"] == 0 and by["sync"]["wasted_frac"] == 0
+    # Partial rollout keeps interrupted tokens: async s=2 partial wastes less than without.
+    assert by["async s=2 partial"]["wasted_frac"] < by["async s=2"]["wasted_frac"]
+    # The virtual clock makes a run deterministic: the same configuration gives the same numbers.
+    again = pe.main(["--quick", "--out", str(tmp_path / "again"), "--modes", "async s=2 partial"])
+    assert again[0]["throughput"] == by["async s=2 partial"]["throughput"]
+    assert again[0]["sim_s"] == by["async s=2 partial"]["sim_s"]
+
+
+def test_ideal_bound_formula_and_capped_lognormal_mean(pe):
+    c = pe.BALANCED
+    b = pe.ideal_bound(c)
+    n = c.batch_size * c.group_size
+    assert b.tau_s == pytest.approx(c.prefill_s + b.mean_len * c.time_per_token_s)
+    assert b.gen_rate == pytest.approx(c.num_engines * c.slots / b.tau_s)
+    assert b.ideal == pytest.approx(n / (c.weight_sync_s + max(b.train_s, n / b.gen_rate)))
+    # The exact capped mean agrees with sampling the SimEngine's length law.
+    mu, sigma = lognormal_params(100.0, 1.5)
+    x = np.random.default_rng(0).lognormal(mu, sigma, 400_000)
+    lengths = np.minimum(np.maximum(1, np.round(x)), 300)
+    assert pe.capped_length_mean(100.0, 1.5, 300) == pytest.approx(lengths.mean(), rel=5e-3)
+    assert pe.capped_length_mean(50.0, 0.0, 30) == 30
+
+
+# ----------------------------------------------------------------------------- overhead
+@pytest.mark.timeout(240)
+def test_overhead_quick_runs_and_reports(tmp_path):
+    ov = _load("overhead")
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 0, "eval/accuracy": 0.1}\n'
+                       '{"step": 1, "perf/train_s": 0.5, "perf/step_s": 1.0}\n'
+                       '{"step": 2, "perf/train_s": 0.7, "perf/step_s": 1.2}\n')
+    results = ov.main(["--quick", "--out", str(tmp_path), "--metrics", str(metrics)])
+    assert {(r["path"], r["completions"]) for r in results} == {
+        (p, c) for p in ("colocate", "disagg") for c in ("burst", "staggered")}
+    for r in results:
+        assert r["us_per_group"] > 0
+        assert r["max_in_flight"] == r["groups_in_flight"]  # the whole batch was in flight at once
+    md = (tmp_path / "overhead_quick.md").read_text()
+    assert "perf/train_s = 0.600 s" in md and "share of perf/train_s" in md
+
+
+def test_instant_engine_staggered_completes_one_request_per_loop_iteration():
+    ov = _load("overhead")
+    from rlharness.engine.base import GenerateRequest, SamplingParams
+
+    async def main():
+        eng = ov.InstantEngine(num_tokens=3, staggered=True)
+        order = []
+
+        async def one(i):
+            await eng.generate(GenerateRequest(str(i), [1], SamplingParams(max_tokens=8)))
+            order.append(i)
+
+        tasks = [asyncio.ensure_future(one(i)) for i in range(5)]
+        await asyncio.sleep(0)
+        seen = []
+        for _ in range(12):
+            await asyncio.sleep(0)
+            seen.append(len(order))
+        await asyncio.gather(*tasks)
+        return order, seen
+
+    order, seen = asyncio.run(main())
+    assert order == list(range(5))
+    assert all(b - a <= 1 for a, b in zip(seen, seen[1:]))  # never two completions in one turn
+
+
+# ----------------------------------------------------------------------------- producer changes
+def test_disaggregated_async_producer_keeps_every_step_the_bound_allows_in_flight(pe):
+    """With max_staleness=s the producer targets s+1 batches at once (it used to keep one in flight)."""
+    from dataclasses import replace
+
+    case = replace(pe.BALANCED, num_engines=1, slots=64, batch_size=4, group_size=2, mean_len=16, cap=64)
+    for s in (0, 2):
+        mode = pe.Mode(f"s={s}", False, AsyncStrategyConf(max_staleness=s, enable_partial_rollout=True), s, True, 0.0)
+        _, extra = asyncio.run(pe._run_virtual(case, mode, 4, seed=0))
+        assert extra["max_pending"] == (s + 1) * case.batch_size, (s, extra)
+
+
+def test_pending_claims_come_back_oldest_first_and_wait_any_wakes_on_completion():
+    async def main():
+        pending = _PendingTasks()
+        gates = [asyncio.get_running_loop().create_future() for _ in range(4)]
+
+        def make(i):
+            async def run(group):
+                await gates[i]
+                return group
+            return run
+
+        tasks = [pending.spawn([i], make(i)) for i in range(4)]
+        assert await pending.wait_any(0.01) == set()  # nothing finished: times out empty
+        gates[3].set_result(None)
+        gates[1].set_result(None)
+        done = await pending.wait_any(5.0)
+        assert done == {tasks[1], tasks[3]}
+        claimed = pending.claim(set(reversed(tasks)))  # any iteration order in, spawn order out
+        assert [g for _, g in claimed] == [[0], [1], [2], [3]]
+        assert pending.count() == 0 and pending.claim_done() == []
+        for g in gates:
+            if not g.done():
+                g.set_result(None)
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+
+
+def _completed(task: str, version: int, k: int = 2):
+    g = make_group(task=task, prompt_index=0, epoch=0, prompt_text="p", prompt_ids=[1], label={}, k=k)
+    for s in g:
+        s.append_tokens([1, 2], [-0.1, -0.2], [version, version])
+        s.status = Status.COMPLETED
+        s.reward = {"score": 1.0}
+    return g
+
+
+def test_refresh_staleness_skips_rescans_but_never_keeps_a_too_stale_group():
+    rb = ReplayBuffer(max_staleness=0)
+    rb.put(_completed("t", 0), model_step=0, train_step=1)
+    assert rb.refresh_staleness(1) == 0
+    assert rb.refresh_staleness(2) == 1  # version 0 at step 2: staleness 1 >= 1
+    # A group put for an earlier step than the last refresh is still checked at the later one.
+    rb.put(_completed("t", 0), model_step=0, train_step=1)
+    assert rb.count("t", Status.COMPLETED) == 1
+    assert rb.refresh_staleness(2) == 1
+    assert rb.count("t", Status.COMPLETED) == 0 and rb.count("t", Status.EXPIRED) == 2
+
+
+def test_clone_is_deep_for_every_mutable_field():
+    s = _completed("t", 3)[0]
+    s.label = {"numbers": [1, 2]}
+    s.extra = {"trace": {"a": [1]}}
+    c = s.clone()
+    assert c == s
+    c.response_ids.append(9)
+    c.response_model_steps.append(9)
+    c.label["numbers"].append(3)
+    c.extra["trace"]["a"].append(2)
+    c.reward["score"] = 0.0
+    assert s.response_ids == [1, 2] and s.response_model_steps == [3, 3]
+    assert s.label == {"numbers": [1, 2]} and s.extra == {"trace": {"a": [1]}} and s.reward == {"score": 1.0}
+    assert math.isclose(s.response_logprobs[1], -0.2)
