@@ -1,0 +1,414 @@
+"""The multi-turn tool loop: tool calls, masks, budgets, turn limits, abort and continuation.
+
+Most tests drive the loop with `ScriptedModel`, a test double for the model's choices
+(it writes a fixed plan, one character token at a time, through the real engine
+interface: stop strings, max_tokens, abort with partial tokens, weight versions). The
+thing under test is the loop. The last test runs the loop against the real hf engine
+with a tiny random model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from rlharness.agent import build_agent_loop
+from rlharness.agent.multi_turn_tool import current_turn, find_tool_call
+from rlharness.agent.tools import ToolError, build_tools, calculator
+from rlharness.config.schema import AlgoConf, ConfigError, MultiTurnToolAgentConf, SamplingConf
+from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
+from rlharness.judger.base import Judger
+from rlharness.judger.math import MathJudger
+from rlharness.tiny import DEFAULT_CHARS, build_char_tokenizer
+from rlharness.trainer.batch import build_train_batch
+from rlharness.types import Status, group_status, make_group
+
+pytestmark = pytest.mark.timeout(60)
+
+TOK = build_char_tokenizer(DEFAULT_CHARS + "abcdefghijklmnopqrstuvwxyz<>/:'_.")
+PROMPT = "q:"
+
+
+def encode(text: str) -> list[int]:
+    return TOK.encode(text, add_special_tokens=False)
+
+
+def decode(ids: list[int]) -> str:
+    return TOK.decode(ids, skip_special_tokens=True)
+
+
+def position_logprob(pos: int) -> float:
+    """Deterministic per position, so a continuation can be compared value for value."""
+    return -((pos % 7) + 1) / 10
+
+
+class ScriptedModel(RolloutEngine):
+    """Writes `turns[n]` in turn n (turn n starts after the n-th "</output>").
+
+    As the hf engine does, it checks stop strings on the text it generated in this
+    request only. The last turn ends with EOS; after a non-final turn's text (normally
+    cut by the "</tool>" stop string) it keeps writing '9's, like a model that does not stop.
+    """
+
+    def __init__(self, turns: list[str], token_s: float = 0.0005) -> None:
+        self.turns, self.token_s = turns, token_s
+        self._version, self._abort_epoch = 0, 0
+        self.requests: list[GenerateRequest] = []
+        self.in_flight = 0
+        self.tokens_emitted = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def _plan(self, prompt_ids: list[int]) -> list[int]:
+        text = decode(prompt_ids)
+        assert text.startswith(PROMPT), text
+        response = text[len(PROMPT):]
+        n = response.count("</output>")
+        current = response.rsplit("</output>", 1)[-1]
+        plan = self.turns[n] if n < len(self.turns) else ""
+        rest = encode(plan[len(current):]) if plan.startswith(current) else []
+        return rest + ([TOK.eos_token_id] if n >= len(self.turns) - 1 else encode("9" * 200))
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        self.requests.append(request)
+        epoch, plan = self._abort_epoch, self._plan(request.prompt_ids)
+        ids: list[int] = []
+        steps: list[int] = []
+        reason = "length"
+        self.in_flight += 1
+        try:
+            for tok in plan[: request.sampling.max_tokens]:
+                await asyncio.sleep(self.token_s)
+                if self._abort_epoch != epoch:
+                    reason = "abort"
+                    break
+                ids.append(tok)
+                steps.append(self._version)
+                self.tokens_emitted += 1
+                if tok == TOK.eos_token_id or any(s in decode(ids) for s in request.sampling.stop):
+                    reason = "stop"
+                    break
+        finally:
+            self.in_flight -= 1
+        start = len(request.prompt_ids)
+        return GenerateResult(request.request_id, ids, [position_logprob(start + i) for i in range(len(ids))],
+                              steps, reason, decode(ids))
+
+    async def abort_all(self) -> int:
+        self._abort_epoch += 1
+        return self.in_flight
+
+    async def load_weights(self, state: dict[str, Any], version: int) -> None:
+        self._version = version
+
+
+def setup(turns: list[str], *, k: int = 2, max_tokens: int = 200, max_turns: int = 4, answer: str = "5",
+          token_s: float = 0.0005, judger: Judger | None = None):
+    engine = ScriptedModel(turns, token_s)
+    conf = MultiTurnToolAgentConf(sampling=SamplingConf(max_tokens=max_tokens), max_turns=max_turns)
+    loop = build_agent_loop(conf, engine, judger or MathJudger(), decode, encode=encode)
+    group = make_group(task="t", prompt_index=0, epoch=0, prompt_text=PROMPT, prompt_ids=encode(PROMPT),
+                       label={"answer": answer}, k=k)
+    return engine, loop, group
+
+
+def run(loop, group, partial: bool = True):
+    return asyncio.run(loop.generate_group(group, enable_partial_rollout=partial))
+
+
+def runs_of(mask: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of each run of zeros."""
+    out, i = [], 0
+    while i < len(mask):
+        if mask[i] == 0:
+            j = i
+            while j < len(mask) and mask[j] == 0:
+                j += 1
+            out.append((i, j))
+            i = j
+        else:
+            i += 1
+    return out
+
+
+def check_aligned(s) -> None:
+    n = len(s.response_ids)
+    assert len(s.response_logprobs) == len(s.response_model_steps) == len(s.response_mask) == n
+    for start, end in runs_of(s.response_mask):
+        assert start > 0  # a tool output always follows the model's call
+        assert s.response_logprobs[start:end] == [0.0] * (end - start)
+        assert s.response_model_steps[start:end] == [s.response_model_steps[start - 1]] * (end - start)
+
+
+# ----------------------------------------------------------------------------- tools
+def test_calculator_evaluates_exactly_and_refuses_everything_else():
+    assert calculator("2+3") == "5"
+    assert calculator(" 2 * (3 + 4) - 10 / 4 ") == "11.5"
+    assert calculator("-3*-2") == "6"
+    assert calculator("1/3") == "0.3333333333"
+    assert calculator("0.1+0.2") == "0.3"  # exact, not 0.30000000000000004
+    assert calculator("123456789*987654321") == str(123456789 * 987654321)
+    assert calculator("(" * 120 + "1" + ")" * 120) == "1"
+    for bad, why in [("1/0", "division by zero"), ("", "empty"), ("2**10", "not an expression"),
+                     ("__import__('os')", "only digits"), ("abs(1)", "only digits"), ("(1+2", "not an expression"),
+                     ("1" * 300, "longer than"), ("1.2.3", "not an expression")]:
+        with pytest.raises(ToolError, match=why):
+            calculator(bad)
+
+
+def test_tool_names_and_call_parsing():
+    assert list(build_tools(["calculator"])) == ["calculator"]
+    with pytest.raises(ValueError, match=r"agent.tools=\['calculator', 'web'\].*'web'"):
+        build_tools(["calculator", "web"])
+    assert find_tool_call("think <tool>2+3</tool>", "<tool>", "</tool>") == "2+3"
+    assert find_tool_call("<tool>2+3</to", "<tool>", "</tool>") is None
+    assert find_tool_call("a</tool><tool>1</tool>", "<tool>", "</tool>") is None  # first end marker decides
+    assert find_tool_call("<tool>1<tool>2+2</tool>x", "<tool>", "</tool>") == "2+2"
+    assert current_turn([5, 6, 7, 8, 9, 10], [1, 0, 0, 1, 0, 1]) == (5, 2)
+    assert current_turn([5, 6], [1, 1]) == (0, 0)
+    with pytest.raises(ConfigError, match="agent.tool_call_end"):
+        MultiTurnToolAgentConf(tool_call_end="<tool>")
+    with pytest.raises(ConfigError, match="agent.tools"):
+        MultiTurnToolAgentConf(tools=[])
+    with pytest.raises(ValueError, match="needs `encode`"):
+        build_agent_loop(MultiTurnToolAgentConf(), ScriptedModel([]), MathJudger(), decode)
+
+
+# ----------------------------------------------------------------------------- the loop
+def test_tool_output_is_inserted_masked_and_the_whole_text_is_judged():
+    engine, loop, group = setup(["<tool>2+3</tool>", "#### 5"])
+    out = run(loop, group)
+    assert group_status(out) == Status.COMPLETED
+    call, output, answer = "<tool>2+3</tool>", "<output>5</output>", "#### 5"
+    for s in out:
+        assert s.response_text == call + output + answer
+        assert s.response_ids == encode(call + output + answer) + [TOK.eos_token_id]
+        assert s.response_mask == [1] * len(call) + [0] * len(output) + [1] * (len(answer) + 1)
+        check_aligned(s)
+        p = len(s.prompt_ids)
+        model_positions = [i for i, m in enumerate(s.response_mask) if m]
+        assert [s.response_logprobs[i] for i in model_positions] == [position_logprob(p + i) for i in model_positions]
+        assert set(s.response_model_steps) == {0}
+        assert (s.finish_reason, s.reward["score"], s.extra["tool_calls"]) == ("stop", 1.0, 1)
+    assert all(s.status == Status.INIT and not s.response_ids for s in group)  # input untouched
+    # Two engine calls per member; the second continues from prompt + call + output.
+    assert len(engine.requests) == 4
+    assert all("</tool>" in r.sampling.stop for r in engine.requests)
+    second = [r for r in engine.requests if len(r.prompt_ids) > len(encode(PROMPT))]
+    assert {decode(r.prompt_ids) for r in second} == {PROMPT + call + output}
+    assert loop.tool_calls == 2 and loop.tool_errors == 0
+
+
+def test_tool_errors_and_named_tools_are_shown_to_the_model():
+    turns = ["<tool>1/0</tool>", "<tool>calculator: 2*(3+4)</tool>", "<tool>python: 1</tool>",
+             "<tool>__import__('os')</tool>", "#### 14"]
+    _, loop, group = setup(turns, k=1, max_turns=5, answer="14", max_tokens=400)
+    (s,) = run(loop, group)
+    outputs = [decode(s.response_ids[a:b]) for a, b in runs_of(s.response_mask)]
+    assert outputs == ["<output>error: division by zero</output>", "<output>14</output>",
+                       "<output>error: unknown tool 'python' (available: calculator)</output>",
+                       "<output>error: only digits, . + - * / ( ) and spaces are allowed</output>"]
+    assert s.extra["tool_calls"] == 4 and s.reward["score"] == 1.0
+    assert (loop.tool_calls, loop.tool_errors) == (3, 3)
+    check_aligned(s)
+
+
+def test_turn_limit_stops_before_running_another_call():
+    engine, loop, group = setup(["<tool>1+1</tool>", "<tool>2+2</tool>", "#### 4"], k=1, max_turns=2)
+    (s,) = run(loop, group)
+    assert s.response_text == "<tool>1+1</tool><output>2</output><tool>2+2</tool>"
+    assert (s.status, s.finish_reason, s.extra["tool_calls"]) == (Status.COMPLETED, "length", 1)
+    assert len(engine.requests) == 2
+
+
+@pytest.mark.parametrize("max_tokens, text, engine_calls", [
+    (21, "<tool>2+3</tool><outp", 1),  # the tool output is cut to the budget
+    (16, "<tool>2+3</tool>", 1),  # the call used the whole budget: the tool does not run
+    (10, "<tool>2+3<", 1),  # the engine's own max_tokens
+    (39, "<tool>2+3</tool><output>5</output>#### ", 2),  # the last turn gets what is left
+])
+def test_the_whole_response_stays_within_max_tokens(max_tokens, text, engine_calls):
+    engine, loop, group = setup(["<tool>2+3</tool>", "#### 5"], k=1, max_tokens=max_tokens)
+    (s,) = run(loop, group)
+    assert (s.response_text, s.status, s.finish_reason) == (text, Status.COMPLETED, "length")
+    assert len(s.response_ids) == max_tokens
+    assert len(engine.requests) == engine_calls
+    assert engine.requests[-1].sampling.max_tokens == max_tokens - len(engine.requests[-1].prompt_ids) + len(encode(PROMPT))
+    check_aligned(s)
+
+
+TURNS = ["<tool>12*3</tool>", "so <tool>36-1</tool>", "#### 35"]
+
+
+def reference():
+    _, loop, group = setup(TURNS, k=1, answer="35")
+    (s,) = run(loop, group)
+    assert s.status == Status.COMPLETED and s.reward["score"] == 1.0 and s.extra["tool_calls"] == 2
+    return s
+
+
+async def interrupt_after(loop, engine, group, tokens: int, partial: bool = True):
+    task = asyncio.create_task(loop.generate_group(group, enable_partial_rollout=partial))
+    while engine.tokens_emitted < tokens and not task.done():
+        await asyncio.sleep(0.0005)
+    await loop.pause()
+    return await task
+
+
+@pytest.mark.parametrize("cut", [3, 12, 16, 17, 25, 36, 40])  # the plan is 45 engine tokens
+def test_abort_anywhere_then_continue_gives_the_uninterrupted_response(cut):
+    ref = reference()
+    engine, loop, group = setup(TURNS, k=2, answer="35", token_s=0.002)
+
+    async def main():
+        first = await interrupt_after(loop, engine, group, tokens=2 * cut)
+        await engine.load_weights({}, version=1)
+        return first, await loop.generate_group(first, enable_partial_rollout=True)
+
+    first, second = asyncio.run(main())
+    assert group_status(first) == Status.ABORTED
+    for a, s in zip(first, second):
+        assert a.status == Status.ABORTED and a.num_aborts == 1 and 0 < len(a.response_ids) < len(ref.response_ids)
+        check_aligned(a)
+        n = len(a.response_ids)
+        assert s.status == Status.COMPLETED and s.reward["score"] == 1.0
+        assert s.response_ids == ref.response_ids and s.response_mask == ref.response_mask
+        assert s.response_logprobs == ref.response_logprobs  # values are per position
+        assert s.response_text == ref.response_text and s.extra["tool_calls"] == 2
+        check_aligned(s)
+        assert s.response_model_steps[:n] == a.response_model_steps and set(a.response_model_steps) == {0}
+        assert set(s.response_model_steps[n:]) <= {0, 1} and s.response_model_steps[-1] == 1
+
+
+def test_continue_after_an_abort_that_split_the_end_marker():
+    """'</to' before the abort, 'ol>' after: the engine misses the stop string (it sees only
+    its own text) and writes on; the loop ends the turn at the token completing the call."""
+    ref = reference()
+    engine, loop, group = setup(TURNS, k=1, answer="35")
+    (s,) = group
+    partial = encode("<tool>12*3</to")
+    s.append_tokens(partial, [position_logprob(len(s.prompt_ids) + i) for i in range(len(partial))], [0] * len(partial))
+    s.status, s.finish_reason, s.num_aborts = Status.ABORTED, "abort", 1
+    (out,) = run(loop, group)
+    assert (out.response_ids, out.response_mask, out.response_text) == (
+        ref.response_ids, ref.response_mask, ref.response_text)
+    assert loop.tokens_discarded > 0  # the '9's written past the marker
+    assert "9" not in out.response_text
+
+
+def test_continue_after_a_complete_call_whose_output_is_missing_runs_the_tool_first():
+    ref = reference()
+    engine, loop, group = setup(TURNS, k=1, answer="35")
+    (s,) = group
+    call = encode("<tool>12*3</tool>")
+    s.append_tokens(call, [position_logprob(len(s.prompt_ids) + i) for i in range(len(call))], [0] * len(call))
+    s.status = Status.ABORTED
+    (out,) = run(loop, group)
+    assert (out.response_ids, out.response_mask) == (ref.response_ids, ref.response_mask)
+    # No engine call for the first turn: the first request already holds the tool output.
+    assert decode(engine.requests[0].prompt_ids) == PROMPT + "<tool>12*3</tool><output>36</output>"
+
+
+def test_a_pause_during_a_tool_call_stops_the_member_before_its_next_engine_call():
+    ref = reference()
+    engine, loop, group = setup(TURNS, k=1, answer="35")
+    started, release = threading.Event(), threading.Event()
+
+    def slow_calculator(argument: str) -> str:
+        started.set()
+        release.wait(timeout=10)
+        return calculator(argument)
+
+    loop.tools["calculator"] = slow_calculator
+
+    async def main():
+        task = asyncio.create_task(loop.generate_group(group, enable_partial_rollout=True))
+        assert await asyncio.to_thread(started.wait, 10)
+        await loop.pause()
+        release.set()
+        first = await task
+        loop.tools["calculator"] = calculator
+        return first, await loop.generate_group(first, enable_partial_rollout=True)
+
+    (first,), (second,) = asyncio.run(main())
+    assert first.status == Status.ABORTED
+    assert first.response_text == "<tool>12*3</tool><output>36</output>"  # the tool's answer is kept
+    assert second.response_ids == ref.response_ids and second.response_mask == ref.response_mask
+
+
+def test_without_partial_rollout_an_interrupted_group_restarts_from_scratch():
+    ref = reference()
+    engine, loop, group = setup(TURNS, k=2, answer="35", token_s=0.002)
+
+    async def main():
+        first = await interrupt_after(loop, engine, group, tokens=40, partial=False)
+        assert all(s.status == Status.ABORTED and s.response_ids == [] == s.response_mask for s in first)
+        await engine.load_weights({}, version=2)
+        return await loop.generate_group(first, enable_partial_rollout=False)
+
+    second = asyncio.run(main())
+    assert loop.tokens_discarded > 0
+    for s in second:
+        assert s.response_ids == ref.response_ids and set(s.response_model_steps) == {2}
+
+
+# ----------------------------------------------------------------------------- real engine
+@pytest.mark.timeout(120)
+def test_end_to_end_on_the_hf_engine_with_a_tiny_random_model():
+    """Random weights, no EOS, "(" and ")" as call markers so the model makes calls by chance."""
+    from rlharness.engine.hf import HFEngine
+    from rlharness.tiny import build_tiny_llama
+
+    tok = build_char_tokenizer(DEFAULT_CHARS)  # '(' and ')' are 2 of 24 tokens
+    model = build_tiny_llama(len(tok), seed=3, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                             eos_token_id=tok.eos_token_id)
+    enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    dec = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    max_tokens = 48
+    conf = MultiTurnToolAgentConf(sampling=SamplingConf(max_tokens=max_tokens), max_turns=3,
+                                  tool_call_start="(", tool_call_end=")", tool_output_start="=",
+                                  tool_output_end=",")
+    group = make_group(task="t", prompt_index=0, epoch=0, prompt_text="12+3=", prompt_ids=enc("12+3="),
+                       label={"answer": "15"}, k=8)
+
+    async def main():
+        engine = HFEngine.from_model(model, tok, eos_token_ids=[])
+        try:
+            loop = build_agent_loop(conf, engine, MathJudger(), dec, encode=enc)
+            return loop, await loop.generate_group(group, enable_partial_rollout=True)
+        finally:
+            await engine.close()
+
+    loop, out = asyncio.run(main())
+    assert group_status(out) == Status.COMPLETED
+    assert loop.tool_calls > 0, "expected the random model to close at least one '(' call"
+    tools = build_tools(["calculator"])
+    for s in out:
+        check_aligned(s)
+        # Without EOS a member ends at the budget, or at a ")" that closes no call.
+        assert len(s.response_ids) == max_tokens if s.finish_reason == "length" else s.finish_reason == "stop"
+        assert len(s.response_ids) <= max_tokens
+        assert s.reward is not None and set(s.response_model_steps) == {0}
+        blocks = runs_of(s.response_mask)
+        assert len(blocks) == s.extra["tool_calls"] <= conf.max_turns - 1
+        for start, end in blocks:  # each output answers the call just before it, cut to the budget
+            turn_start, _ = current_turn(s.response_ids[:start], s.response_mask[:start])
+            turn = dec(s.response_ids[turn_start:start])
+            assert turn.endswith(")")
+            call = find_tool_call(turn, "(", ")")
+            try:
+                expected = tools["calculator"](call)
+            except ToolError as exc:
+                expected = f"error: {exc}"
+            assert s.response_ids[start:end] == enc("=" + expected + ",")[: max_tokens - start]
+    # The batch keeps every token and masks the inserted ones.
+    batch, _ = build_train_batch([out], AlgoConf(name="grpo"), tok.pad_token_id, 1, max_tokens, 1.0)
+    for b, s in enumerate(out):
+        p = len(s.prompt_ids)
+        assert batch.response_mask[b, p: p + len(s.response_ids)].tolist() == s.response_mask
