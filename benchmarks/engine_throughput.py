@@ -5,7 +5,9 @@ a lognormal with CV ~1 (the long tail RL rollouts have) and enforced through eac
 request's max_tokens, with EOS disabled on both sides so nobody stops early. Static
 batches for `generate` are cut from the same request order with the engine's
 max_batch_size; a static batch runs until its longest member is done (that waste is
-what continuous batching removes). Both sample at temperature 1 from random-weight
+what continuous batching removes; `static_useful_frac` says how much of their work
+counts). A no-tail row (every response equally long) isolates the per-step
+efficiency of the two loops from the scheduling gain. Both sample at temperature 1 from random-weight
 Llama models built in code (the tiny char-level one and a larger one).
 
     python benchmarks/engine_throughput.py            # full run (a few minutes on 2 cores)
@@ -50,11 +52,14 @@ class Setup:
     max_batch_size: int
     mean_len: float
     max_len: int
+    cv: float = 1.0  # 0: every response equally long (no tail: isolates per-step efficiency)
 
 
 FULL = [
     Setup("tiny (2L, h128)", layers=2, hidden=128, heads=4, ffn=512, num_requests=512,
           max_batch_size=64, mean_len=64, max_len=512),
+    Setup("tiny, no tail (cv=0)", layers=2, hidden=128, heads=4, ffn=512, num_requests=512,
+          max_batch_size=64, mean_len=64, max_len=512, cv=0.0),
     Setup("larger (8L, h512)", layers=8, hidden=512, heads=8, ffn=2048, num_requests=128,
           max_batch_size=32, mean_len=64, max_len=512),
 ]
@@ -124,8 +129,11 @@ def bench(setup: Setup, seed: int, repeats: int) -> dict:
     model.generation_config.eos_token_id = None
     rng = random.Random(seed)
     prompts = make_prompts(setup.num_requests, tok, rng)
-    lengths = lognormal_lengths(setup.num_requests, setup.mean_len, 1.0, setup.max_len, rng)
+    lengths = lognormal_lengths(setup.num_requests, setup.mean_len, setup.cv, setup.max_len, rng)
     tokens = sum(lengths)
+    # Tokens the static batches decode, counting rows kept running for their batch's longest.
+    static_tokens = sum(len(lengths[i:i + setup.max_batch_size]) * max(lengths[i:i + setup.max_batch_size])
+                        for i in range(0, len(lengths), setup.max_batch_size))
     # Warm up both paths (allocator, first-call costs) on a small slice.
     run_engine(model, prompts[:4], [4] * 4, setup.max_batch_size, seed)
     run_generate(model, prompts[:4], [4] * 4, setup.max_batch_size, tok.pad_token_id)
@@ -137,7 +145,7 @@ def bench(setup: Setup, seed: int, repeats: int) -> dict:
     e, g = min(engine_s), min(generate_s)
     return {
         "config": setup.name, "requests": setup.num_requests, "max_batch_size": setup.max_batch_size,
-        "tokens": tokens, "mean_len": round(tokens / setup.num_requests, 1), "max_len": max(lengths),
+        "tokens": tokens, "static_useful_frac": round(tokens / static_tokens, 3), "mean_len": round(tokens / setup.num_requests, 1), "max_len": max(lengths),
         "generate_s": round(g, 3), "engine_s": round(e, 3),
         "generate_tok_s": round(tokens / g, 1), "engine_tok_s": round(tokens / e, 1),
         "speedup": round(g / e, 2), "repeats": repeats,
@@ -160,7 +168,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     repeats = args.repeats or (1 if args.quick else 2)
     rows = [bench(s, args.seed, repeats) for s in setups]
 
-    cols = ["config", "requests", "max_batch_size", "tokens", "mean_len", "max_len",
+    cols = ["config", "requests", "max_batch_size", "tokens", "static_useful_frac", "mean_len", "max_len",
             "generate_s", "engine_s", "generate_tok_s", "engine_tok_s", "speedup"]
     print(f"engine=hf vs model.generate (static batches), torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, {platform.machine()}, "

@@ -86,7 +86,8 @@ class HFEngine(RolloutEngine):
     """Continuous-batching engine over a Hugging Face causal LM (CPU or GPU).
 
     Either loads `model_conf.path` (model + tokenizer) or takes an already-built
-    `model`/`tokenizer`. `eos_token_ids` overrides the model's EOS set (an empty list
+    `model`/`tokenizer` (used as given, not copied: it is put in eval mode and must not
+    be trained while the engine decodes; sync weights with `load_weights`). `eos_token_ids` overrides the model's EOS set (an empty list
     disables EOS, as benchmarks do). A waiting request joins the running batch once
     `join_min_free` slots are free (or fewer if fewer wait): prefilling a handful of
     rows at once costs about one decode step, so this trades a little latency for
