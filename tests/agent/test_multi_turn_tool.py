@@ -412,3 +412,22 @@ def test_end_to_end_on_the_hf_engine_with_a_tiny_random_model():
     for b, s in enumerate(out):
         p = len(s.prompt_ids)
         assert batch.response_mask[b, p: p + len(s.response_ids)].tolist() == s.response_mask
+
+
+@pytest.mark.timeout(300)
+def test_train_py_agent_multi_turn_tool_runs_and_trains(tmp_path):
+    """The composed run (`python train.py agent=multi_turn_tool ...`, in process), with
+    markers inside the default model's character vocabulary."""
+    from rlharness.logging_utils.ledger import read_ledger
+    from rlharness.logging_utils.metrics import read_metrics
+    from tests.helpers import QUICK, run_in_process
+
+    run_dir = tmp_path / "run"
+    run_in_process(run_dir, [*QUICK, "agent=multi_turn_tool", "total_steps=2", "eval_every=0",
+                             "agent.tool_call_start='('", "agent.tool_call_end=')'",
+                             "agent.tool_output_start='='", "agent.tool_output_end=','", "agent.sampling.max_tokens=12"])
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2]
+    trained, _ = read_ledger(run_dir)
+    assert {r["train_step"] for r in trained} == {1, 2}
+    assert all(r["response_len"] <= 12 for r in trained)
