@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import gc
 import json
 import logging
 import sys
@@ -142,7 +143,23 @@ async def _disaggregated(mgr: AgentLoopManager, steps: int) -> list[float]:
     return times
 
 
-def measure(path: str, groups: int, group_size: int, steps: int, staggered: bool) -> dict[str, Any]:
+def measure(path: str, groups: int, group_size: int, steps: int, staggered: bool,
+            gc_off: bool = False) -> dict[str, Any]:
+    """Microseconds per group; `gc_off` freezes and disables Python's cyclic GC during the run,
+    separating the producer's own cost from the GC's passes over every live object."""
+    if gc_off:
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+    try:
+        return _measure(path, groups, group_size, steps, staggered) | {"gc": "off" if gc_off else "default"}
+    finally:
+        if gc_off:
+            gc.enable()
+            gc.unfreeze()
+
+
+def _measure(path: str, groups: int, group_size: int, steps: int, staggered: bool) -> dict[str, Any]:
     if path == "colocate":
         mgr = build(SyncStrategyConf(max_staleness=0), groups, group_size, staggered)
         times = asyncio.run(_colocated(mgr, steps))
@@ -190,22 +207,26 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         groups, steps = [100, 1000], 3
 
     results = []
-    for staggered in (False, True):
+    # GC off only for the staggered pattern (the realistic one): it shows the producer's own growth.
+    for staggered, gc_off in ((False, False), (True, False), (True, True)):
         for path in ("colocate", "disagg"):
             for n in groups:
-                r = measure(path, n, args.group_size, steps, staggered)
+                r = measure(path, n, args.group_size, steps, staggered, gc_off)
                 results.append(r)
-                print(f"{r['completions']:9s} {path:8s} {n:6d} groups in flight: {r['us_per_group']:8.1f} us/group "
-                      f"({r['step_s'] * 1e3:8.1f} ms/step)", flush=True)
+                print(f"{r['completions']:9s} gc {r['gc']:7s} {path:8s} {n:6d} groups in flight: "
+                      f"{r['us_per_group']:8.1f} us/group ({r['step_s'] * 1e3:8.1f} ms/step)", flush=True)
 
     lines = [f"# Orchestration overhead ({'quick' if args.quick else 'full'} run)", "",
              f"InstantEngine, K={args.group_size} samples per group, {steps} steps per point (first step excluded); "
              f"target < {TARGET_US:g} us per group at 10,000 in flight.", "",
-             "| completions | path | groups in flight | us per group | us per sample | ms per step | growth vs smallest N |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| completions | Python GC | path | groups in flight | us per group | us per sample | ms per step | "
+             "per-group growth vs smallest N |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
-        base = next(b for b in results if b["path"] == r["path"] and b["completions"] == r["completions"])
-        lines.append(f"| {r['completions']} | {r['path']} | {r['groups_in_flight']:,} | {r['us_per_group']:.1f} | "
+        base = next(b for b in results if b["path"] == r["path"] and b["completions"] == r["completions"]
+                    and b["gc"] == r["gc"])
+        lines.append(f"| {r['completions']} | {r['gc']} | {r['path']} | {r['groups_in_flight']:,} | "
+                     f"{r['us_per_group']:.1f} | "
                      f"{r['us_per_sample']:.1f} | {r['step_s'] * 1e3:.1f} | "
                      f"{r['us_per_group'] / base['us_per_group']:.2f}x |")
     if args.metrics is not None:
@@ -216,7 +237,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                   "| completions | path | us per group | orchestration per step | share of perf/train_s | "
                   "share of perf/step_s |", "| --- | --- | --- | --- | --- | --- |"]
         for r in results:
-            if r["groups_in_flight"] != min(groups):
+            if r["groups_in_flight"] != min(groups) or r["gc"] != "default":
                 continue
             per_step_s = r["us_per_group"] * 1e-6 * args.default_batch_groups
             lines.append(f"| {r['completions']} | {r['path']} | {r['us_per_group']:.1f} | {per_step_s * 1e3:.2f} ms | "

@@ -89,8 +89,9 @@ def test_overhead_quick_runs_and_reports(tmp_path):
                        '{"step": 1, "perf/train_s": 0.5, "perf/step_s": 1.0}\n'
                        '{"step": 2, "perf/train_s": 0.7, "perf/step_s": 1.2}\n')
     results = ov.main(["--quick", "--out", str(tmp_path), "--metrics", str(metrics)])
-    assert {(r["path"], r["completions"]) for r in results} == {
-        (p, c) for p in ("colocate", "disagg") for c in ("burst", "staggered")}
+    assert {(r["path"], r["completions"], r["gc"]) for r in results} == {
+        (p, c, g) for p in ("colocate", "disagg") for c, g in (("burst", "default"), ("staggered", "default"),
+                                                                ("staggered", "off"))}
     for r in results:
         assert r["us_per_group"] > 0
         assert r["max_in_flight"] == r["groups_in_flight"]  # the whole batch was in flight at once
