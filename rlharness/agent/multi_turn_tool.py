@@ -154,6 +154,8 @@ class MultiTurnToolAgentLoop(SingleTurnAgentLoop):
         output = await self._run_tool(call)
         text = self.conf.tool_output_start + output[: self.conf.max_tool_output_chars] + self.conf.tool_output_end
         ids = self.encode(text)[:remaining]
+        if not ids:  # the same call would be found again, forever
+            raise ValueError(f"multi_turn_tool: encode({text!r}) returned no tokens")
         version = s.response_model_steps[-1]  # the version that wrote the call
         s.append_tokens(ids, [0.0] * len(ids), [version] * len(ids), mask=[0] * len(ids))
 

@@ -136,6 +136,8 @@ class MultiTurnToolAgentConf(AgentConf):
         _check(bool(self.tool_call_start), "agent.tool_call_start", self.tool_call_start, "a non-empty string")
         _check(bool(self.tool_call_end) and self.tool_call_end != self.tool_call_start, "agent.tool_call_end",
                self.tool_call_end, "a non-empty string different from agent.tool_call_start")
+        # An output must add tokens, or the loop would find the same call again.
+        _check(bool(self.tool_output_start), "agent.tool_output_start", self.tool_output_start, "a non-empty string")
         _check(self.max_tool_output_chars >= 1, "agent.max_tool_output_chars", self.max_tool_output_chars, ">= 1")
         _check(self.tool_timeout_s > 0, "agent.tool_timeout_s", self.tool_timeout_s, "> 0")
 

@@ -174,6 +174,8 @@ def test_tool_names_and_call_parsing():
     assert current_turn([5, 6], [1, 1]) == (0, 0)
     with pytest.raises(ConfigError, match="agent.tool_call_end"):
         MultiTurnToolAgentConf(tool_call_end="<tool>")
+    with pytest.raises(ConfigError, match="agent.tool_output_start"):
+        MultiTurnToolAgentConf(tool_output_start="")
     with pytest.raises(ConfigError, match="agent.tools"):
         MultiTurnToolAgentConf(tools=[])
     with pytest.raises(ValueError, match="needs `encode`"):
