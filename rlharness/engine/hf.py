@@ -362,7 +362,7 @@ class HFEngine(RolloutEngine):
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
         rows = RowParams.from_params([s.request.sampling for s in joining], self.vocab_size, self.device)
-        tokens, logprobs = sample_next(out.logits[:, -1, :], rows, self._generator)
+        tokens, logprobs = sample_next(out.logits[:, -1, :], rows, self._generator, positions=mask.sum(-1))
         fresh = kv.Batch(cache=cache, attention_mask=mask, next_tokens=tokens,
                          next_positions=mask.sum(-1))
         self._batch = kv.rebuild(self._batch, live, fresh)
@@ -381,7 +381,8 @@ class HFEngine(RolloutEngine):
         out = self.model(input_ids=b.next_tokens[:, None], attention_mask=mask,
                          position_ids=b.next_positions[:, None], past_key_values=b.cache,
                          use_cache=True)
-        tokens, logprobs = sample_next(out.logits[:, -1, :], self._rows, self._generator)
+        tokens, logprobs = sample_next(out.logits[:, -1, :], self._rows, self._generator,
+                                       positions=b.next_positions + 1)
         b.attention_mask, b.next_tokens, b.next_positions = mask, tokens, b.next_positions + 1
         with self._stats_lock:
             self._counters["steps"] += 1

@@ -299,3 +299,42 @@ def test_long_generation_grows_the_cache_buffers(lively):
                                                eos_token_ids=[]), go)
     for req, res in zip(reqs, results):
         assert res.token_ids == reference_greedy(model, req.prompt_ids, req.sampling.max_tokens, None)
+
+
+@pytest.mark.timeout(120)
+def test_seeded_requests_draw_the_same_tokens_in_any_batch_and_across_an_abort(lively):
+    """A per-request seed makes sampling independent of batch composition and of a
+    pause: the resume/determinism guarantees of sync runs rest on this."""
+    model, tok = lively
+    max_tokens = 30
+    target = _req(tok, 0, "123+456=", temperature=1.0, max_tokens=max_tokens, seed=1234)
+    others = [_req(tok, i, p, temperature=1.0, max_tokens=max_tokens, seed=i) for i, p in enumerate(PROMPTS[2:8], 1)]
+
+    async def alone(engine):
+        return await engine.generate(target)
+
+    async def crowded_then_continued(engine):
+        crowd = await asyncio.gather(engine.generate(target), *(engine.generate(r) for r in others))
+        task = asyncio.create_task(engine.generate(target))
+        others_tasks = [asyncio.create_task(engine.generate(r)) for r in others]
+        start = engine.tokens_total
+        while engine.tokens_total < start + 20:
+            await asyncio.sleep(0.001)
+        await engine.abort_all()
+        partial = await task
+        await asyncio.gather(*others_tasks)
+        rest = await engine.generate(GenerateRequest(
+            "cont", target.prompt_ids + partial.token_ids,
+            SamplingParams(temperature=1.0, max_tokens=max_tokens - len(partial.token_ids), seed=1234)))
+        return crowd[0], partial, rest
+
+    ref = _run(lambda: HFEngine.from_model(model, tok, HFEngineConf(max_batch_size=8), seed=1), alone)
+    crowd, partial, rest = _run(
+        lambda: HFEngine.from_model(model, tok, HFEngineConf(max_batch_size=3), seed=2), crowded_then_continued)
+    assert crowd.token_ids == ref.token_ids
+    assert partial.finish_reason == "abort" and 0 < len(partial.token_ids) < max_tokens
+    assert partial.token_ids + rest.token_ids == ref.token_ids
+    # Different seeds really differ (the draw is not ignoring the seed).
+    other = _run(lambda: HFEngine.from_model(model, tok, HFEngineConf()), lambda e: e.generate(
+        _req(tok, 9, "123+456=", temperature=1.0, max_tokens=max_tokens, seed=999)))
+    assert other.token_ids != ref.token_ids
