@@ -6,6 +6,8 @@
 training side as actors behind a `RemoteBackend` (backend=deepspeed: one actor per
 rank; mode=disagg with another backend: one actor hosting it). Both implement the
 same async interfaces as local objects, so the trainer and manager do not change.
+Weights go from training rank 0 to the engines through the object store, or, when
+both sides hold GPUs, by broadcast in a group of their own (`collective`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import logging
 from typing import Any
 
 from rlharness.config.schema import LocalRayClusterConf, RunConf
+from rlharness.distributed.collective import choose_weight_transfer
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,9 @@ def build_remote_components(conf: RunConf) -> tuple[Any, Any]:
 
     connect_ray(conf.cluster)
     (engine_cpus, engine_gpus), (trainer_cpus, trainer_gpus) = actor_resources(conf)
+    transfer = choose_weight_transfer(engine_gpus, trainer_gpus) if conf.mode == "disagg" else "object_store"
+    if conf.mode == "disagg":
+        set_driver_threads(conf, engine_cpus, trainer_cpus)
     engine = backend = None
     try:
         if conf.backend.name == "deepspeed":
@@ -51,15 +57,38 @@ def build_remote_components(conf: RunConf) -> tuple[Any, Any]:
         if conf.mode == "disagg":
             from rlharness.distributed.spawn import spawn_engines
 
+            # A restarted engine cannot rejoin a broadcast group: no restarts there (resume instead).
             engine = spawn_engines(conf.engine, conf.model, conf.seed, cpus=engine_cpus, gpus=engine_gpus,
-                                   timeout_s=conf.timeout_s, max_restarts=ENGINE_MAX_RESTARTS)
-    except BaseException:
-        if backend is not None:
-            import asyncio
+                                   timeout_s=conf.timeout_s,
+                                   max_restarts=0 if transfer == "nccl" else ENGINE_MAX_RESTARTS)
+            if transfer == "nccl":
+                from rlharness.distributed.collective import setup_weight_group
 
+                setup_weight_group(backend, engine, "nccl", conf.timeout_s)
+    except BaseException:
+        import asyncio
+
+        if engine is not None:
+            asyncio.run(engine.close())
+        if backend is not None:
             asyncio.run(backend.close())
         raise
     return engine, backend
+
+
+def set_driver_threads(conf: RunConf, engine_cpus: float, trainer_cpus: float) -> None:
+    """The driver runs the producer (Python, little torch): its torch threads get what the actors leave.
+
+    On a small machine the leftover is under one CPU, and OpenMP threads spinning
+    against busy actors cost far more than they help (measured: a 2-thread decode
+    step 30x slower on 2 busy cores), so the driver uses one thread there.
+    """
+    import torch
+
+    if isinstance(conf.cluster, LocalRayClusterConf):
+        workers = conf.backend.num_workers if conf.backend.name == "deepspeed" else 1
+        left = conf.cluster.num_cpus - conf.engine.num_engines * engine_cpus - workers * trainer_cpus
+        torch.set_num_threads(max(1, int(left)))
 
 
 def start_backend_actor(conf: RunConf, cpus: float, gpus: float):
@@ -73,4 +102,5 @@ def start_backend_actor(conf: RunConf, cpus: float, gpus: float):
     return spawn_train_workers(factory, 1, cpus, gpus, {}, conf.timeout_s, name=conf.backend.name)
 
 
-__all__ = ["ENGINE_MAX_RESTARTS", "actor_resources", "build_remote_components", "start_backend_actor"]
+__all__ = ["ENGINE_MAX_RESTARTS", "actor_resources", "build_remote_components", "set_driver_threads",
+           "start_backend_actor"]

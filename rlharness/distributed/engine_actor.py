@@ -1,7 +1,10 @@
 """The rollout engine as a Ray actor: `EngineActor` hosts one engine built by `build_engine`.
 
-It is an async actor (many concurrent `generate` calls share its event loop, the
-engine does its own batching). After Ray restarts it (`max_restarts`), the fresh
+It is an async actor (many concurrent calls share its event loop, the engine does
+its own batching). The driver-side proxy sends requests in batches
+(`generate_batch`, a streaming call: each result comes back as soon as it is done,
+with its index in the batch), because one Ray call per request costs more CPU than
+decoding a tiny model's response; `generate` (one request) stays for other callers. After Ray restarts it (`max_restarts`), the fresh
 process holds the initial weights, not the ones the run has reached: it refuses to
 serve (`EngineNeedsWeights`) until the driver-side proxy has re-sent the current
 weights (or confirmed none were ever pushed). Each incarnation has its own
@@ -10,11 +13,12 @@ weights (or confirmed none were ever pushed). Each incarnation has its own
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import uuid
 import warnings
-from typing import Any
+from typing import Any, AsyncIterator
 
 from rlharness.config.schema import EngineConf, ModelConf
 from rlharness.engine.base import GenerateRequest, GenerateResult
@@ -23,6 +27,16 @@ log = logging.getLogger(__name__)
 
 # Concurrent calls one engine actor accepts: every in-flight generate holds one.
 ENGINE_MAX_CONCURRENCY = 4096
+
+
+# What `generate_batch` yields per finished request: (index in the batch, result, error).
+BatchItem = tuple[int, "GenerateResult | None", "BaseException | None"]
+
+
+def _outcome(task: asyncio.Task) -> tuple[GenerateResult | None, BaseException | None]:
+    if task.cancelled():
+        return None, None
+    return task.result() if task.exception() is None else None, task.exception()
 
 
 class EngineNeedsWeights(RuntimeError):
@@ -48,6 +62,7 @@ class EngineActor:
         self.needs_weights = bool(restarted)
         self.engine = build_engine(engine_conf, model_conf, seed)
         self.versions_loaded: list[int] = []
+        self._running: dict[str, asyncio.Task] = {}  # request_id -> its generate task (for cancel)
         log.info("engine actor %s (instance %s, pid %d) up%s", name, self.instance_id, os.getpid(),
                  " after a restart: waiting for weights" if restarted else "")
 
@@ -56,13 +71,63 @@ class EngineActor:
             raise EngineNeedsWeights(f"engine actor {self.name} restarted and has no weights yet")
         return await self.engine.generate(request)
 
+    async def generate_batch(self, requests: list[GenerateRequest]) -> AsyncIterator[list[BatchItem]]:
+        """Start every request now; yield `(index, result, error)` for each as it finishes.
+
+        Results that finish together travel together (one yield), so a batch costs a
+        handful of object transfers, not one per request. A request cancelled through
+        `cancel` yields `(index, None, None)`.
+        """
+        if self.needs_weights:
+            raise EngineNeedsWeights(f"engine actor {self.name} restarted and has no weights yet")
+        tasks = [asyncio.ensure_future(self.engine.generate(r)) for r in requests]
+        index = {t: i for i, t in enumerate(tasks)}
+        for r, t in zip(requests, tasks):
+            self._running[r.request_id] = t
+        pending = set(tasks)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                yield [(index[t], *_outcome(t)) for t in done]
+        finally:  # the caller went away (cancelled stream): free the engine's slots
+            for t in pending:
+                t.cancel()
+            for r, t in zip(requests, tasks):
+                if self._running.get(r.request_id) is t:
+                    del self._running[r.request_id]
+
+    def cancel(self, request_ids: list[str]) -> int:
+        """Cancel these requests (their engine slots are freed); returns how many were running."""
+        found = [self._running[i] for i in request_ids if i in self._running]
+        for t in found:
+            t.cancel()
+        return len(found)
+
     async def abort_all(self) -> int:
         return await self.engine.abort_all()
 
-    async def load_weights(self, state: dict[str, Any], version: int) -> None:
+    async def load_weights(self, state: dict[str, Any], version: int) -> dict[str, float]:
+        """Load, then answer with the engine's counters (saves the proxy a `stats` call per sync)."""
         await self.engine.load_weights(state, version)
         self.versions_loaded.append(int(version))
         self.needs_weights = False
+        return self.engine.stats()
+
+    async def weight_group_join(self, backend: str, host: str, port: int, rank: int, world_size: int,
+                                timeout_s: float) -> None:
+        """Join the weight broadcast group with training rank 0 (GPU runs; see `collective`)."""
+        from rlharness.distributed.collective import WeightGroupMember
+
+        self.weight_member = await asyncio.to_thread(WeightGroupMember, backend, host, port, rank, world_size,
+                                                     timeout_s)
+
+    async def weight_group_receive(self, version: int) -> dict[str, float]:
+        """Receive a version by broadcast (in a thread: the loop keeps serving), then load it."""
+        member = getattr(self, "weight_member", None)
+        if member is None:
+            raise RuntimeError(f"engine actor {self.name}: weight_group_receive before weight_group_join")
+        state = await asyncio.to_thread(member.receive, version)
+        return await self.load_weights(state, version)
 
     def mark_ready(self) -> None:
         """The run never pushed weights: the initial ones this process loaded are current."""

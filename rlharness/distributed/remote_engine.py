@@ -1,6 +1,8 @@
 """Driver-side proxies that make engine actors look like local `RolloutEngine`s.
 
-`RemoteEngine` awaits one `EngineActor` (Ray ObjectRefs are awaitable):
+`RemoteEngine` talks to one `EngineActor`; `generate` calls made within
+`coalesce_window_s` of each other travel in one streaming actor call
+(`RequestBatcher`), each answered as soon as its own request finishes:
 - a request that was in flight when the actor died comes back as finish "abort"
   with no tokens, so the agent loop marks it ABORTED and the manager puts its group
   back in the buffer to be sampled again; the proxy counts it (`requests_failed`);
@@ -22,9 +24,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, RayActorError
 
+from rlharness.distributed.collective import CollectiveWeights
 from rlharness.distributed.engine_actor import EngineNeedsWeights
+from rlharness.distributed.request_batcher import RequestBatcher, result_or_abort
 from rlharness.distributed.weights import RemoteWeights, WeightSyncTimeout, to_object_ref
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
 from rlharness.engine.router import EngineRouter
@@ -35,6 +39,8 @@ ACTOR_GONE = (RayActorError, ActorUnavailableError)
 # A restarted actor refusing to serve is re-synced and asked again at most this often per request.
 MAX_RESYNCS_PER_REQUEST = 3
 RESTART_POLL_S = 0.2
+# Requests made within this long of each other go to the actor in one call (see request_batcher).
+COALESCE_WINDOW_S = 0.002
 
 
 class EngineLost(RuntimeError):
@@ -50,8 +56,10 @@ def _now() -> float | None:
 
 class RemoteEngine(RolloutEngine):
     def __init__(self, actor: Any, name: str, timeout_s: float, placement_group: Any = None,
-                 start_timeout_s: float | None = None) -> None:
+                 start_timeout_s: float | None = None, coalesce_window_s: float = COALESCE_WINDOW_S) -> None:
         self.actor = actor
+        self._batcher = RequestBatcher(actor, name, coalesce_window_s)
+        self._closing = False
         self.placement_group = placement_group  # removed on close when this proxy owns it
         self.name = name
         self.timeout_s = timeout_s
@@ -81,9 +89,9 @@ class RemoteEngine(RolloutEngine):
             if self._resync_needed:
                 await self._resync()
             self._enter()
-            ref = self.actor.generate.remote(request)
+            fut = self._batcher.submit(request)
             try:
-                return await ref
+                return await fut
             except EngineNeedsWeights:  # restarted while idle: nothing was generated, ask again
                 self._resync_needed = True
             except ACTOR_GONE as exc:
@@ -91,15 +99,17 @@ class RemoteEngine(RolloutEngine):
                 self.requests_failed += 1
                 log.warning("engine %s: request %s lost with the actor (%s); returned as aborted",
                             self.name, request.request_id, type(exc).__name__)
-                return GenerateResult(request.request_id, [], [], [], "abort")
+                return result_or_abort(request)
             except asyncio.CancelledError:
-                ray.cancel(ref)  # free the engine's slot too
+                if fut.cancelled() and not self._closing:
+                    self._batcher.cancel(request)  # free the engine's slot too
                 raise
             finally:
                 self._leave()
         raise EngineLost(f"engine {self.name}: still without weights after {MAX_RESYNCS_PER_REQUEST} re-syncs")
 
     async def abort_all(self) -> int:
+        self._batcher.flush()  # queued requests reach the engine before the abort does
         try:
             return int(await asyncio.wait_for(self.actor.abort_all.remote(), self.timeout_s))
         except ACTOR_GONE:  # its requests fail (and come back aborted) on their own
@@ -110,6 +120,11 @@ class RemoteEngine(RolloutEngine):
         if version < self._version:
             raise ValueError(f"engine {self.name}: weight version {version} arrived after version "
                              f"{self._version}; versions must not go back")
+        if isinstance(state, CollectiveWeights):
+            async with self._get_lock():
+                self._target = (state, int(version))
+                self._loaded(int(version), (await state.transfer([self.actor], int(version)))[0])
+            return
         ref = to_object_ref(state)
         async with self._get_lock():
             self._target = (ref, int(version))  # what a restarted actor must get, even if this push fails
@@ -119,9 +134,10 @@ class RemoteEngine(RolloutEngine):
                 log.warning("engine %s died during load_weights(version=%d); waiting for its restart",
                             self.name, version)
                 await self._resync_locked()
-        await self._refresh_stats()
 
     async def close(self) -> None:
+        self._closing = True
+        await self._batcher.close()
         try:
             await asyncio.wait_for(self.actor.close.remote(), self.timeout_s)
         except Exception as exc:  # noqa: BLE001 - closing a dead or hung actor must still kill it
@@ -146,7 +162,9 @@ class RemoteEngine(RolloutEngine):
                 self._busy_since = now
         out = dict(self._engine_stats)
         out.setdefault("busy_frac", inflight_frac)
+        b = self._batcher
         out.update({"inflight_frac": inflight_frac, "in_flight": float(self._in_flight),
+                    "requests_per_call": b.requests / b.calls if b.calls else 0.0,
                     "restarts": float(self.restarts), "requests_failed": float(self.requests_failed),
                     "weight_loads": float(self.weight_loads), "version": float(self._version)})
         return out
@@ -180,13 +198,18 @@ class RemoteEngine(RolloutEngine):
     async def _push(self, ref: Any, version: int) -> None:
         call = self.actor.load_weights.remote(ref, version)
         try:
-            await asyncio.wait_for(call, self.timeout_s)
+            stats = await asyncio.wait_for(call, self.timeout_s)
         except asyncio.TimeoutError:
             ray.cancel(call)
             raise WeightSyncTimeout(f"engine {self.name}: load_weights(version={version}) did not finish "
                                     f"within timeout_s={self.timeout_s:g}") from None
+        self._loaded(version, stats)
+
+    def _loaded(self, version: int, stats: Any) -> None:
         self._version = version
         self.weight_loads += 1
+        if isinstance(stats, dict):  # the actor answers with its counters: no extra round trip
+            self._engine_stats = dict(stats)
 
     async def _resync(self) -> None:
         async with self._get_lock():
@@ -213,17 +236,14 @@ class RemoteEngine(RolloutEngine):
                         self.name, info["instance_id"], info["pid"],
                         self._target[1] if self._target else "0 (initial)")
         if info["needs_weights"] or (self._target is not None and info["version"] != self._target[1]):
+            if self._target is not None and isinstance(self._target[0], CollectiveWeights):
+                raise EngineLost(f"engine {self.name} restarted, but a {self._target[0].group.backend} weight "
+                                 f"group cannot re-admit a member; resume the run from its last checkpoint")
             if self._target is not None:
                 await self._push(*self._target)
             else:
                 await asyncio.wait_for(self.actor.mark_ready.remote(), self.timeout_s)
         self._resync_needed = False
-
-    async def _refresh_stats(self) -> None:
-        try:
-            self._engine_stats = dict(await asyncio.wait_for(self.actor.stats.remote(), self.timeout_s))
-        except (asyncio.TimeoutError, GetTimeoutError, *ACTOR_GONE) as exc:
-            log.warning("engine %s: stats unavailable (%r)", self.name, exc)
 
 
 def _remove(owner: Any) -> None:
@@ -244,6 +264,16 @@ class RayEngineRouter(EngineRouter):
         _remove(self)
 
     async def load_weights(self, state: Mapping[str, Any] | Any, version: int) -> None:
+        if isinstance(state, CollectiveWeights):  # one broadcast reaches every engine at once
+            for e in self.engines:
+                if version < e.version:
+                    raise ValueError(f"engine {e.name}: weight version {version} arrived after version "
+                                     f"{e.version}; versions must not go back")
+            stats = await state.transfer([e.actor for e in self.engines], int(version))
+            for e, st in zip(self.engines, stats):
+                e._target = (state, int(version))
+                e._loaded(int(version), st)
+            return
         await super().load_weights(to_object_ref(state), version)
 
     def stats(self) -> dict[str, float]:

@@ -24,6 +24,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from rlharness.backend.base import TrainingBackend
+from rlharness.distributed.collective import CollectiveWeights
 from rlharness.distributed.placement import in_bundle, make_placement_group, wait_all
 from rlharness.distributed.weights import RemoteWeights
 from rlharness.types import TrainBatch
@@ -62,6 +63,21 @@ class TrainWorkerActor:
             result = await result
         return result
 
+    async def weight_group_join(self, backend: str, host: str, port: int, rank: int, world_size: int,
+                                timeout_s: float) -> None:
+        """Join the weight broadcast group with the engines (rank 0 only; see `collective`)."""
+        from rlharness.distributed.collective import WeightGroupMember
+
+        self.weight_member = await asyncio.to_thread(WeightGroupMember, backend, host, port, rank, world_size,
+                                                     timeout_s)
+
+    async def weight_group_send(self, version: int) -> None:
+        """Every rank takes the weights (ZeRO-3 gathers collectively); the group member broadcasts them."""
+        state = await self.call("get_weights")
+        member = getattr(self, "weight_member", None)
+        if member is not None:
+            await asyncio.to_thread(member.send, state, version)
+
     async def call_and_put(self, method: str, *args: Any) -> list[Any]:
         """Like `call`, but the result stays in the object store; returns [ref] (None -> [])."""
         result = await self.call(method, *args)
@@ -78,10 +94,17 @@ class RemoteBackend(TrainingBackend):
         self.names = names
         self.timeout_s = timeout_s
         self.placement_group = placement_group
+        # Set by `collective.setup_weight_group` (GPU runs): weights then go by broadcast.
+        self.weight_group: Any = None
 
     async def _on_all(self, method: str, *args: Any, put: bool = False) -> list[Any]:
-        """Call `method` on every worker at once; results in rank order."""
-        refs = [(a.call_and_put if put else a.call).remote(method, *args) for a in self.actors]
+        """Call the backend's `method` on every worker at once; results in rank order."""
+        return await self._on_all_actors("call_and_put" if put else "call", method, *args)
+
+    async def _on_all_actors(self, actor_method: str, *args: Any) -> list[Any]:
+        """Call the actors' own `actor_method` on every worker at once; results in rank order."""
+        method = args[0] if actor_method in ("call", "call_and_put") else actor_method
+        refs = [getattr(a, actor_method).remote(*args) for a in self.actors]
         tasks = [asyncio.ensure_future(_await(r)) for r in refs]
         # The first failure ends the wait: its peers may be blocked in a collective with it.
         _, pending = await asyncio.wait(tasks, timeout=self.timeout_s, return_when=asyncio.FIRST_EXCEPTION)
@@ -105,7 +128,10 @@ class RemoteBackend(TrainingBackend):
         ref = ray.put(batch)  # one copy for every rank
         return (await self._on_all("train_step", ref))[0]
 
-    async def get_weights(self) -> RemoteWeights:
+    async def get_weights(self) -> RemoteWeights | CollectiveWeights:
+        """The object-store copy rank 0 made; or, with a weight group, a handle the engines broadcast from."""
+        if self.weight_group is not None:
+            return CollectiveWeights(self.weight_group, self._on_all_actors)
         results = await self._on_all("get_weights", put=True)
         if not results[0]:
             raise RuntimeError(f"training worker {self.names[0]} (rank 0) returned no weights")

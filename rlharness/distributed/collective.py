@@ -1,0 +1,254 @@
+"""GPU weight transfer: a broadcast group between training rank 0 and every engine.
+
+When trainers and engines sit on CUDA devices, copying a weight version through the
+Ray object store means GPU -> host -> shared memory -> host -> GPU for every engine.
+Instead, training rank 0 (group rank 0) and the engines (ranks 1..n) form their own
+process group, separate from any training group: a `TCPStore` at rank 0's node is
+the rendezvous, `ProcessGroupNCCL` (or `ProcessGroupGloo`, the same code path on CPU,
+which is how it is tested here) the transport. A transfer is:
+
+1. rank 0 writes the version's tensor specs (name, shape, dtype) into the store;
+2. same-dtype tensors are flattened into buckets of at most `bucket_bytes`, and each
+   bucket is broadcast from rank 0; receivers split them back into named tensors;
+3. each engine loads the received dict as that version.
+
+Every step is bounded by the group's timeout: reading the specs (the store's
+timeout), each broadcast (`Work.wait(timeout)`; NCCL's watchdog also aborts a
+communicator stuck past it), and the driver's wait (`WeightSyncTimeout`). A hung
+peer raises; it never blocks forever.
+
+Driver side, `CollectiveWeights` is what `RemoteBackend.get_weights()` returns once
+`setup_weight_group` has run: it behaves like the object-store `RemoteWeights` for
+the trainer (pass it to `engine.load_weights(weights, version)`), and the engine
+proxies call `transfer` with their actors. A broadcast needs every member, so a
+group's transfer always includes every engine; an engine restarted by Ray cannot
+rejoin the communicator (its proxy raises `EngineLost`; resume from a checkpoint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Mapping
+
+import torch
+
+log = logging.getLogger(__name__)
+
+BUCKET_BYTES = 256 << 20
+_SPECS_KEY = "weights/specs/{version}"
+
+
+class WeightGroupError(RuntimeError):
+    """The weight broadcast group could not be formed or a transfer failed (names the member)."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name without the "torch." prefix, e.g. "bfloat16"
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+
+def tensor_specs(state: Mapping[str, torch.Tensor]) -> list[TensorSpec]:
+    return [TensorSpec(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in state.items()]
+
+
+def plan_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[int]]:
+    """Indices of `specs` grouped into buckets: one dtype per bucket, at most `bucket_bytes` each
+    (a tensor larger than that gets a bucket of its own). Order within a dtype is kept."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes={bucket_bytes} must be > 0")
+    buckets: list[list[int]] = []
+    open_bucket: dict[str, tuple[list[int], int]] = {}
+    for i, spec in enumerate(specs):
+        size = spec.numel * torch.empty((), dtype=spec.torch_dtype).element_size()
+        current = open_bucket.get(spec.dtype)
+        if current is None or current[1] + size > bucket_bytes:
+            current = ([], 0)
+            buckets.append(current[0])
+        current[0].append(i)
+        open_bucket[spec.dtype] = (current[0], current[1] + size)
+    return buckets
+
+
+def make_process_group(backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> Any:
+    """A process group of its own (not the default one): TCPStore rendezvous at host:port (rank 0 serves)."""
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=True)
+    if backend == "gloo":
+        pg = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    elif backend == "nccl":
+        if not dist.is_nccl_available():
+            raise WeightGroupError("weight group backend=nccl, but this torch build has no NCCL")
+        options = dist.ProcessGroupNCCL.Options()
+        options.is_high_priority_stream = False
+        options._timeout = timeout  # the watchdog aborts a collective stuck past this
+        pg = dist.ProcessGroupNCCL(store, rank, world_size, options)
+    else:
+        raise WeightGroupError(f"weight group backend={backend!r} is not one of gloo, nccl")
+    return store, pg
+
+
+class WeightGroupMember:
+    """One process's place in the group (lives inside a training or engine actor)."""
+
+    def __init__(self, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float,
+                 bucket_bytes: int = BUCKET_BYTES) -> None:
+        self.backend, self.rank, self.world_size = backend, rank, world_size
+        self.timeout_s, self.bucket_bytes = timeout_s, bucket_bytes
+        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.store, self.pg = make_process_group(backend, host, port, rank, world_size, timeout_s)
+        self._last_version: int | None = None
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        import torch.distributed as dist
+
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        opts.rootTensor = 0
+        work = self.pg.broadcast([tensor], opts)
+        if not work.wait(timedelta(seconds=self.timeout_s)):
+            raise TimeoutError(f"weight broadcast (rank {self.rank}) did not finish within {self.timeout_s:g} s")
+
+    def send(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Rank 0: publish the specs, broadcast every bucket."""
+        if self.rank != 0:
+            raise WeightGroupError(f"send on rank {self.rank}: only rank 0 (training rank 0) sends")
+        specs = tensor_specs(state)
+        self.store.set(_SPECS_KEY.format(version=version), pickle.dumps(specs))
+        if self._last_version is not None:  # receivers read it before the broadcast could finish
+            self.store.delete_key(_SPECS_KEY.format(version=self._last_version))
+        self._last_version = version
+        tensors = list(state.values())
+        with torch.no_grad():
+            for bucket in plan_buckets(specs, self.bucket_bytes):
+                flat = torch.cat([tensors[i].detach().reshape(-1).to(self.device) for i in bucket])
+                self._broadcast(flat)
+
+    def receive(self, version: int) -> dict[str, torch.Tensor]:
+        """Ranks 1..n: read the specs of `version`, receive every bucket, return named tensors."""
+        if self.rank == 0:
+            raise WeightGroupError("receive on rank 0: rank 0 sends")
+        key = _SPECS_KEY.format(version=version)
+        self.store.wait([key], timedelta(seconds=self.timeout_s))  # raises after the timeout
+        specs: list[TensorSpec] = pickle.loads(self.store.get(key))
+        out: dict[str, torch.Tensor] = {}
+        for bucket in plan_buckets(specs, self.bucket_bytes):
+            flat = torch.empty(sum(specs[i].numel for i in bucket), dtype=specs[bucket[0]].torch_dtype,
+                               device=self.device)
+            self._broadcast(flat)
+            offset = 0
+            for i in bucket:
+                n = specs[i].numel
+                out[specs[i].name] = flat[offset:offset + n].view(specs[i].shape)
+                offset += n
+        return out
+
+
+def choose_weight_transfer(engine_gpus: float, trainer_gpus: float) -> str:
+    """"nccl" when both sides hold GPUs (a broadcast group), else "object_store"."""
+    return "nccl" if engine_gpus > 0 and trainer_gpus > 0 else "object_store"
+
+
+@dataclass
+class WeightGroup:
+    """Driver-side handle: who is in the group (training actors, engine actors in rank order)."""
+
+    train_actors: list[Any]
+    engine_actors: list[Any]
+    backend: str
+    timeout_s: float
+
+
+class CollectiveWeights:
+    """A weight version that travels by broadcast from training rank 0 when an engine loads it."""
+
+    def __init__(self, group: WeightGroup, call_trainers: Any) -> None:
+        self.group = group
+        self._call_trainers = call_trainers  # async (method, *args) -> results: every training rank
+
+    def __repr__(self) -> str:
+        return f"CollectiveWeights({self.group.backend}, {len(self.group.engine_actors)} engine(s))"
+
+    async def transfer(self, engine_actors: list[Any], version: int) -> list[dict[str, float]]:
+        """Broadcast to every engine and load as `version`; the engines' counters come back."""
+        from rlharness.distributed.weights import WeightSyncTimeout
+
+        if set(map(id, engine_actors)) != set(map(id, self.group.engine_actors)):
+            raise WeightGroupError(f"a broadcast needs every member: {len(engine_actors)} engine(s) given, "
+                                   f"the group has {len(self.group.engine_actors)}")
+        send = asyncio.ensure_future(self._call_trainers("weight_group_send", version))
+        receives = [asyncio.ensure_future(_await(a.weight_group_receive.remote(version)))
+                    for a in self.group.engine_actors]
+        members = [send, *receives]
+        names = ["training rank 0", *(f"engine {i}" for i in range(len(receives)))]
+        try:
+            # The members time out on their own (timeout_s); the margin covers the calls' round trips.
+            done, pending = await asyncio.wait(members, timeout=self.group.timeout_s + 5.0,
+                                               return_when=asyncio.FIRST_EXCEPTION)
+            failed = [(n, f.exception()) for n, f in zip(names, members) if f in done and f.exception()]
+            if failed:
+                name, exc = failed[0]
+                raise WeightGroupError(f"weight broadcast (version {version}, {self.group.backend}) failed at "
+                                       f"{name}: {type(exc).__name__}: {exc}") from exc
+            if pending:
+                late = [n for n, f in zip(names, members) if f in pending]
+                raise WeightSyncTimeout(f"weight broadcast (version {version}, {self.group.backend}): {late} did "
+                                        f"not finish within timeout_s={self.group.timeout_s:g}")
+        finally:
+            for f in members:
+                if not f.done():
+                    f.cancel()
+        return [f.result() for f in receives]
+
+
+async def _await(ref: Any) -> Any:
+    return await ref
+
+
+def setup_weight_group(train_backend: Any, engine: Any, backend: str, timeout_s: float) -> WeightGroup:
+    """Form the group (training rank 0 + every engine actor) and attach it to `train_backend`.
+
+    `train_backend` is a `RemoteBackend`; `engine` a `RemoteEngine` or `RayEngineRouter`.
+    Blocking (called while building the run); raises `WeightGroupError` naming a member
+    that fails or does not join within `timeout_s`.
+    """
+    from rlharness.distributed.placement import wait_all
+
+    engines = list(getattr(engine, "engines", [engine]))
+    engine_actors = [e.actor for e in engines]
+    world_size = 1 + len(engine_actors)
+    sender = train_backend.actors[0]
+    host, port = wait_all([sender.address.remote()], [train_backend.names[0]], "weight group address", timeout_s)[0]
+    joins = [sender.weight_group_join.remote(backend, host, port, 0, world_size, timeout_s)]
+    joins += [a.weight_group_join.remote(backend, host, port, i + 1, world_size, timeout_s)
+              for i, a in enumerate(engine_actors)]
+    names = [train_backend.names[0], *(e.name for e in engines)]
+    try:
+        wait_all(joins, names, f"joining the {backend} weight group at {host}:{port}", timeout_s + 5.0)
+    except (RuntimeError, TimeoutError) as exc:
+        raise WeightGroupError(str(exc)) from exc
+    group = WeightGroup(list(train_backend.actors), engine_actors, backend, timeout_s)
+    train_backend.weight_group = group
+    for e in engines:
+        e.weight_group = group
+    log.info("weight group (%s) formed: training rank 0 + %d engine(s), rendezvous %s:%d",
+             backend, len(engine_actors), host, port)
+    return group

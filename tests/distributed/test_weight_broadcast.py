@@ -1,0 +1,151 @@
+"""Weight transfer by broadcast group (rlharness.distributed.collective).
+
+The GPU path is NCCL; here the same code path runs with gloo between real Ray actors
+(a training actor hosting a TorchBackend, engine actors), which tests the mechanism:
+rendezvous, specs through the store, bucketed broadcast, loading as a version, and
+a missing sender raising instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import sys
+
+import pytest
+import torch
+from ray import cloudpickle as ray_cloudpickle
+
+from rlharness.config.schema import AlgoConf, ModelConf, SimEngineConf, TorchBackendConf
+from rlharness.distributed.collective import (
+    CollectiveWeights,
+    TensorSpec,
+    WeightGroupError,
+    choose_weight_transfer,
+    plan_buckets,
+    setup_weight_group,
+)
+from rlharness.distributed.engine_actor import EngineActor
+from rlharness.distributed.spawn import spawn_engines
+from rlharness.distributed.train_actor import spawn_train_workers
+
+SIM = SimEngineConf(mean_response_len=4, cv=0.5, time_per_token_s=0.001, slots=8)
+
+
+def test_buckets_hold_one_dtype_and_respect_the_cap():
+    specs = [TensorSpec("a", (4,), "float32"), TensorSpec("b", (2, 2), "bfloat16"),
+             TensorSpec("c", (8,), "float32"), TensorSpec("d", (100,), "float32"), TensorSpec("e", (1,), "bfloat16")]
+    buckets = plan_buckets(specs, bucket_bytes=48)  # 12 float32
+    assert sorted(i for b in buckets for i in b) == [0, 1, 2, 3, 4]
+    for b in buckets:
+        assert len({specs[i].dtype for i in b}) == 1
+        assert b == sorted(b)
+    assert [0, 2] in buckets  # 16 + 32 bytes fit together
+    assert [3] in buckets  # larger than the cap: a bucket of its own
+    assert [1, 4] in buckets
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        plan_buckets(specs, 0)
+
+
+def test_nccl_is_chosen_only_when_both_sides_hold_gpus():
+    assert choose_weight_transfer(1.0, 1.0) == "nccl"
+    assert choose_weight_transfer(0.0, 1.0) == choose_weight_transfer(1.0, 0.0) == "object_store"
+
+
+class RecordingEngineActor(EngineActor):
+    """A real engine actor that also keeps the last state dict it loaded."""
+
+    async def load_weights(self, state, version):
+        self.last_state = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+        self.last_devices = {k: v.device.type for k, v in state.items()}
+        return await super().load_weights(state, version)
+
+    def last_loaded(self):
+        return self.last_state
+
+    def last_loaded_devices(self):
+        return self.last_devices
+
+
+ray_cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _torch_backend_factory(model_dir: str):
+    from rlharness.backend.torch_backend import TorchBackend
+
+    def factory(rank, addr, port):
+        return functools.partial(TorchBackend, TorchBackendConf(), ModelConf(path=model_dir), AlgoConf(name="grpo"),
+                                 10, 0)
+    return factory
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(180)
+def test_gloo_broadcast_group_delivers_the_trainers_exact_weights(ray_session, tiny_model_dir):
+    backend = spawn_train_workers(_torch_backend_factory(tiny_model_dir), 1, 0.5, 0, {}, 60, name="bcast")
+    engine = spawn_engines(dataclasses.replace(SIM, num_engines=2), ModelConf(path=tiny_model_dir), seed=0,
+                           cpus=0.5, gpus=0, timeout_s=60, actor_cls=RecordingEngineActor, name="bcast-engine")
+
+    async def main():
+        try:
+            expected = dict(await backend.get_weights())  # object-store path: the reference copy
+            group = setup_weight_group(backend, engine, "gloo", timeout_s=5.0)
+            assert backend.weight_group is group and len(group.engine_actors) == 2
+            for version in (1, 2):
+                weights = await backend.get_weights()
+                assert isinstance(weights, CollectiveWeights)
+                await engine.load_weights(weights, version)
+                assert engine.version == version
+                for e in engine.engines:
+                    got = await e.actor.last_loaded.remote()
+                    assert list(got) == list(expected)
+                    for name, tensor in expected.items():
+                        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+            infos = [await e.info() for e in engine.engines]
+            assert [i["versions_loaded"] for i in infos] == [[1, 2], [1, 2]]
+            assert engine.stats()["weight_loads"] == 4
+
+            # Nobody sends: the receivers' own timeout ends the transfer with an error naming a member.
+            async def never_sends(method, *args):
+                await asyncio.sleep(3600)
+
+            with pytest.raises(WeightGroupError, match=r"version 3.*failed at engine"):
+                await engine.load_weights(CollectiveWeights(group, never_sends), 3)
+            assert engine.version == 2
+            # The group is still usable after a timed-out wait.
+            await engine.load_weights(await backend.get_weights(), 4)
+            assert engine.version == 4
+            with pytest.raises(WeightGroupError, match="every member"):
+                await (await backend.get_weights()).transfer([engine.engines[0].actor], 5)
+        finally:
+            await engine.close()
+            await backend.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.gpu
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="the NCCL weight group needs 2 CUDA devices (a training actor and an engine actor)")
+def test_nccl_broadcast_group_on_two_gpus(ray_session, tiny_model_dir):
+    backend = spawn_train_workers(_torch_backend_factory(tiny_model_dir), 1, 0.5, 1, {}, 120, name="nccl")
+    engine = spawn_engines(dataclasses.replace(SIM, num_engines=1), ModelConf(path=tiny_model_dir), seed=0,
+                           cpus=0.5, gpus=1, timeout_s=120, actor_cls=RecordingEngineActor, name="nccl-engine")
+
+    async def main():
+        try:
+            expected = dict(await backend.get_weights())
+            setup_weight_group(backend, engine, "nccl", timeout_s=60.0)
+            await engine.load_weights(await backend.get_weights(), 1)
+            got = await engine.actor.last_loaded.remote()
+            assert set((await engine.actor.last_loaded_devices.remote()).values()) == {"cuda"}
+            for name, tensor in expected.items():
+                assert torch.equal(got[name], tensor), name
+        finally:
+            await engine.close()
+            await backend.close()
+
+    asyncio.run(main())
