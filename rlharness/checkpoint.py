@@ -13,12 +13,15 @@ import logging
 import os
 import re
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 DONE = "DONE"
+# Tests set this to a step number to SIGKILL the process in the middle of that checkpoint's write.
+KILL_IN_CHECKPOINT_ENV = "RLHARNESS_TEST_KILL_IN_CHECKPOINT"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
@@ -66,6 +69,8 @@ def commit_checkpoint(run_dir: str | Path, step: int, tmp: Path, keep: int,
     final = root / step_dir_name(step)
     (tmp / "meta.json").write_text(json.dumps({"step": step, **(meta or {})}, indent=1))
     _fsync_tree(tmp)
+    if os.environ.get(KILL_IN_CHECKPOINT_ENV) == str(step):  # fault injection for the resume tests
+        os.kill(os.getpid(), signal.SIGKILL)
     (tmp / DONE).write_text("ok\n")
     if final.exists():  # same step saved again (e.g. final save right after a periodic one)
         shutil.rmtree(final)

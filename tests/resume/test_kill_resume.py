@@ -1,0 +1,122 @@
+"""SIGKILL at random moments (and inside a checkpoint write), resume each time.
+
+sync: the same prompts in the same order with the same losses as the run left alone.
+async: nothing lost, nothing trained twice (the rollouts/ ledger and the final
+checkpoint's buffer account for every prompt drawn).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlharness.checkpoint import KILL_IN_CHECKPOINT_ENV, latest_checkpoint
+from rlharness.logging_utils.ledger import read_ledger
+from rlharness.logging_utils.metrics import read_metrics
+from tests.helpers import ROOT, run_in_process
+
+pytestmark = [pytest.mark.slow]
+
+SYNC = ["total_steps=8", "save_every=1", "eval_every=0", "logger.mode=disabled", "batch_size=8",
+        "sampler.prompt_repeat_k=4", "keep_checkpoints=2"]
+ASYNC = ["engine=sim", "backend=sim", "strategy=async", "max_staleness=1", "strategy.over_sample_threshold=0.5",
+         "strategy.enable_partial_rollout=true", "total_steps=40", "save_every=3", "eval_every=0",
+         "logger.mode=disabled", "batch_size=8", "sampler.prompt_repeat_k=2", "engine.time_per_token_s=0.004",
+         "engine.cv=1.5", "engine.mean_response_len=4"]
+
+
+def launch(run_dir: Path, overrides: list[str], env_extra: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, "WANDB_MODE": "disabled", **(env_extra or {})}
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
+                            cwd=run_dir.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def kill_and_resume_until_done(run_dir: Path, overrides: list[str], kills: int, seed: int,
+                               kill_in_checkpoint_step: int) -> int:
+    """Run to completion, SIGKILLing it `kills` times at random moments after progress."""
+    rng = random.Random(seed)
+    killed = 0
+    # First life: die inside the write of an early checkpoint (before its DONE marker).
+    proc = launch(run_dir, overrides, {KILL_IN_CHECKPOINT_ENV: str(kill_in_checkpoint_step)})
+    assert proc.wait(timeout=300) == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    tmp_dirs = list((run_dir / "checkpoints").glob(".tmp-*"))
+    assert tmp_dirs, "the kill should leave a half-written checkpoint behind"
+    killed += 1
+    while True:
+        before = latest_checkpoint(run_dir)
+        proc = launch(run_dir, overrides)
+        if killed <= kills:
+            deadline = time.monotonic() + 240
+            while latest_checkpoint(run_dir) == before and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)  # wait for progress, then kill at a random moment
+            time.sleep(rng.uniform(0.0, 1.5))
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=60)
+                killed += 1
+                continue
+        rc = proc.wait(timeout=600)
+        assert rc == 0, proc.stderr.read().decode()[-3000:]
+        return killed
+
+
+def trained_prompts(run_dir: Path) -> dict[int, list[tuple[int, int]]]:
+    trained, _ = read_ledger(run_dir)
+    by_step: dict[int, list[tuple[int, int]]] = {}
+    for r in trained:
+        by_step.setdefault(r["train_step"], []).append((r["epoch"], r["prompt_index"]))
+    return {k: sorted(v) for k, v in by_step.items()}
+
+
+@pytest.mark.timeout(900)
+def test_sync_killed_run_trains_exactly_like_the_uninterrupted_one(tmp_path):
+    reference = tmp_path / "reference"
+    run_in_process(reference, SYNC)
+    killed_dir = tmp_path / "killed"
+    killed_dir.mkdir()
+    kills = kill_and_resume_until_done(killed_dir, SYNC, kills=3, seed=0, kill_in_checkpoint_step=2)
+    assert kills >= 2
+    assert trained_prompts(killed_dir) == trained_prompts(reference)
+    ref_rows = {r["step"]: r for r in read_metrics(reference / "metrics.jsonl") if "train/loss" in r}
+    got_rows = {r["step"]: r for r in read_metrics(killed_dir / "metrics.jsonl") if "train/loss" in r}
+    assert sorted(got_rows) == sorted(ref_rows) == list(range(1, 9))
+    for step, ref in ref_rows.items():
+        assert got_rows[step]["rollout/reward_mean"] == ref["rollout/reward_mean"], step
+        assert got_rows[step]["train/loss"] == pytest.approx(ref["train/loss"], rel=1e-4, abs=1e-6), step
+
+
+@pytest.mark.timeout(900)
+def test_async_killed_run_loses_and_duplicates_nothing(tmp_path):
+    run_dir = tmp_path / "async"
+    run_dir.mkdir()
+    assert kill_and_resume_until_done(run_dir, ASYNC, kills=3, seed=1, kill_in_checkpoint_step=3) >= 2
+    trained, dropped = read_ledger(run_dir)
+    assert sorted({r["train_step"] for r in trained}) == list(range(1, 41))
+    # Each group is one (epoch, prompt) draw; no group appears twice anywhere.
+    trained_groups = {(r["epoch"], r["prompt_index"]) for r in trained}
+    dropped_groups = {(r["epoch"], r["prompt_index"]) for r in dropped}
+    per_group = Counter((r["epoch"], r["prompt_index"], r["group_id"]) for r in trained)
+    assert len({g[:2] for g in per_group}) == len(per_group), "a prompt was trained twice"
+    assert not trained_groups & dropped_groups, "a prompt was both trained and dropped"
+    for r in trained:
+        assert r["train_step"] - 1 - r["min_policy_version"] <= 1
+    _, ckpt = latest_checkpoint(run_dir)
+    state = torch.load(ckpt / "trainer.pt", weights_only=False)["producer"]
+    buffered = {(g[0]["epoch"], g[0]["prompt_index"]) for g in _buffer_groups(state["replay_buffer"])}
+    assert not buffered & (trained_groups | dropped_groups)
+    drawn = sum(s["drawn"] for s in state["samplers"].values())
+    assert len(trained_groups) + len(dropped_groups) + len(buffered) == drawn
+
+
+def _buffer_groups(buffer_state) -> list[list[dict]]:
+    """Groups held in a saved ReplayBuffer state, in flight ones included (saved as ABORTED)."""
+    return list(buffer_state["groups"]) + [g for g, _reason in buffer_state["dropped"]]
