@@ -7,7 +7,7 @@ where they are handed out.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from rlharness.config.schema import RunConf
@@ -98,8 +98,14 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
     replay_buffer = ReplayBuffer(max_staleness=conf.max_staleness, sync_weights_interval=conf.sync_weights_interval)
     sampler = Sampler(conf.sampler, task_data.name, task_data.train, encode, replay_buffer, conf.seed)
     # Text the agent loop inserts mid-response (tool output) must not get a BOS of its own.
-    agent_loop = build_agent_loop(conf.agent, engine, judger, decode,
-                                  encode=lambda text: tokenizer.encode(text, add_special_tokens=False))
+    def agent_loop_with(temperature: float | None = None, max_tokens: int | None = None):
+        sampling = conf.agent.sampling
+        if temperature is not None:
+            sampling = replace(sampling, temperature=temperature, max_tokens=max_tokens or sampling.max_tokens)
+        return build_agent_loop(replace(conf.agent, sampling=sampling), engine, judger, decode,
+                                encode=lambda text: tokenizer.encode(text, add_special_tokens=False))
+
+    agent_loop = agent_loop_with()
     manager = AgentLoopManager(
         tasks={task_data.name: (sampler, agent_loop)},
         strategy=build_strategy(conf.strategy),
@@ -108,6 +114,10 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
         max_staleness=conf.max_staleness,
         sync_weights_interval=conf.sync_weights_interval,
     )
-    evaluator = Evaluator(conf.eval, task_data.eval, encode, engine, judger,
-                          max_tokens=conf.agent.sampling.max_tokens, stop=conf.agent.sampling.stop, seed=conf.seed)
+    eval_tokens = conf.eval.max_tokens or conf.agent.sampling.max_tokens
+    evaluator = Evaluator(
+        conf.eval, task_data.name, task_data.eval, encode,
+        greedy_loop=agent_loop_with(temperature=0.0, max_tokens=eval_tokens),
+        sampled_loop=agent_loop_with(conf.eval.temperature, eval_tokens) if conf.eval.pass_k > 1 else None,
+        seed=conf.seed)
     return Components(tokenizer, encode, decode, task_data, judger, engine, manager, backend, evaluator)
