@@ -306,7 +306,7 @@ class HFEngine(RolloutEngine):
             for name, value in state.items():
                 self._params[name].copy_(value)
         self._version = version
-        log.info("hf engine: weights version %d loaded (%d tensors)", version, len(state))
+        log.debug("hf engine: weights version %d loaded (%d tensors)", version, len(state))
 
     def _abort_everything(self) -> int:
         seqs = [s for s in self._slots if s is not None] + self._waiting
