@@ -13,13 +13,17 @@ oldest token came from version v has staleness t - 1 - v.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from rlharness.build import Components
 from rlharness.checkpoint import CheckpointError, begin_checkpoint, commit_checkpoint, latest_checkpoint, read_meta
@@ -59,11 +63,13 @@ class Trainer:
                 self._log_row({"step": 0, **await self.c.evaluator.evaluate()})
             if conf.mode == "disagg":
                 producer = asyncio.create_task(self.c.manager.produce_loop())
-            for step in range(self.step + 1, conf.total_steps + 1):
-                last = await self._train_one_step(step, producer)
-                self._log_row(last)
-                if self._due(step, conf.save_every):
-                    await self._save()
+            with progress_bar(conf.total_steps, self.step) as bar:
+                for step in range(self.step + 1, conf.total_steps + 1):
+                    last = await self._train_one_step(step, producer)
+                    self._log_row(last)
+                    if self._due(step, conf.save_every):
+                        await self._save()
+                    bar.update(1)
         finally:
             if producer is not None:
                 await self.c.manager.close()
@@ -175,6 +181,14 @@ class Trainer:
         await self.c.engine.load_weights(await self.c.backend.get_weights(), self.model_version)
         self.c.manager.set_model_step(self.model_version)
         log.info("resumed from %s (step %d, weight version %d)", path, self.step, self.model_version)
+
+
+@contextlib.contextmanager
+def progress_bar(total_steps: int, done: int):
+    """A step bar on an interactive terminal; log lines print above it, not through it."""
+    with logging_redirect_tqdm(), tqdm(total=total_steps, initial=done, desc="training", unit="step",
+                                       dynamic_ncols=True, disable=not sys.stderr.isatty()) as bar:
+        yield bar
 
 
 def latest_checkpoint_is(run_dir: Path, step: int) -> bool:
