@@ -487,7 +487,7 @@ class RunConf:
     seed: int = 0
     mode: str = "colocate"  # colocate | disagg
     max_staleness: int = 0
-    total_steps: int = 200
+    total_steps: int = 300
     batch_size: int = 64  # prompt groups per training step
     eval_every: int = 50  # 0 = only before and after training
     save_every: int = 50  # 0 = only at the end
