@@ -65,6 +65,8 @@ def build_remote_components(conf: RunConf) -> tuple[Any, Any]:
                 from rlharness.distributed.collective import setup_weight_group
 
                 setup_weight_group(backend, engine, "nccl", conf.timeout_s)
+        if backend is not None and conf.mode == "disagg":
+            backend.prefetch_weights = conf.sync_weights_interval == 1
     except BaseException:
         import asyncio
 

@@ -18,6 +18,7 @@ import inspect
 import logging
 import os
 import socket
+import time
 from typing import Any, Callable
 
 import ray
@@ -63,6 +64,13 @@ class TrainWorkerActor:
             result = await result
         return result
 
+    async def train_and_put_weights(self, batch: TrainBatch) -> tuple[dict[str, float], list[Any]]:
+        """`train_step`, then the new weights into the object store at once (see `RemoteBackend`)."""
+        started = time.perf_counter()
+        metrics = dict(await self.call("train_step", batch))
+        metrics["perf/train_worker_s"] = time.perf_counter() - started
+        return metrics, await self.call_and_put("get_weights")
+
     async def weight_group_join(self, backend: str, host: str, port: int, rank: int, world_size: int,
                                 timeout_s: float) -> None:
         """Join the weight broadcast group with the engines (rank 0 only; see `collective`)."""
@@ -85,7 +93,14 @@ class TrainWorkerActor:
 
 
 class RemoteBackend(TrainingBackend):
-    """`TrainingBackend` over one or more `TrainWorkerActor`s (rank order)."""
+    """`TrainingBackend` over one or more `TrainWorkerActor`s (rank order).
+
+    With `prefetch_weights` (set when every step is followed by a weight sync), each
+    `train_step` also has rank 0 put the new weights into the object store before it
+    answers, and the next `get_weights` returns that reference without another call:
+    the copy happens while the producer is still running, not inside the sync that
+    pauses it.
+    """
 
     def __init__(self, actors: list[Any], names: list[str], timeout_s: float, placement_group: Any = None) -> None:
         if not actors or len(actors) != len(names):
@@ -96,6 +111,8 @@ class RemoteBackend(TrainingBackend):
         self.placement_group = placement_group
         # Set by `collective.setup_weight_group` (GPU runs): weights then go by broadcast.
         self.weight_group: Any = None
+        self.prefetch_weights = False
+        self._prefetched: Any = None  # ObjectRef of the weights right after the last train_step
 
     async def _on_all(self, method: str, *args: Any, put: bool = False) -> list[Any]:
         """Call the backend's `method` on every worker at once; results in rank order."""
@@ -126,12 +143,20 @@ class RemoteBackend(TrainingBackend):
 
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
         ref = ray.put(batch)  # one copy for every rank
+        self._prefetched = None
+        if self.prefetch_weights and self.weight_group is None:
+            metrics, weights = (await self._on_all_actors("train_and_put_weights", ref))[0]
+            self._prefetched = weights[0] if weights else None
+            return metrics
         return (await self._on_all("train_step", ref))[0]
 
     async def get_weights(self) -> RemoteWeights | CollectiveWeights:
         """The object-store copy rank 0 made; or, with a weight group, a handle the engines broadcast from."""
         if self.weight_group is not None:
             return CollectiveWeights(self.weight_group, self._on_all_actors)
+        if self._prefetched is not None:
+            ref, self._prefetched = self._prefetched, None
+            return RemoteWeights(ref, self.timeout_s)
         results = await self._on_all("get_weights", put=True)
         if not results[0]:
             raise RuntimeError(f"training worker {self.names[0]} (rank 0) returned no weights")
@@ -141,6 +166,7 @@ class RemoteBackend(TrainingBackend):
         await self._on_all("save", directory)
 
     async def load(self, directory: str) -> None:
+        self._prefetched = None
         await self._on_all("load", directory)
 
     async def close(self) -> None:

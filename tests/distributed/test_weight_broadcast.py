@@ -90,7 +90,7 @@ def test_gloo_broadcast_group_delivers_the_trainers_exact_weights(ray_session, t
     async def main():
         try:
             expected = dict(await backend.get_weights())  # object-store path: the reference copy
-            group = setup_weight_group(backend, engine, "gloo", timeout_s=5.0)
+            group = setup_weight_group(backend, engine, "gloo", timeout_s=3.0)
             assert backend.weight_group is group and len(group.engine_actors) == 2
             for version in (1, 2):
                 weights = await backend.get_weights()
