@@ -116,6 +116,9 @@ class Trainer:
             "perf/weight_sync_s": sync_s,
             "perf/tokens_per_s": trained_tokens / max(step_s, 1e-9),
             "perf/samples_per_s": sum(len(g) for g in produced.groups) / max(step_s, 1e-9),
+            # Share of the step the trainer waited for its batch (disagg: production fell behind).
+            "perf/trainer_idle_frac": (t_rollout - t0) / max(step_s, 1e-9),
+            "rollout/groups_in_flight": float(c.manager.in_flight()),
         })
         row.update({f"perf/engine_{k}": v for k, v in c.engine.stats().items()})
         return row
