@@ -9,6 +9,7 @@ Ray included, is reported separately as process wall time, not in the ratio).
 Prints a table and writes benchmarks/results/disagg_vs_colocate[_quick].csv.
 
     python benchmarks/disagg_vs_colocate.py            # full: 40 steps x 16 prompts x 8 samples
+    python benchmarks/disagg_vs_colocate.py --repeats 3  # three pairs, alternating order; median ratio
     python benchmarks/disagg_vs_colocate.py --quick    # 4 steps x 4 x 4 (a test runs this)
 """
 
@@ -67,6 +68,8 @@ def summarize(name: str, run_dir: Path, warmup: int, process_wall_s: float) -> d
         "rollout_wait_s_mean": sum(r["perf/rollout_s"] for r in steps) / len(steps),
         "weight_sync_s_mean": sum(r["perf/weight_sync_s"] for r in steps) / len(steps),
         "engine_busy_frac_mean": sum(r.get("perf/engine_busy_frac", 0.0) for r in steps) / len(steps),
+        "trainer_idle_frac_mean": sum(r.get("perf/trainer_idle_frac", 0.0) for r in steps) / len(steps),
+        "train_worker_s_mean": sum(r.get("perf/train_worker_s", 0.0) for r in steps) / len(steps),
         "staleness_mean": sum(r["staleness/mean"] for r in steps) / len(steps),
         "reward_mean": sum(r["rollout/reward_mean"] for r in steps) / len(steps),
         "process_wall_s": process_wall_s,
@@ -80,22 +83,30 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2, help="steps left out of the steady state")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run each mode this often, alternating which goes first; the ratio is the median")
     parser.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--timeout-s", type=float, default=1800.0)
     a = parser.parse_args(argv)
     if a.quick:
         a.steps, a.batch_size, a.k, a.warmup = 4, 4, 4, 1
     common = common_args(a.steps, a.batch_size, a.k)
+    load_before = os.getloadavg()[0]
     results = []
     with tempfile.TemporaryDirectory(prefix="disagg-bench-") as tmp:
-        for name, args in RUNS.items():
-            run_dir = Path(tmp) / name
-            wall = run_one(name, [*args, *common], run_dir, a.timeout_s)
-            results.append(summarize(name, run_dir, a.warmup, wall))
-    colocate, disagg = results
-    ratio = disagg["s_per_sample"] / colocate["s_per_sample"]
-    for r in results:
-        r["ratio_vs_colocate"] = r["s_per_sample"] / colocate["s_per_sample"]
+        for rep in range(a.repeats):
+            names = list(RUNS) if rep % 2 == 0 else list(reversed(RUNS))  # neither mode always runs first
+            pair = {}
+            for name in names:
+                run_dir = Path(tmp) / f"{name}-{rep}"
+                wall = run_one(name, [*RUNS[name], *common], run_dir, a.timeout_s)
+                pair[name] = summarize(name, run_dir, a.warmup, wall)
+                pair[name]["repeat"] = rep
+            for name in RUNS:
+                pair[name]["ratio_vs_colocate"] = pair[name]["s_per_sample"] / pair["colocate_sync"]["s_per_sample"]
+                results.append(pair[name])
+    ratios = sorted(r["ratio_vs_colocate"] for r in results if r["run"] == "disagg_async")
+    ratio = ratios[len(ratios) // 2] if len(ratios) % 2 else sum(ratios[len(ratios) // 2 - 1:][:2]) / 2
 
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -105,14 +116,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
         writer.writeheader()
         writer.writerows(results)
     settings = " ".join(common)
-    print(f"disagg async vs colocated sync, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}: {settings}")
-    print("| run | s/sample | train s | rollout wait s | sync s | engine busy | staleness | process s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(f"disagg async vs colocated sync, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, "
+          f"1-min load average before {load_before:.2f}, after {os.getloadavg()[0]:.2f}: {settings}")
+    print("| run | repeat | s/sample | train s | worker train s | batch wait s | trainer idle | sync s | "
+          "engine busy | staleness | process s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
-        print(f"| {r['run']} | {r['s_per_sample']:.4f} | {r['train_s_mean']:.3f} | {r['rollout_wait_s_mean']:.3f} | "
+        print(f"| {r['run']} | {r['repeat']} | {r['s_per_sample']:.4f} | {r['train_s_mean']:.3f} | "
+              f"{r['train_worker_s_mean']:.3f} | {r['rollout_wait_s_mean']:.3f} | {r['trainer_idle_frac_mean']:.2f} | "
               f"{r['weight_sync_s_mean']:.3f} | {r['engine_busy_frac_mean']:.2f} | {r['staleness_mean']:.2f} | "
               f"{r['process_wall_s']:.1f} |")
-    print(f"ratio (disagg / colocate, wall time per trained sample): {ratio:.3f}; written to {out}")
+    print(f"ratio (disagg / colocate, wall time per trained sample): {ratio:.3f}"
+          f"{f' (median of {ratios})' if len(ratios) > 1 else ''}; written to {out}")
     return results
 
 

@@ -88,13 +88,18 @@ class EngineActor:
         try:
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                self._forget(requests, done, index)
                 yield [(index[t], *_outcome(t)) for t in done]
         finally:  # the caller went away (cancelled stream): free the engine's slots
             for t in pending:
                 t.cancel()
-            for r, t in zip(requests, tasks):
-                if self._running.get(r.request_id) is t:
-                    del self._running[r.request_id]
+            self._forget(requests, pending, index)
+
+    def _forget(self, requests: list[GenerateRequest], tasks: set[asyncio.Task], index: dict) -> None:
+        for t in tasks:
+            rid = requests[index[t]].request_id
+            if self._running.get(rid) is t:
+                del self._running[rid]
 
     def cancel(self, request_ids: list[str]) -> int:
         """Cancel these requests (their engine slots are freed); returns how many were running."""
