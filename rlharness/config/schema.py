@@ -56,10 +56,11 @@ class SyncStrategyConf(StrategyConf):
 @dataclass
 class AsyncStrategyConf(StrategyConf):
     name: str = "async"
-    # Keep target + ceil(over_sample_threshold * batch) groups in flight.
-    over_sample_threshold: float = 0.0
+    # Keep target + ceil(over_sample_threshold * batch) groups in flight. Leftovers are
+    # trained at a later step (that is what makes `strategy=async` asynchronous).
+    over_sample_threshold: float = 0.25
     # Interrupted samples keep their tokens and continue later on newer weights.
-    enable_partial_rollout: bool = False
+    enable_partial_rollout: bool = True
     # Once this many EXPIRED groups wait, refill from them only (0 = off).
     tail_batch_trigger_size: int = 0
 
@@ -310,7 +311,7 @@ class AlgoConf:
     min_lr_ratio: float = 0.1
     ppo_epochs: int = 1
     mini_batches: int = 1  # optimizer steps per training step (per epoch)
-    micro_batch_size: int = 256  # samples per forward/backward (gradient accumulation)
+    micro_batch_size: int = 512  # samples per forward/backward (gradient accumulation)
 
     def __post_init__(self) -> None:
         _one_of("algo.advantage", self.advantage, ("grpo", "drgrpo", "rloo", "reinforce_pp"))
