@@ -16,4 +16,4 @@ pip install -q -e ".[dev]"
 # DeepSpeed without its CUDA ops, built against the torch above (ENVIRONMENT.md).
 python -c "import deepspeed" 2>/dev/null || DS_BUILD_OPS=0 pip install -q --no-build-isolation "deepspeed>=0.16"
 # The embedded default model ships in the repo; rebuild it only if it is missing.
-[ -f assets/tiny-arith/config.json ] || python scripts/make_tiny_model.py --out assets/tiny-arith || true
+[ -f assets/tiny-arith/config.json ] || python scripts/make_tiny_model.py --out assets/tiny-arith
