@@ -9,7 +9,7 @@ import ray
 
 from rlharness.config.schema import EngineConf, ModelConf
 from rlharness.distributed.engine_actor import ENGINE_MAX_CONCURRENCY, EngineActor
-from rlharness.distributed.placement import in_bundle, make_placement_group
+from rlharness.distributed.placement import in_bundle, make_placement_group, thread_env, threads_for
 from rlharness.distributed.remote_engine import RayEngineRouter, RemoteEngine
 from rlharness.engine.base import RolloutEngine
 
@@ -31,8 +31,9 @@ def spawn_engines(engine_conf: EngineConf, model_conf: ModelConf, seed: int, *, 
     remote_cls = ray.remote(actor_cls)
     names = [f"{name}{i}" for i in range(count)]
     actors = [remote_cls.options(num_cpus=cpus, num_gpus=gpus, max_restarts=max_restarts, max_task_retries=0,
-                                 max_concurrency=ENGINE_MAX_CONCURRENCY, **in_bundle(pg, i))
-              .remote(engine_conf, model_conf, seed + i, names[i], int(max(1, cpus)))
+                                 max_concurrency=ENGINE_MAX_CONCURRENCY, runtime_env={"env_vars": thread_env(cpus)},
+                                 **in_bundle(pg, i))
+              .remote(engine_conf, model_conf, seed + i, names[i], threads_for(cpus))
               for i in range(count)]
     try:
         proxies = [RemoteEngine(a, n, timeout_s, start_timeout_s=start_timeout_s) for a, n in zip(actors, names)]

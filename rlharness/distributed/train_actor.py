@@ -26,7 +26,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 
 from rlharness.backend.base import TrainingBackend
 from rlharness.distributed.collective import CollectiveWeights
-from rlharness.distributed.placement import in_bundle, make_placement_group, wait_all
+from rlharness.distributed.placement import in_bundle, make_placement_group, thread_env, threads_for, wait_all
 from rlharness.distributed.weights import RemoteWeights
 from rlharness.types import TrainBatch
 
@@ -199,7 +199,8 @@ def spawn_train_workers(factory: Callable[[int, str, int], Callable[[], Any]], c
     names = [f"{name}-rank{i}" for i in range(count)]
     actor_cls = ray.remote(TrainWorkerActor)
     actors = [actor_cls.options(num_cpus=cpus, num_gpus=gpus, max_restarts=0, max_concurrency=1, name=None,
-                                runtime_env={"env_vars": env}, **in_bundle(pg, i)).remote(env, int(max(1, cpus)))
+                                runtime_env={"env_vars": {**thread_env(cpus), **env}}, **in_bundle(pg, i))
+              .remote(env, threads_for(cpus))
               for i in range(count)]
     backend = RemoteBackend(actors, names, timeout_s, pg)
     try:
