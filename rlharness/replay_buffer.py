@@ -83,7 +83,10 @@ class ReplayBuffer:
     def _pool(self, task: str, status: Status) -> OrderedDict[str, Group]:
         if status not in KEPT_STATUSES:
             raise ValueError(f"replay buffer keeps no {status.value} pool (kept: {[s.value for s in KEPT_STATUSES]})")
-        return self._pools.setdefault(task, {st: OrderedDict() for st in KEPT_STATUSES})[status]
+        pools = self._pools.get(task)
+        if pools is None:  # not setdefault: that built three OrderedDicts on every call (overhead benchmark)
+            pools = self._pools[task] = {st: OrderedDict() for st in KEPT_STATUSES}
+        return pools[status]
 
     def count(self, task: str, status: Status) -> int:
         return len(self._pool(task, status))
