@@ -1,25 +1,21 @@
 """Shared pieces of the producer benchmarks: the real producer stack, built small.
 
 Everything here is the project's own code (Sampler, ReplayBuffer, SingleTurnAgentLoop,
-AgentLoopManager, the produce strategies, SimEngine behind an EngineRouter), with two
-benchmark-only adjustments, both documented where they are defined:
+AgentLoopManager, the produce strategies, SimEngine behind an EngineRouter), with one
+benchmark-only adjustment, documented where it is defined:
 
 - `PureAsyncJudger`: scores inline on the event loop. The library's `Judger.judge_group`
   runs the rule in `asyncio.to_thread` under a `wait_for` timeout; on a virtual clock the
   loop jumps to its next timer while the worker thread runs, so the judge timeout can
   fire in simulated time and the schedule depends on thread timing (not deterministic).
-- `BenchSimEngine`: a SimEngine that (a) integrates busy slot-seconds, so the engine busy
-  fraction means "share of slots generating", not "at least one request running", and
-  (b) remembers the length it drew for a request that was aborted, so continuing the
-  partial response (partial rollout) finishes the *same* response instead of drawing a
-  fresh length for the remainder. Without (b) an interrupted sample's total length
-  would be partial + a new draw, which changes the length distribution the ideal bound
-  is computed from.
+
+The engines are stock `SimEngine`s: requests carry the sample's seed, so a continued
+(partial-rollout) response ends at the length drawn for it on whichever engine it lands,
+and `SimEngine.busy_slot_s` gives the share of slots generating.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -67,66 +63,6 @@ def decode_len(ids: list[int]) -> str:
     return str(len(ids))
 
 
-class BenchSimEngine(SimEngine):
-    """SimEngine + busy slot-seconds + continuation of the length drawn before an abort."""
-
-    def __init__(self, conf: SimEngineConf, seed: int, residual: dict[int, tuple[int, str]] | None = None) -> None:
-        super().__init__(conf, seed=seed, vocab_size=VOCAB)
-        self.slot_s = 0.0  # integral of running requests over loop time
-        self._last_t = 0.0
-        # hash(prompt + tokens emitted so far) -> (tokens still to come, finish reason); shared
-        # by the engines of one router, since a continuation may land on another engine.
-        self._residual = residual if residual is not None else {}
-        self._key: int | None = None
-        self._holder: dict[str, Any] = {}
-
-    # -- busy slot-seconds (SimEngine calls _enter/_leave when a request takes/frees a slot)
-    def _accrue(self, now: float) -> None:
-        self.slot_s += self._active * (now - self._last_t)
-        self._last_t = now
-
-    def _enter(self, now: float) -> None:
-        self._accrue(now)
-        super()._enter(now)
-
-    def _leave(self, now: float) -> None:
-        self._accrue(now)
-        super()._leave(now)
-
-    def busy_slot_s(self, now: float) -> float:
-        return self.slot_s + self._active * (now - self._last_t)
-
-    # -- continuation memory
-    async def generate(self, request):
-        # SimEngine.generate calls _draw synchronously before its first await, so the key and
-        # the holder set here are read and filled by this request's own draw.
-        key = hash(tuple(request.prompt_ids))
-        holder: dict[str, Any] = {}
-        self._key, self._holder = key, holder
-        result = await super().generate(request)
-        n = len(result.token_ids)
-        if result.finish_reason == "abort" and n > 0:
-            # Keyed by prompt + emitted tokens: exactly the continuation's prompt_ids.
-            self._residual[hash(tuple(request.prompt_ids) + tuple(result.token_ids))] = (
-                holder["length"] - n, holder["finish"])
-        return result
-
-    def _draw(self, max_tokens: int) -> tuple[list[int], list[float], str]:
-        key, holder = self._key, self._holder
-        self._key, self._holder = None, {}
-        residual = self._residual.pop(key, None) if key is not None else None
-        if residual is None:
-            ids, logprobs, finish = super()._draw(max_tokens)
-        else:
-            length, finish = residual
-            if length >= max_tokens:
-                length, finish = max_tokens, "length"
-            ids = [int(i) for i in self._rng.integers(0, self.vocab_size, size=length)]
-            logprobs = [float(x) for x in -self._rng.exponential(1.0, size=length)]
-        holder["length"], holder["finish"] = len(ids), finish
-        return ids, logprobs, finish
-
-
 # ----------------------------------------------------------------------------- lengths
 def capped_length_mean(mean: float, cv: float, cap: int) -> float:
     """E[min(max(1, round(L)), cap)] for L ~ lognormal(mean, cv): the SimEngine's length law, exactly.
@@ -152,7 +88,7 @@ def capped_length_mean(mean: float, cv: float, cap: int) -> float:
 @dataclass
 class Stack:
     manager: AgentLoopManager
-    engines: list[BenchSimEngine]
+    engines: list[SimEngine]
     router: EngineRouter
     replay_buffer: ReplayBuffer
     sampler: Sampler
@@ -163,7 +99,7 @@ def make_rows(n: int) -> list[PromptRow]:
 
 
 def encode_prompt(text: str) -> list[int]:
-    """A fixed-length prompt whose ids spell the row index (distinct prompts, distinct continuation keys)."""
+    """A fixed-length prompt whose ids spell the row index."""
     digits = [int(c) for c in text]
     return [VOCAB - 1] * (PROMPT_LEN - len(digits)) + digits
 
@@ -183,8 +119,7 @@ def build_stack(
     """The project's producer (sampler, replay buffer, agent loop, manager, strategy) on sim engines."""
     rb = ReplayBuffer(max_staleness=strategy.max_staleness, sync_weights_interval=1)
     sampler = Sampler(SamplerConf(prompt_repeat_k=group_size), TASK, make_rows(num_rows), encode_prompt, rb, seed)
-    residual: dict[int, tuple[int, str]] = {}
-    engines = [BenchSimEngine(engine_conf, seed=seed * 1000 + i, residual=residual) for i in range(num_engines)]
+    engines = [SimEngine(engine_conf, seed=seed * 1000 + i, vocab_size=VOCAB) for i in range(num_engines)]
     router = EngineRouter(engines)
     agent = SingleTurnAgentLoop(SingleTurnAgentConf(sampling=SamplingConf(max_tokens=max_tokens)), router,
                                 PureAsyncJudger(), decode_len)

@@ -5,7 +5,7 @@ Sampler, ReplayBuffer, SingleTurnAgentLoop, build_train_batch) against `num_engi
 SimEngines behind an EngineRouter and a SimBackend trainer, all on aiotools'
 `VirtualClock`: simulated time jumps ahead whenever every task waits, so hours of
 simulated training take seconds and the schedule is deterministic. Only the judger
-and a SimEngine subclass are benchmark-specific (see `_common.py` for why).
+is benchmark-specific (see `_common.py` for why).
 
 The training side mirrors `rlharness.trainer.trainer.Trainer`:
 - colocated modes alternate: `produce_batch(step)` -> train -> weight sync;

@@ -1,13 +1,23 @@
 """`engine=sim`: a rollout engine that costs time, not compute.
 
-Each request draws a response length from a lognormal with the configured mean and
-coefficient of variation (capped at `max_len` or the request's `max_tokens`) and
-takes `prefill_s + length * time_per_token_s` on the event loop's clock, so a
-virtual clock can drive it. At most `slots` requests run at once; the rest queue.
-`abort_all` ends every request at once with the tokens generated so far
-(proportional to elapsed time) and finish reason "abort". Tokens and log-probs are
-random; each token is stamped with the weight version in force when it was generated.
-Deterministic given the seed and the order of requests.
+Each response has a total length drawn from a lognormal with the configured mean and
+coefficient of variation (capped at `max_len` and at the request's budget) and takes
+`prefill_s + tokens * time_per_token_s` on the event loop's clock, so a virtual clock
+can drive it. At most `slots` requests run at once; the rest queue. `abort_all` ends
+every request at once with the tokens generated so far (proportional to elapsed
+time) and finish reason "abort". Each token is stamped with the weight version in
+force when it was generated.
+
+A request with `sampling.seed` (the sample's stable seed) gets its whole response --
+length, token ids, log-probs -- from that seed alone, as a real engine's seeded
+sampling would: so a continuation (prompt + partial response, partial rollout) ends
+at the length drawn for the sample, not at partial + a fresh draw, and it does so on
+any engine. The engine recognises a continuation by the longest tail of the prompt
+that equals a prefix of the seeded response (a fresh prompt whose last q tokens happen
+to spell that prefix, probability ~vocab^-q, makes the response q tokens shorter --
+consistently, continuation included). A request without a seed draws from the
+engine's RNG (deterministic given the seed and the order of requests); continuing it
+draws a new length for the remainder.
 """
 
 from __future__ import annotations
@@ -60,6 +70,8 @@ class SimEngine(RolloutEngine):
         self._max_active = 0
         self._busy_since: float | None = None
         self._busy_s = 0.0
+        self._slot_s = 0.0  # integral of running requests over loop time (busy slot-seconds)
+        self._slot_t: float | None = None  # when _slot_s was last brought up to date
         self._first_s: float | None = None
         self._last_s: float | None = None  # last time a request started or ended
         self._tokens = 0
@@ -71,20 +83,47 @@ class SimEngine(RolloutEngine):
         return self._version
 
     # ------------------------------------------------------------------ sampling
-    def _draw(self, max_tokens: int) -> tuple[list[int], list[float], str]:
-        cap = max_tokens if self.conf.max_len <= 0 else min(self.conf.max_len, max_tokens)
-        length = max(1, int(round(float(self._rng.lognormal(self._mu, self._sigma)))))
-        finish = "stop"
-        if length >= cap:
-            length, finish = cap, "length"
-        ids = self._rng.integers(0, self.vocab_size, size=length)
-        if self.eos_token_id is not None:
-            # EOS only ends a response: redraw it elsewhere, put it last on "stop".
+    def _total_length(self, rng: np.random.Generator) -> int:
+        """The response's uncapped length L = max(1, round(lognormal)); the first draw of `rng`."""
+        return max(1, int(round(float(rng.lognormal(self._mu, self._sigma)))))
+
+    def _seeded_tokens(self, seed: int, n: int) -> np.ndarray:
+        """The first `n` tokens of the response seeded by `seed` (a prefix of every longer draw)."""
+        rng = np.random.default_rng([seed, 0])
+        self._total_length(rng)  # same stream as `_draw`: length first, then tokens
+        ids = rng.integers(0, self.vocab_size, size=n)
+        if self.eos_token_id is not None:  # EOS only ends a response: never inside it
             ids = np.where(ids == self.eos_token_id, (ids + 1) % self.vocab_size, ids)
-            if finish == "stop":
-                ids[-1] = self.eos_token_id
-        logprobs = -self._rng.exponential(1.0, size=length)
-        return [int(i) for i in ids], [float(x) for x in logprobs], finish
+        return ids
+
+    @staticmethod
+    def _continued(prompt: np.ndarray, seq: np.ndarray) -> int:
+        """Tokens of `seq` already at the end of `prompt`: the longest p with prompt[-p:] == seq[:p]."""
+        top = min(len(seq), len(prompt))
+        if top == 0:
+            return 0
+        for p in np.flatnonzero(seq[:top] == prompt[-1])[::-1] + 1:
+            if np.array_equal(prompt[len(prompt) - p:], seq[:p]):
+                return int(p)
+        return 0
+
+    def _draw(self, prompt_ids: list[int], max_tokens: int, seed: int | None) -> tuple[list[int], list[float], str]:
+        """The rest of the response to `prompt_ids`: (token ids, log-probs, finish reason)."""
+        if seed is None:  # one-off: a fresh response from the engine's stream
+            seed, prompt_ids = int(self._rng.integers(0, 2**62)), []
+        length = self._total_length(np.random.default_rng([seed, 0]))
+        capped = min(length, self.conf.max_len) if self.conf.max_len > 0 else length
+        seq = self._seeded_tokens(seed, min(capped, len(prompt_ids) + max_tokens))  # all any request needs
+        # A response already complete is never continued, so at most capped - 1 tokens are done.
+        done = self._continued(np.asarray(prompt_ids, dtype=np.int64), seq[:capped - 1])
+        # It ends by itself (EOS) if the drawn length is under max_len and fits the budget.
+        stop = (self.conf.max_len <= 0 or length < self.conf.max_len) and length - done <= max_tokens
+        n = length - done if stop else min(capped - done, max_tokens)
+        ids = seq[done:done + n].copy()
+        if stop and self.eos_token_id is not None:
+            ids[-1] = self.eos_token_id
+        logprobs = -np.random.default_rng([seed, 1]).exponential(1.0, size=done + n)[done:]
+        return [int(i) for i in ids], [float(x) for x in logprobs], "stop" if stop else "length"
 
     def _version_at(self, t: float) -> int:
         return self._versions[bisect.bisect_right(self._version_times, t) - 1]
@@ -97,7 +136,8 @@ class SimEngine(RolloutEngine):
         if self._first_s is None:
             self._first_s = loop.time()
         self._num_requests += 1
-        ids, logprobs, finish = self._draw(request.sampling.max_tokens)
+        ids, logprobs, finish = self._draw(request.prompt_ids, request.sampling.max_tokens,
+                                           request.sampling.seed)
         req = _Request()
         self._requests.add(req)
         try:
@@ -152,7 +192,17 @@ class SimEngine(RolloutEngine):
             self._leave(loop.time())
             self._slots.release()
 
+    def _accrue(self, now: float) -> None:
+        if self._slot_t is not None:
+            self._slot_s += self._active * (now - self._slot_t)
+        self._slot_t = now
+
+    def busy_slot_s(self, now: float) -> float:
+        """Slot-seconds spent generating up to loop time `now` (a slot counts while it holds a request)."""
+        return self._slot_s + (self._active * (now - self._slot_t) if self._slot_t is not None else 0.0)
+
     def _enter(self, now: float) -> None:
+        self._accrue(now)
         self._last_s = now
         if self._active == 0:
             self._busy_since = now
@@ -160,6 +210,7 @@ class SimEngine(RolloutEngine):
         self._max_active = max(self._max_active, self._active)
 
     def _leave(self, now: float) -> None:
+        self._accrue(now)
         self._last_s = now
         self._active -= 1
         if self._active == 0 and self._busy_since is not None:
@@ -193,6 +244,7 @@ class SimEngine(RolloutEngine):
             "busy_s": busy,
             "elapsed_s": elapsed,
             "busy_frac": busy / elapsed if elapsed > 0 else 0.0,
+            "busy_slot_s": self.busy_slot_s(now) if now is not None else self._slot_s,
             "tokens": float(self._tokens),
             "requests": float(self._num_requests),
             "aborted": float(self._num_aborted),

@@ -132,7 +132,8 @@ def test_disaggregated_async_producer_keeps_every_step_the_bound_allows_in_fligh
 
     case = replace(pe.BALANCED, num_engines=1, slots=64, batch_size=4, group_size=2, mean_len=16, cap=64)
     for s in (0, 2):
-        mode = pe.Mode(f"s={s}", False, AsyncStrategyConf(max_staleness=s, enable_partial_rollout=True), s, True, 0.0)
+        mode = pe.Mode(f"s={s}", False, AsyncStrategyConf(max_staleness=s, enable_partial_rollout=True,
+                                                       over_sample_threshold=0.0), s, True, 0.0)
         _, extra = asyncio.run(pe._run_virtual(case, mode, 4, seed=0))
         assert extra["max_pending"] == (s + 1) * case.batch_size, (s, extra)
 

@@ -7,10 +7,11 @@ import math
 
 import pytest
 import torch
+from aiotools import VirtualClock
 
 from rlharness.backend.sim import SimBackend
 from rlharness.config.schema import SimBackendConf, SimEngineConf
-from rlharness.engine.base import GenerateRequest, SamplingParams
+from rlharness.engine.base import GenerateRequest, GenerateResult, SamplingParams
 from rlharness.engine.router import EngineRouter
 from rlharness.engine.sim import SimEngine, lognormal_params
 from rlharness.types import TrainBatch
@@ -139,3 +140,65 @@ def test_sim_backend_reports_honest_metrics_and_round_trips(tmp_path):
     assert other.version == 1 and other.tokens_trained == 4
     with pytest.raises(FileNotFoundError, match="sim_backend.json"):
         asyncio.run(other.load(str(tmp_path / "missing")))
+
+
+def _on_virtual_clock(engine: SimEngine, request: GenerateRequest) -> GenerateResult:
+    async def main():
+        with VirtualClock().patch_loop():
+            return await engine.generate(request)
+    return asyncio.run(main())
+
+
+def _seeded(prompt: list[int], seed: int, max_tokens: int) -> GenerateRequest:
+    return GenerateRequest(request_id="s", prompt_ids=prompt,
+                           sampling=SamplingParams(max_tokens=max_tokens, seed=seed))
+
+
+@pytest.mark.parametrize("max_len", [0, 40])
+def test_sim_engine_continuation_of_a_seeded_request_ends_at_the_drawn_length(max_len):
+    """Abort mid-response, continue prompt + partial on another engine: the same response, token for token."""
+    prompt, budget = [5, 6, 7], 200
+    conf = dict(mean_response_len=30, cv=1.0, time_per_token_s=0.001, slots=4, max_len=max_len)
+    checked = 0
+    for seed in range(40):
+        whole = _on_virtual_clock(_engine(seed=1, **conf), _seeded(prompt, seed, budget))
+
+        async def interrupted():
+            with VirtualClock().patch_loop():  # simulated time: exact abort points, no real sleeping
+                engine = _engine(seed=2, **conf)
+                task = asyncio.create_task(engine.generate(_seeded(prompt, seed, budget)))
+                await asyncio.sleep(0.001 * (len(whole.token_ids) / 2 + 0.5))
+                await engine.abort_all()
+                return await task
+
+        part = asyncio.run(interrupted())
+        if part.finish_reason != "abort" or not part.token_ids:
+            continue
+        assert part.token_ids == whole.token_ids[:len(part.token_ids)]
+        rest = _on_virtual_clock(_engine(seed=3, **conf),
+                                 _seeded(prompt + part.token_ids, seed, budget - len(part.token_ids)))
+        assert part.token_ids + rest.token_ids == whole.token_ids
+        assert part.logprobs + rest.logprobs == whole.logprobs
+        assert rest.finish_reason == whole.finish_reason
+        checked += 1
+    assert checked >= 20
+
+
+def test_sim_engine_seeded_lengths_follow_the_law_and_caps_hold_across_a_continuation():
+    engine = _engine(mean_response_len=50, cv=1.0, time_per_token_s=0.0, slots=512)
+
+    async def main():
+        return await asyncio.gather(*(engine.generate(_seeded([1, 2], s, 10_000)) for s in range(600)))
+
+    lengths = [len(r.token_ids) for r in asyncio.run(main())]
+    assert 44 < sum(lengths) / len(lengths) < 56
+    # The same seed, any engine: the same response; a budget cut is "length" without EOS.
+    a = asyncio.run(_engine(seed=1).generate(_seeded([1, 2], 3, 10_000)))
+    b = asyncio.run(_engine(seed=9).generate(_seeded([1, 2], 3, 10_000)))
+    assert a.token_ids == b.token_ids and a.finish_reason == "stop" and a.token_ids[-1] == 2
+    n = len(a.token_ids)
+    if n >= 3:
+        cut = asyncio.run(_engine(seed=1).generate(_seeded([1, 2], 3, n - 2)))
+        assert cut.finish_reason == "length" and cut.token_ids == a.token_ids[:n - 2] and 2 not in cut.token_ids
+        tail = asyncio.run(_engine(seed=1).generate(_seeded([1, 2] + cut.token_ids, 3, 2)))
+        assert cut.token_ids + tail.token_ids == a.token_ids and tail.finish_reason == "stop"
