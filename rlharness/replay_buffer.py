@@ -19,7 +19,7 @@ import logging
 from collections import Counter, OrderedDict
 from typing import Any, Iterable
 
-from rlharness.types import Group, RolloutState, Status, group_staleness, group_status
+from rlharness.types import Group, RolloutState, Status, group_staleness, group_status, stable_seed
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +54,19 @@ def mark_aborted(group: Group) -> Group:
 
 
 def _expire(group: Group) -> int:
-    """Clear the responses of a too-stale group; returns the number of tokens thrown away."""
+    """Clear the responses of a too-stale group; returns the number of tokens thrown away.
+
+    Each sample also gets a new seed (a function of the old one and the expiry count, so
+    runs stay reproducible): with seeded sampling the same seed on barely changed weights
+    would replay the response that just expired, and one too long for the staleness
+    window would expire on every try.
+    """
     wasted = sum(len(s.response_ids) for s in group)
     for s in group:
         s.reset_response()
         s.status = Status.EXPIRED
         s.extra["num_expired"] = int(s.extra.get("num_expired", 0)) + 1
+        s.sample_seed = stable_seed(s.sample_seed, "expired", s.extra["num_expired"])
     return wasted
 
 

@@ -11,7 +11,7 @@ from rlharness.config.schema import ConfigError, SamplerConf
 from rlharness.producer.pending import _PendingTasks
 from rlharness.replay_buffer import ReplayBuffer
 from rlharness.sampler import DataExhausted, ExpiredPoolEmpty, Sampler
-from rlharness.types import Status, group_status
+from rlharness.types import Status, group_status, stable_seed
 
 
 def _sampler(n=10, k=2, seed=0, rollover=True, shuffle=True, rb=None):
@@ -103,6 +103,7 @@ def test_buffer_expires_at_the_staleness_threshold_and_requeues_expired():
     rb = ReplayBuffer(max_staleness=1, sync_weights_interval=2)  # threshold (1+1)*2 = 4
     s.replay_buffer = rb
     g = _complete(s.sample(), [3, 5])
+    seeds = [x.sample_seed for x in g]
     # staleness = train_step - 3 - 1; expires at 4, i.e. train_step 8
     assert rb.put(g, model_step=5, train_step=7) == Status.COMPLETED
     assert rb.refresh_staleness(7) == 0 and rb.count(TASK, Status.COMPLETED) == 1
@@ -110,6 +111,10 @@ def test_buffer_expires_at_the_staleness_threshold_and_requeues_expired():
     assert rb.count(TASK, Status.COMPLETED) == 0 and rb.count(TASK, Status.EXPIRED) == 1
     assert all(x.response_ids == [] and x.status == Status.EXPIRED for x in g)
     assert rb.counters["expired_tokens"] == 4
+    # A new attempt is a new draw: new seeds, distinct per member, the same on every run.
+    new = [x.sample_seed for x in g]
+    assert len(set(new)) == len(new) and not set(new) & set(seeds)
+    assert new == [stable_seed(old, "expired", 1) for old in seeds]
     assert s.sample() is g  # back to the sampler, not dropped
 
 
