@@ -105,9 +105,11 @@ class Trainer:
         self.ledger.write_step(step, produced.groups)
         self.ledger.write_dropped(step, c.manager.pop_dropped())
         row: dict[str, Any] = {"step": step, **batch_metrics, **train_metrics, **produced.stats}
+        step_s = loop.time() - t0  # evaluation is timed on its own
         if self._due(step, conf.eval_every) or step == conf.total_steps:
+            t_eval = loop.time()
             row.update(await c.evaluator.evaluate())
-        step_s = loop.time() - t0
+            row["perf/eval_s"] = loop.time() - t_eval
         trained_tokens = int(batch.response_mask.sum().item())
         row.update({
             "perf/step_s": step_s,
