@@ -243,5 +243,4 @@ class ReplayBuffer:
 
 
 def _min_version(group: Group) -> float:
-    versions = [v for s in group for v in s.response_model_steps]
-    return min(versions) if versions else float("inf")
+    return min((min(s.response_model_steps) for s in group if s.response_model_steps), default=float("inf"))

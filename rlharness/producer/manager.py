@@ -49,10 +49,20 @@ class ProducedBatch:
 
 def batch_staleness(groups: list[Group], train_step: int) -> tuple[float, int]:
     """(mean, max) staleness per response token if trained at `train_step`; (0, 0) with no tokens."""
-    values = [train_step - v - 1 for g in groups for s in g for v in s.response_model_steps]
-    if not values:
+    # Per sample, not per token (sum/min over each list in C): a list of every token was O(tokens) Python.
+    count, total, oldest = 0, 0, None
+    for g in groups:
+        for s in g:
+            steps = s.response_model_steps
+            if steps:
+                count += len(steps)
+                total += sum(steps)
+                low = min(steps)
+                if oldest is None or low < oldest:
+                    oldest = low
+    if oldest is None:
         return 0.0, 0
-    return sum(values) / len(values), max(values)
+    return ((train_step - 1) * count - total) / count, train_step - 1 - oldest
 
 
 class AgentLoopManager:
@@ -109,7 +119,7 @@ class AgentLoopManager:
                 group_filter=strategy.group_filter,
                 model_step=lambda: self._model_step,
                 producer_wake=self._producer_wake,
-                on_put=self._consumer_wake.set,
+                on_put=self._on_put,
             )
             for name, (sampler, loop) in tasks.items()
         }
@@ -119,6 +129,13 @@ class AgentLoopManager:
         self._loop_error: BaseException | None = None
         self._consumer_waiting_step = 0
         self._window_marks = self._marks()
+
+    def _on_put(self) -> None:
+        """A group landed in the buffer: wake a waiting consumer once a batch can be taken
+        (not on every group: one wake-up per group cost the consumer a loop turn each)."""
+        if self._consumer_waiting_step and not self.replay_buffer.ready(self.task_sizes):
+            return
+        self._consumer_wake.set()
 
     # ------------------------------------------------------------------ versions
     @property
