@@ -10,7 +10,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
-from dataclasses import asdict, dataclass, field
+import random
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
@@ -44,12 +45,24 @@ _STATUS_PRIORITY = {
 def group_status(group: Group) -> Status:
     if not group:
         raise ValueError("group_status of an empty group")
-    return max((s.status for s in group), key=_STATUS_PRIORITY.__getitem__)
+    first = group[0].status
+    for s in group:
+        if s.status is not first:
+            return max((s.status for s in group), key=_STATUS_PRIORITY.__getitem__)
+    return first  # the usual case: every member agrees (no ranking needed)
+
+
+# uids: 16 random hex digits (as uuid4().hex[:16] gave), 17 per group of 8 on the producer's hot
+# path. A private generator seeded from the OS, re-seeded in every forked child (a fork would
+# otherwise repeat the parent's sequence), and untouched by `random.seed(run seed)`, which would
+# make a resumed run repeat the uids of the run it resumes.
+_uid_rng = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _uid_rng.seed(os.urandom(32)))
+_uid_bits = _uid_rng.getrandbits
 
 
 def new_uid() -> str:
-    # 16 random hex digits, as uuid4().hex[:16] gave, at a sixth of the cost (17 per group of 8).
-    return os.urandom(8).hex()
+    return _uid_bits(64).to_bytes(8, "little").hex()  # f"{...:016x}" formatting cost twice this
 
 
 @dataclass
@@ -111,8 +124,10 @@ class RolloutState:
                 f"append_tokens: lengths differ (ids={len(ids)}, logprobs={len(logprobs)}, "
                 f"model_steps={len(model_steps)}, mask={len(mask)})"
             )
-        # A state that predates the mask gets its implicit ones made explicit first.
-        self.response_mask = self.loss_mask()
+        # A state that predates the mask gets its implicit ones made explicit first (a mask
+        # already as long as the response is extended in place: the producer's hot path).
+        if len(self.response_mask) != len(self.response_ids) or not self.response_mask:
+            self.response_mask = self.loss_mask()
         self.response_mask.extend(mask)
         self.response_ids.extend(ids)
         self.response_logprobs.extend(logprobs)
@@ -139,19 +154,44 @@ class RolloutState:
         return cls(**d)
 
     def clone(self) -> "RolloutState":
-        """A deep copy. Lists of numbers are copied flat: `copy.deepcopy` walked every token of
-        them, the producer's hottest path (several times the rest of orchestration per group)."""
-        new = copy.copy(self)
-        for name, value in vars(self).items():
-            if name in _NUMBER_LISTS:
-                setattr(new, name, list(value))
-            elif isinstance(value, (list, dict, set)):
-                setattr(new, name, copy.deepcopy(value))
-        return new
+        """A deep copy, built field by field: number lists copied flat, dicts of plain values
+        (str, int, float, bool, None) copied flat, anything else deep-copied. `copy.deepcopy`
+        walked every token, and even `copy.copy` + setattr cost 4x this: cloning is on the
+        producer's hottest path (every member of every group, overhead benchmark)."""
+        # Positional, in field order (checked below): keyword passing cost a third more.
+        return type(self)(
+            self.uid, self.group_id, self.task, self.prompt_index, self.epoch, self.prompt_text,
+            list(self.prompt_ids), _copy_mapping(self.label), list(self.response_ids),
+            list(self.response_logprobs), list(self.response_model_steps), list(self.response_mask),
+            self.response_text, _copy_mapping(self.reward), self.status, self.finish_reason, self.num_aborts,
+            self.sample_seed, _copy_mapping(self.extra),
+        )
 
 
-# RolloutState fields that hold only numbers (copied with list() by `clone`).
-_NUMBER_LISTS = frozenset({"prompt_ids", "response_ids", "response_logprobs", "response_model_steps", "response_mask"})
+# The fields `clone` and `make_group` pass by position, in order: a field added to RolloutState
+# (or moved) must be added there too.
+_FIELD_ORDER = (
+    "uid", "group_id", "task", "prompt_index", "epoch", "prompt_text", "prompt_ids", "label", "response_ids",
+    "response_logprobs", "response_model_steps", "response_mask", "response_text", "reward", "status",
+    "finish_reason", "num_aborts", "sample_seed", "extra")
+if _FIELD_ORDER != tuple(f.name for f in fields(RolloutState)):
+    raise AssertionError(f"RolloutState.clone/make_group are out of date: fields are "
+                         f"{[f.name for f in fields(RolloutState)]}, they pass {list(_FIELD_ORDER)}")
+
+# Immutable values a flat copy may share.
+_PLAIN_TYPES = frozenset({str, int, float, bool, type(None)})
+
+
+def _copy_mapping(value: Any) -> Any:
+    """Deep copy of a dict (or None); flat when every value is a plain immutable."""
+    if value is None:
+        return None
+    if type(value) is dict:
+        for v in value.values():
+            if type(v) not in _PLAIN_TYPES:
+                return copy.deepcopy(value)
+        return value.copy()
+    return copy.deepcopy(value)
 
 
 def make_group(
@@ -167,19 +207,12 @@ def make_group(
 ) -> Group:
     """`k` fresh copies of one prompt sharing a group id."""
     group_id = new_uid()
+    init = Status.INIT
+    # Positional, in field order (see _FIELD_ORDER): this runs for every member of every fresh group.
     return [
-        RolloutState(
-            uid=new_uid(),
-            group_id=group_id,
-            task=task,
-            prompt_index=prompt_index,
-            epoch=epoch,
-            prompt_text=prompt_text,
-            prompt_ids=list(prompt_ids),
-            label=dict(label),
-            sample_seed=stable_seed(seed, task, epoch, prompt_index, member),
-        )
-        for member in range(k)
+        RolloutState(new_uid(), group_id, task, prompt_index, epoch, prompt_text, list(prompt_ids), dict(label),
+                     [], [], [], [], "", None, init, None, 0, member_seed, {})
+        for member_seed in member_seeds(seed, task, epoch, prompt_index, k)
     ]
 
 
@@ -189,16 +222,25 @@ def stable_seed(*parts: Any) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+def member_seeds(seed: int, task: str, epoch: int, prompt_index: int, k: int) -> list[int]:
+    """`[stable_seed(seed, task, epoch, prompt_index, m) for m in range(k)]`, with the tuple's
+    repr built once: repr((a, b, c, d, m)) is repr((a, b, c, d))[:-1] + ", m)"."""
+    head = repr((seed, task, epoch, prompt_index))[:-1]
+    blake2b = hashlib.blake2b
+    return [int.from_bytes(blake2b(f"{head}, {m!r})".encode(), digest_size=8).digest(), "little") >> 1
+            for m in range(k)]
+
+
 def group_staleness(group: Group, train_step: int) -> int:
     """Staleness of a group if trained at `train_step`: train_step - min version - 1.
 
     Measured per token (DESIGN.md): the oldest token of any member decides. A group
     with no tokens yet has staleness 0.
     """
-    versions = [v for s in group for v in s.response_model_steps]
-    if not versions:
+    oldest = min((min(s.response_model_steps) for s in group if s.response_model_steps), default=None)
+    if oldest is None:
         return 0
-    return train_step - min(versions) - 1
+    return train_step - oldest - 1
 
 
 @dataclass

@@ -10,6 +10,7 @@ come back ABORTED with the tokens generated so far.
 from __future__ import annotations
 
 import abc
+from dataclasses import fields
 from typing import Callable
 
 from rlharness.config.schema import AgentConf
@@ -37,5 +38,12 @@ class AgentLoop(abc.ABC):
 
     def sampling_params(self, max_tokens: int, seed: int | None = None) -> SamplingParams:
         sc = self.conf.sampling
-        return SamplingParams(temperature=sc.temperature, top_p=sc.top_p, top_k=sc.top_k,
-                              max_tokens=max_tokens, stop=list(sc.stop), seed=seed)
+        # Positional (one call per engine request): temperature, top_p, top_k, max_tokens, stop, greedy, seed.
+        return SamplingParams(sc.temperature, sc.top_p, sc.top_k, max_tokens, list(sc.stop), False, seed)
+
+
+# `sampling_params` passes these by position.
+_SAMPLING_ORDER = ("temperature", "top_p", "top_k", "max_tokens", "stop", "greedy", "seed")
+if _SAMPLING_ORDER != tuple(f.name for f in fields(SamplingParams))[:len(_SAMPLING_ORDER)]:
+    raise AssertionError(f"AgentLoop.sampling_params is out of date with SamplingParams' fields "
+                         f"{[f.name for f in fields(SamplingParams)]}")

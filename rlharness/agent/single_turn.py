@@ -1,4 +1,7 @@
-"""Single-turn agent loop: one engine call per member, all members concurrently, then judge.
+"""Single-turn agent loop: one engine call per member, all members at once, then judge.
+
+The members' requests go to the engine in one `generate_many` call (one future per
+group for an engine that batches natively, a task per member otherwise).
 
 Partial rollout: a member interrupted by `pause()` comes back ABORTED with its
 tokens, log-probs and versions so far; continuing it sends prompt + partial response
@@ -12,7 +15,7 @@ import asyncio
 import logging
 
 from rlharness.agent.base import AgentLoop
-from rlharness.engine.base import GenerateRequest
+from rlharness.engine.base import GenerateRequest, GenerateResult
 from rlharness.types import Group, RolloutState, Status, new_uid
 
 log = logging.getLogger(__name__)
@@ -24,8 +27,9 @@ class SingleTurnAgentLoop(AgentLoop):
         todo = [s for s in group if s.status != Status.COMPLETED]
         if not enable_partial_rollout:
             for s in todo:
-                self._discard(s)
-        await asyncio.gather(*(self._generate_member(s) for s in todo))
+                if not _pristine(s):  # a fresh member has nothing to discard
+                    self._discard(s)
+        await self._generate_members(todo)
 
         if any(s.status == Status.ABORTED for s in group):
             if not enable_partial_rollout:
@@ -46,18 +50,38 @@ class SingleTurnAgentLoop(AgentLoop):
         self.tokens_discarded += len(s.response_ids)
         s.reset_response()
 
+    async def _generate_members(self, todo: list[RolloutState]) -> None:
+        if type(self)._generate_member is not SingleTurnAgentLoop._generate_member:
+            # A subclass with its own per-member loop (several engine calls, tools): run those concurrently.
+            await asyncio.gather(*(self._generate_member(s) for s in todo))
+            return
+        members, requests = [], []
+        for s in todo:
+            request = self._request(s)
+            if request is not None:
+                members.append(s)
+                requests.append(request)
+        if requests:
+            for s, result in zip(members, await self.engine.generate_many(requests)):
+                self._apply(s, result)
+
     async def _generate_member(self, s: RolloutState) -> None:
+        """One member alone (the batched path above does the same for all members in one call)."""
+        request = self._request(s)
+        if request is not None:
+            self._apply(s, await self.engine.generate(request))
+
+    def _request(self, s: RolloutState) -> GenerateRequest | None:
+        """The engine request that continues `s`, or None (and `s` COMPLETED) if its budget is spent."""
         remaining = self.conf.sampling.max_tokens - len(s.response_ids)
         if remaining <= 0:  # a continuation that already holds its whole budget
             s.status, s.finish_reason = Status.COMPLETED, "length"
             s.response_text = self.decode(s.response_ids)
-            return
-        request = GenerateRequest(
-            request_id=new_uid(),
-            prompt_ids=list(s.prompt_ids) + list(s.response_ids),
-            sampling=self.sampling_params(remaining, seed=s.sample_seed),
-        )
-        result = await self.engine.generate(request)
+            return None
+        return GenerateRequest(new_uid(), [*s.prompt_ids, *s.response_ids],
+                               self.sampling_params(remaining, seed=s.sample_seed))
+
+    def _apply(self, s: RolloutState, result: GenerateResult) -> None:
         s.append_tokens(result.token_ids, result.logprobs, result.model_steps)
         s.finish_reason = result.finish_reason
         s.response_text = self.decode(s.response_ids)
@@ -67,3 +91,8 @@ class SingleTurnAgentLoop(AgentLoop):
         else:
             s.status = Status.COMPLETED
 
+
+def _pristine(s: RolloutState) -> bool:
+    """Never generated: nothing `reset_response` would change."""
+    return (s.status == Status.INIT and not s.response_ids and not s.response_mask and not s.response_text
+            and s.reward is None and s.finish_reason is None)

@@ -4,11 +4,18 @@ An engine serves many concurrent `generate` calls (continuous batching is its ow
 business), can abort everything in flight (each aborted call returns the tokens it
 produced so far with finish_reason "abort"), and swaps weights between requests,
 stamping every token with the weight version that produced it.
+
+`generate_many(requests)` serves several requests (one group's members) in one call;
+the default gathers `generate`, and an engine that can take a batch at once overrides
+it so a group costs one future instead of a task per member. Its contract is that of
+`generate` per request: results in request order, and an abort returns each request's
+partial tokens with finish_reason "abort".
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +61,12 @@ class RolloutEngine(abc.ABC):
 
     @abc.abstractmethod
     async def generate(self, request: GenerateRequest) -> GenerateResult: ...
+
+    async def generate_many(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        """`generate` for each request, concurrently; results in the order of `requests`."""
+        if len(requests) == 1:
+            return [await self.generate(requests[0])]
+        return list(await asyncio.gather(*(self.generate(r) for r in requests)))
 
     @abc.abstractmethod
     async def abort_all(self) -> int:

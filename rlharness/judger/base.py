@@ -1,9 +1,19 @@
 """Judgers turn a response into `reward["score"]`.
 
 A rule judger implements `score(response_text, label) -> dict` (pure, synchronous,
-with "score" among the keys). `judge_group` runs it for a whole group in a worker
-thread under a timeout; a judger that raises or times out marks the group FAILED
-(the run goes on and counts it).
+with "score" among the keys). `judge_group` scores a whole group; a judger that
+raises or times out marks the group FAILED (the run goes on and counts it).
+
+Where the scoring runs:
+- `score_inline(response_text, label)` is tried first, on the event loop: a judger
+  whose scoring is cheap and cannot block (a rule over a bounded string, microseconds)
+  returns the reward there, so judging costs no thread round trip per group (the
+  producer's overhead benchmark). It returns None when the answer needs the slow
+  path (the math judger's math-verify fallback, any I/O): the default, so a judger
+  is inline only when it says so.
+- Members scored None go to a worker thread (`asyncio.to_thread`) under the
+  `timeout_s` budget: only scoring that can take long needs the timeout.
+An exception from either path fails the group, with the judger and the error as reason.
 """
 
 from __future__ import annotations
@@ -25,23 +35,39 @@ class Judger(abc.ABC):
     def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
         """Return at least {"score": float}."""
 
+    def score_inline(self, response_text: str, label: dict[str, Any]) -> dict[str, float] | None:
+        """The reward if it is cheap to compute here (microseconds, no I/O, cannot hang), else None.
+
+        Runs on the event loop; must agree with `score` whenever it answers."""
+        return None
+
     async def judge_group(self, group: Group, timeout_s: float) -> Group:
-        """Fill `reward` for every COMPLETED member; FAILED on error or timeout."""
-
-        def _run() -> list[dict[str, float]]:
-            return [self.score(s.response_text, s.label) for s in group]
-
+        """Fill `reward` for every member; FAILED on error or timeout."""
         try:
-            rewards = await asyncio.wait_for(asyncio.to_thread(_run), timeout=timeout_s)
+            rewards = [self.score_inline(s.response_text, s.label) for s in group]
         except Exception as exc:  # noqa: BLE001 - any judger error fails the group, not the run
-            reason = "timeout" if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {exc}"
-            log.warning("judger %s failed on group %s: %s", self.name, group[0].group_id, reason)
-            for s in group:
-                s.status = Status.FAILED
-                s.extra["fail_reason"] = f"judger {self.name}: {reason}"
-            return group
+            return self._fail(group, f"{type(exc).__name__}: {exc}")
+        slow = [i for i, r in enumerate(rewards) if r is None]
+        if slow:
+            def _run() -> list[dict[str, float]]:
+                return [self.score(group[i].response_text, group[i].label) for i in slow]
+
+            try:
+                scored = await asyncio.wait_for(asyncio.to_thread(_run), timeout=timeout_s)
+            except Exception as exc:  # noqa: BLE001 - any judger error fails the group, not the run
+                reason = "timeout" if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {exc}"
+                return self._fail(group, reason)
+            for i, r in zip(slow, scored):
+                rewards[i] = r
         for s, r in zip(group, rewards):
-            if "score" not in r:
+            if "score" not in r:  # type: ignore[operator]
                 raise KeyError(f"judger {self.name} returned no 'score' key: {r}")
-            s.reward = {k: float(v) for k, v in r.items()}
+            s.reward = {k: float(v) for k, v in r.items()}  # type: ignore[union-attr]
+        return group
+
+    def _fail(self, group: Group, reason: str) -> Group:
+        log.warning("judger %s failed on group %s: %s", self.name, group[0].group_id, reason)
+        for s in group:
+            s.status = Status.FAILED
+            s.extra["fail_reason"] = f"judger {self.name}: {reason}"
         return group

@@ -88,3 +88,7 @@ class CountdownJudger(Judger):
         except InvalidExpression:
             return {"score": 0.0}
         return {"score": 1.0 if value == int(label["target"]) else 0.0}
+
+    def score_inline(self, response_text: str, label: dict[str, Any]) -> dict[str, float] | None:
+        # Cheap and bounded (MAX_EXPRESSION_CHARS, an AST walk): always scored on the event loop.
+        return self.score(response_text, label)

@@ -25,3 +25,8 @@ class FormatJudger(Judger):
 
     def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
         return {"score": 1.0 if self.pattern.fullmatch(response_text) else 0.0}
+
+    def score_inline(self, response_text: str, label: dict[str, Any]) -> dict[str, float] | None:
+        # One regex match. A worker thread would not protect the loop from a pathological pattern
+        # anyway: `re` holds the GIL while it matches.
+        return self.score(response_text, label)

@@ -7,7 +7,7 @@ text. No final answer scores 0.
 Comparison: a fast exact path first — both sides plain integers/decimals after
 dropping thousands commas and `$` — compared as Fractions (microseconds; the
 arithmetic task judges hundreds of responses per step, and math-verify costs ~2 ms a
-call). Anything else goes to math-verify (the parser/verifier TRL and open-r1 use),
+call); `score_inline` answers from it on the event loop. Anything else goes to math-verify (the parser/verifier TRL and open-r1 use),
 with its signal-based timeouts disabled (`parsing_timeout=None`,
 `timeout_seconds=None`): signals only work in the main thread and judgers run in
 worker threads; `Judger.judge_group` enforces the overall timeout instead.
@@ -107,12 +107,26 @@ class MathJudger(Judger):
     def __init__(self, conf: MathJudgerConf | None = None):
         self.conf = conf or MathJudgerConf()
 
-    def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
+    def _gold_and_pred(self, response_text: str, label: dict[str, Any]) -> tuple[str, str | None]:
         if "answer" not in label:
             raise KeyError(f"math judger: label has no 'answer' key (keys: {sorted(label)})")
         gold_text = str(label["answer"])
         gold = last_boxed(gold_text) or gold_text.strip()
-        pred = extract_final_answer(response_text, self.conf.fallback_last_number)
+        return gold, extract_final_answer(response_text, self.conf.fallback_last_number)
+
+    def score_inline(self, response_text: str, label: dict[str, Any]) -> dict[str, float] | None:
+        """No answer, or two plain numbers: decided here; anything else needs math-verify (None)."""
+        gold, pred = self._gold_and_pred(response_text, label)
         if pred is None or not gold:
             return {"score": 0.0}
-        return {"score": 1.0 if answers_match(gold, pred) else 0.0}
+        g, p = as_plain_number(gold), as_plain_number(pred)
+        if g is not None and p is not None:
+            return {"score": 1.0 if g == p else 0.0}
+        return None
+
+    def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
+        fast = self.score_inline(response_text, label)
+        if fast is not None:
+            return fast
+        gold, pred = self._gold_and_pred(response_text, label)
+        return {"score": 1.0 if answers_match(gold, pred) else 0.0}  # type: ignore[arg-type]

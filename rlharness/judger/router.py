@@ -38,6 +38,18 @@ class RouterJudger(Judger):
         self.parts = {name: _build_part(name, self.conf) for name in self.conf.weights}
 
     def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
-        parts = {name: float(j.score(response_text, label)["score"]) for name, j in self.parts.items()}
+        return self._combine({name: float(j.score(response_text, label)["score"]) for name, j in self.parts.items()})
+
+    def score_inline(self, response_text: str, label: dict[str, Any]) -> dict[str, float] | None:
+        """Inline only when every part answers inline."""
+        parts = {}
+        for name, j in self.parts.items():
+            r = j.score_inline(response_text, label)
+            if r is None:
+                return None
+            parts[name] = float(r["score"])
+        return self._combine(parts)
+
+    def _combine(self, parts: dict[str, float]) -> dict[str, float]:
         total = sum(self.conf.weights[name] * s for name, s in parts.items())
         return {"score": total, **parts}

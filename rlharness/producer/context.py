@@ -30,42 +30,76 @@ MAX_CRASHES_PER_GROUP = 3
 
 
 class Signal:
-    """An asyncio.Event bound to whichever event loop is running when it is used.
+    """A flag that wakes waiters when set; waiters may belong to any event loop.
 
-    A trainer may drive the manager from several `asyncio.run` calls; a plain Event
-    would stay bound to the first loop.
+    A trainer may drive the manager from several `asyncio.run` calls, so nothing here is
+    bound to one loop: a waiter is a future of its own loop, resolved there. The producer
+    waits on it together with its pending set through `add_waiter` (a future resolved
+    directly, not a task per wait: one wake-up per finished group, overhead benchmark).
     """
 
     def __init__(self) -> None:
-        self._event: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._flag = False
+        self._waiters: list[asyncio.Future] = []
 
-    def _get(self) -> asyncio.Event:
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:
-            self._event, self._loop = asyncio.Event(), loop
-        assert self._event is not None
-        return self._event
+    def is_set(self) -> bool:
+        return self._flag
 
     def set(self) -> None:
+        self._flag = True
+        if not self._waiters:
+            return
+        waiters, self._waiters = self._waiters, []
         try:
-            self._get().set()
-        except RuntimeError:  # no running loop: nobody can be waiting
-            pass
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        for fut in waiters:
+            if fut.done():
+                continue
+            loop = fut.get_loop()
+            if loop is running:
+                fut.set_result(True)
+            else:  # a waiter in another thread's loop (or a closed one: nobody is waiting any more)
+                try:
+                    loop.call_soon_threadsafe(_resolve, fut, True)
+                except RuntimeError:
+                    pass
 
     def clear(self) -> None:
-        self._get().clear()
+        self._flag = False
 
-    def event(self) -> asyncio.Event:
-        return self._get()
+    def add_waiter(self, fut: asyncio.Future) -> None:
+        """Resolve `fut` (result True) on the next `set`, or now if the flag is up."""
+        if self._flag:
+            _resolve(fut, True)
+        else:
+            self._waiters.append(fut)
+
+    def remove_waiter(self, fut: asyncio.Future) -> None:
+        try:
+            self._waiters.remove(fut)
+        except ValueError:
+            pass
 
     async def wait(self, timeout_s: float) -> bool:
         """True if set within `timeout_s`."""
-        try:
-            await asyncio.wait_for(self._get().wait(), timeout=timeout_s)
+        if self._flag:
             return True
-        except asyncio.TimeoutError:
-            return False
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        timer = loop.call_later(timeout_s, _resolve, fut, False)
+        self._waiters.append(fut)
+        try:
+            return bool(await fut)
+        finally:
+            timer.cancel()
+            self.remove_waiter(fut)
+
+
+def _resolve(fut: asyncio.Future, value: bool) -> None:
+    if not fut.done():
+        fut.set_result(value)
 
 
 @dataclass
@@ -91,6 +125,12 @@ class ProduceContext:
     tail_rounds: int = 0
     last_round_tail: bool = False
 
+    def __post_init__(self) -> None:
+        self.pending.on_any_done = self._task_done
+        # Built once, not per group scheduled.
+        self._generate_fns = {flag: self._make_generate_fn(flag) for flag in (False, True)}
+        self._take_fns = {flag: (lambda flag=flag: self.take_group(flag)) for flag in (False, True)}
+
     # ------------------------------------------------------------------ progress
     def target(self) -> int:
         return self.progress.target_samples[self.task]
@@ -111,24 +151,24 @@ class ProduceContext:
 
     def start(self, group: Group, enable_partial_rollout: bool) -> asyncio.Task:
         """Start generating `group` and track it (with its input) in the pending set."""
-        return self.pending.spawn(group, self._generate_fn(enable_partial_rollout), self._task_done)
+        return self.pending.spawn(group, self._generate_fns[bool(enable_partial_rollout)])
 
     def schedule_one(self, *, max_pending: int, enable_partial_rollout: bool, from_expired_only: bool) -> bool:
         return self.pending.schedule_one(
             max_pending=max_pending,
             should_stop=self.should_stop,
-            take_group=lambda: self.take_group(from_expired_only),
-            make_coro=self._generate_fn(enable_partial_rollout),
-            on_done=self._task_done,
+            take_group=self._take_fns[bool(from_expired_only)],
+            make_coro=self._generate_fns[bool(enable_partial_rollout)],
         )
 
-    def _generate_fn(self, enable_partial_rollout: bool):
+    def _make_generate_fn(self, enable_partial_rollout: bool):
         async def generate(group: Group) -> Group:
             loop = asyncio.get_running_loop()
             start_s = loop.time()
             result = await self.agent_loop.generate_group(group, enable_partial_rollout=enable_partial_rollout)
+            generate_s = loop.time() - start_s
             for s in result:
-                s.extra["generate_s"] = loop.time() - start_s
+                s.extra["generate_s"] = generate_s
             return result
 
         return generate
@@ -138,7 +178,7 @@ class ProduceContext:
 
     async def wait_and_collect(self, timeout_s: float) -> int:
         """Wait for some task to finish (or a wake-up) and put whatever finished; returns groups put."""
-        done = await self.pending.wait_any(timeout_s, wake=self.producer_wake.event())
+        done = await self.pending.wait_any(timeout_s, wake=self.producer_wake)
         return self.collect(self.pending.claim(done))
 
     # ------------------------------------------------------------------ results

@@ -14,13 +14,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable, Protocol
 
 from rlharness.types import Group
 
 log = logging.getLogger(__name__)
 
 Claimed = list[tuple[asyncio.Task, Group]]
+
+
+class Wakeable(Protocol):
+    """A wake-up source that resolves a future directly (no task per wait): see context.Signal."""
+
+    def is_set(self) -> bool: ...
+
+    def add_waiter(self, fut: asyncio.Future) -> None: ...
+
+    def remove_waiter(self, fut: asyncio.Future) -> None: ...
+
+
+def _wake(fut: asyncio.Future, *_: Any) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class _PendingTasks:
@@ -37,6 +52,9 @@ class _PendingTasks:
         self._finished: dict[asyncio.Task, None] = {}
         self._waiter: asyncio.Future | None = None
         self.max_count_seen = 0  # for the over-sampling budget check
+        # Called with every task of the set when it finishes (after it is recorded as finished):
+        # one done-callback per task instead of two (the produce context sets it).
+        self.on_any_done: Callable[[asyncio.Task], None] | None = None
 
     def count(self) -> int:
         return len(self._tasks)
@@ -46,11 +64,12 @@ class _PendingTasks:
 
     def spawn(self, group: Group, make_coro: Callable[[Group], Awaitable[Group]],
               on_done: Callable[[asyncio.Task], None] | None = None) -> asyncio.Task:
-        task = asyncio.ensure_future(make_coro(group))
+        task = asyncio.get_running_loop().create_task(make_coro(group))
         self._tasks[task] = group
         self._seq[task] = self._next_seq
         self._next_seq += 1
-        self.max_count_seen = max(self.max_count_seen, len(self._tasks))
+        if len(self._tasks) > self.max_count_seen:
+            self.max_count_seen = len(self._tasks)
         task.add_done_callback(self._on_task_done)
         if on_done is not None:
             task.add_done_callback(on_done)
@@ -61,6 +80,8 @@ class _PendingTasks:
             self._finished[task] = None
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+        if self.on_any_done is not None:
+            self.on_any_done(task)
 
     def schedule_one(
         self,
@@ -90,22 +111,31 @@ class _PendingTasks:
         reported one loop turn later, and its callback also ends a `wait_any`)."""
         return self.claim(list(self._finished))
 
-    async def wait_any(self, timeout_s: float, wake: asyncio.Event | None = None) -> set[asyncio.Task]:
-        """Wait until a task is done, `wake` is set or `timeout_s` passes; returns done tasks (unclaimed)."""
+    async def wait_any(self, timeout_s: float, wake: asyncio.Event | Wakeable | None = None) -> set[asyncio.Task]:
+        """Wait until a task is done, `wake` is set or `timeout_s` passes; returns done tasks (unclaimed).
+
+        One future and one timer per wait: a `Wakeable` resolves the future itself (an
+        asyncio.Event still works, at the cost of a task waiting on it)."""
         if not self._tasks:
             return set()
-        if not self._finished:
+        if not self._finished and not (wake is not None and wake.is_set()):
             loop = asyncio.get_running_loop()
             self._waiter = waiter = loop.create_future()
-            waiters: set[asyncio.Future] = {waiter}
-            wake_task = asyncio.ensure_future(wake.wait()) if wake is not None else None
-            if wake_task is not None:
-                waiters.add(wake_task)
+            timer = loop.call_later(timeout_s, _wake, waiter)
+            event_task: asyncio.Task | None = None
+            if isinstance(wake, asyncio.Event):
+                event_task = loop.create_task(wake.wait())
+                event_task.add_done_callback(lambda _t: _wake(waiter))
+            elif wake is not None:
+                wake.add_waiter(waiter)
             try:
-                await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+                await waiter
             finally:
-                if wake_task is not None:
-                    wake_task.cancel()
+                timer.cancel()
+                if event_task is not None:
+                    event_task.cancel()
+                elif wake is not None:
+                    wake.remove_waiter(waiter)
                 if self._waiter is waiter:
                     self._waiter = None
         return set(self._finished)
