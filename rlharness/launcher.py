@@ -77,6 +77,7 @@ def set_threads_from_env() -> None:
 
 def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
     from rlharness.build import build_components
+    from rlharness.gc_tuning import tune_gc, untune_gc
     from rlharness.trainer.trainer import Trainer, seed_everything
 
     set_threads_from_env()
@@ -91,10 +92,14 @@ def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
     components = build_components(conf, engine=engine, backend=backend)
     trainer = Trainer(conf, components, run_dir, config_dict)
     log.info("run directory: %s", run_dir)
+    gc_thresholds = tune_gc()  # start-up is done: freeze it, collect less often (rlharness/gc_tuning.py)
     try:
         return asyncio.run(trainer.fit())
     finally:
-        asyncio.run(_close(components))
+        try:
+            asyncio.run(_close(components))
+        finally:
+            untune_gc(gc_thresholds)  # a process that runs again (tests, in-process sweeps) starts afresh
 
 
 async def _close(components) -> None:
