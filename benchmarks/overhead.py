@@ -32,6 +32,7 @@ import collections
 import gc
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -46,6 +47,7 @@ from rlharness.config.schema import SamplerConf, SamplingConf, SingleTurnAgentCo
 from rlharness.config.schema import AsyncStrategyConf, SyncStrategyConf  # noqa: E402
 from rlharness.data.base import PromptRow  # noqa: E402
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine  # noqa: E402
+from rlharness.gc_tuning import tune_gc, untune_gc  # noqa: E402
 from rlharness.judger.base import Judger  # noqa: E402
 from rlharness.producer.manager import AgentLoopManager  # noqa: E402
 from rlharness.producer.strategies import build_strategy  # noqa: E402
@@ -176,18 +178,33 @@ async def _disaggregated(mgr: AgentLoopManager, steps: int) -> list[tuple[float,
     return times
 
 
+GC_MODES = ("default", "tuned", "off")
+
+
 def measure(path: str, groups: int, group_size: int, steps: int, staggered: bool,
-            gc_off: bool = False) -> dict[str, Any]:
-    """Microseconds per group; `gc_off` freezes and disables Python's cyclic GC during the run,
-    separating the producer's own cost from the GC's passes over every live object."""
-    if gc_off:
+            gc_off: bool = False, gc_mode: str | None = None) -> dict[str, Any]:
+    """Microseconds per group under one setting of Python's cyclic GC (`gc_mode`):
+    - "default": Python's own thresholds (700, 10, 10), nothing frozen;
+    - "tuned": what a training run uses (`rlharness.gc_tuning.tune_gc`, called by the launcher
+      once the run is built): start-up objects frozen, thresholds (50000, 20, 10);
+    - "off": frozen and disabled, the producer's own cost without any collector pass.
+    `gc_off=True` is `gc_mode="off"` (older callers)."""
+    mode = gc_mode or ("off" if gc_off else "default")
+    if mode not in GC_MODES:
+        raise ValueError(f"gc_mode={mode!r} is not one of {GC_MODES}")
+    previous = gc.get_threshold()
+    if mode == "tuned":
+        tune_gc()
+    elif mode == "off":
         gc.collect()
         gc.freeze()
         gc.disable()
     try:
-        return _measure(path, groups, group_size, steps, staggered) | {"gc": "off" if gc_off else "default"}
+        return _measure(path, groups, group_size, steps, staggered) | {"gc": mode}
     finally:
-        if gc_off:
+        if mode == "tuned":
+            untune_gc(previous)
+        elif mode == "off":
             gc.enable()
             gc.unfreeze()
 
@@ -197,7 +214,10 @@ def _measure(path: str, groups: int, group_size: int, steps: int, staggered: boo
         mgr = build(SyncStrategyConf(max_staleness=0), groups, group_size, staggered)
         times = asyncio.run(_colocated(mgr, steps))
     else:
-        mgr = build(AsyncStrategyConf(max_staleness=0), groups, group_size, staggered)
+        # No over-sampling, no partial rollout: exactly the batch in flight, as in the colocated path
+        # (the async defaults over-sample 25%, which would put 1.25 N in flight).
+        mgr = build(AsyncStrategyConf(max_staleness=0, over_sample_threshold=0.0, enable_partial_rollout=False),
+                    groups, group_size, staggered)
         times = asyncio.run(_disaggregated(mgr, steps))
     acc = mgr.accounting()
     if acc["unaccounted"]:
@@ -226,6 +246,10 @@ def read_step_times(path: Path) -> dict[str, float]:
             "batch_groups": None, "rows": len(train)}
 
 
+def _loadavg() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="100 and 1,000 groups, 3 steps (for tests)")
@@ -243,27 +267,32 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.quick:
         groups, steps = [100, 1000], 3
 
+    load_before = _loadavg()
     results = []
     # GC off only for the staggered pattern (the realistic one): it shows the producer's own growth.
-    for staggered, gc_off in ((False, False), (True, False), (True, True)):
+    for staggered, gc_mode in ((False, "default"), (False, "tuned"), (True, "default"), (True, "tuned"),
+                               (True, "off")):
         for path in ("colocate", "disagg"):
             for n in groups:
-                r = measure(path, n, args.group_size, steps, staggered, gc_off)
+                r = measure(path, n, args.group_size, steps, staggered, gc_mode=gc_mode)
                 results.append(r)
                 print(f"{r['completions']:9s} gc {r['gc']:7s} {path:8s} {n:6d} groups in flight: "
-                      f"{r['us_per_group']:8.1f} us/group ({r['step_s'] * 1e3:8.1f} ms/step)", flush=True)
+                      f"{r['us_per_group']:8.1f} us/group (cpu {r['cpu_us_per_group']:8.1f}; "
+                      f"{r['step_s'] * 1e3:8.1f} ms/step)", flush=True)
 
     lines = [f"# Orchestration overhead ({'quick' if args.quick else 'full'} run)", "",
              f"InstantEngine, K={args.group_size} samples per group, {steps} steps per point (first step excluded); "
-             f"target < {TARGET_US:g} us per group at 10,000 in flight.", "",
-             "| completions | Python GC | path | groups in flight | us per group | us per sample | ms per step | "
-             "per-group growth vs smallest N |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             f"target < {TARGET_US:g} us per group at 10,000 in flight. Load average (1, 5, 15 min) "
+             f"before: {load_before}, after: {_loadavg()} on {os.cpu_count()} cores. `cpu us` is this "
+             f"process's CPU time over the same spans (the wall time minus what the OS gave others).", "",
+             "| completions | Python GC | path | groups in flight | us per group | cpu us per group | "
+             "us per sample | ms per step | per-group growth vs smallest N |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         base = next(b for b in results if b["path"] == r["path"] and b["completions"] == r["completions"]
                     and b["gc"] == r["gc"])
         lines.append(f"| {r['completions']} | {r['gc']} | {r['path']} | {r['groups_in_flight']:,} | "
-                     f"{r['us_per_group']:.1f} | "
+                     f"{r['us_per_group']:.1f} | {r['cpu_us_per_group']:.1f} | "
                      f"{r['us_per_sample']:.1f} | {r['step_s'] * 1e3:.1f} | "
                      f"{r['us_per_group'] / base['us_per_group']:.2f}x |")
     if args.metrics is not None:
@@ -274,7 +303,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                   "| completions | path | us per group | orchestration per step | share of perf/train_s | "
                   "share of perf/step_s |", "| --- | --- | --- | --- | --- | --- |"]
         for r in results:
-            if r["groups_in_flight"] != min(groups) or r["gc"] != "default":
+            if r["groups_in_flight"] != min(groups) or r["gc"] != "tuned":  # what a training run uses
                 continue
             per_step_s = r["us_per_group"] * 1e-6 * args.default_batch_groups
             lines.append(f"| {r['completions']} | {r['path']} | {r['us_per_group']:.1f} | {per_step_s * 1e3:.2f} ms | "

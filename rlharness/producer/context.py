@@ -127,6 +127,7 @@ class ProduceContext:
 
     def __post_init__(self) -> None:
         self.pending.on_any_done = self._task_done
+        self._collect_error: BaseException | None = None
         # Built once, not per group scheduled.
         self._generate_fns = {flag: self._make_generate_fn(flag) for flag in (False, True)}
         self._take_fns = {flag: (lambda flag=flag: self.take_group(flag)) for flag in (False, True)}
@@ -173,8 +174,25 @@ class ProduceContext:
 
         return generate
 
-    def _task_done(self, _task: asyncio.Task) -> None:
+    def _task_done(self, task: asyncio.Task) -> bool:
+        """Done-callback of every generation task: a COMPLETED group goes into the buffer right
+        here, and the producer is woken only when it has something to decide (the target met) —
+        not once per group (overhead benchmark). Anything else (a filtered, aborted or failed
+        group: a gap to refill; a crash; a cancellation; anything during a pause) is left to
+        the producer's `collect`, which also keeps its oldest-first order: aborts finish in the
+        engine's order, which need not be deterministic. Returns whether to wake the producer."""
+        if (not self.paused and self._collect_error is None and not task.cancelled() and task.exception() is None
+                and group_status(task.result()) == Status.COMPLETED and self.group_filter(task.result()) is None):
+            if self.pending.claim((task,)):
+                try:
+                    stored = self._put(task.result())
+                except BaseException as exc:  # noqa: BLE001 - re-raised by the producer's next collect
+                    self._collect_error = exc
+                else:
+                    if stored == Status.COMPLETED and self.available() < self.target():
+                        return False
         self.producer_wake.set()
+        return True
 
     async def wait_and_collect(self, timeout_s: float) -> int:
         """Wait for some task to finish (or a wake-up) and put whatever finished; returns groups put."""
@@ -183,6 +201,9 @@ class ProduceContext:
 
     # ------------------------------------------------------------------ results
     def collect(self, claimed: Claimed) -> int:
+        if self._collect_error is not None:  # putting a finished group failed in its done-callback
+            exc, self._collect_error = self._collect_error, None
+            raise exc
         for task, input_group in claimed:
             self._put(self._outcome(task, input_group))
         return len(claimed)
@@ -206,7 +227,8 @@ class ProduceContext:
             return mark_aborted(input_group)
         return task.result()
 
-    def _put(self, group: Group) -> None:
+    def _put(self, group: Group) -> Status:
+        """Filter, count and store one returned group; returns the status it was stored under."""
         status = group_status(group)
         if status == Status.COMPLETED:
             reason = self.group_filter(group)
@@ -230,3 +252,4 @@ class ProduceContext:
         elif status in (Status.FILTERED, Status.FAILED, Status.COMPLETED):  # COMPLETED -> expired on arrival
             self.dropped_in_a_row += 1
         self.on_put()
+        return stored

@@ -52,9 +52,10 @@ class _PendingTasks:
         self._finished: dict[asyncio.Task, None] = {}
         self._waiter: asyncio.Future | None = None
         self.max_count_seen = 0  # for the over-sampling budget check
-        # Called with every task of the set when it finishes (after it is recorded as finished):
-        # one done-callback per task instead of two (the produce context sets it).
-        self.on_any_done: Callable[[asyncio.Task], None] | None = None
+        # Called with every task of the set when it finishes, after it is recorded as finished (one
+        # done-callback per task instead of two; the produce context sets it). It may claim the task
+        # itself; returning False means nobody needs waking for it (a `wait_any` keeps waiting).
+        self.on_any_done: Callable[[asyncio.Task], bool | None] | None = None
 
     def count(self) -> int:
         return len(self._tasks)
@@ -78,10 +79,10 @@ class _PendingTasks:
     def _on_task_done(self, task: asyncio.Task) -> None:
         if task in self._tasks:
             self._finished[task] = None
+        if self.on_any_done is not None and self.on_any_done(task) is False:
+            return
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
-        if self.on_any_done is not None:
-            self.on_any_done(task)
 
     def schedule_one(
         self,

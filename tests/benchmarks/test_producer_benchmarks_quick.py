@@ -90,10 +90,11 @@ def test_overhead_quick_runs_and_reports(tmp_path):
                        '{"step": 2, "perf/train_s": 0.7, "perf/step_s": 1.2}\n')
     results = ov.main(["--quick", "--out", str(tmp_path), "--metrics", str(metrics)])
     assert {(r["path"], r["completions"], r["gc"]) for r in results} == {
-        (p, c, g) for p in ("colocate", "disagg") for c, g in (("burst", "default"), ("staggered", "default"),
+        (p, c, g) for p in ("colocate", "disagg") for c, g in (("burst", "default"), ("burst", "tuned"),
+                                                                ("staggered", "default"), ("staggered", "tuned"),
                                                                 ("staggered", "off"))}
     for r in results:
-        assert r["us_per_group"] > 0
+        assert r["us_per_group"] > 0 and r["cpu_us_per_group"] > 0
         assert r["max_in_flight"] == r["groups_in_flight"]  # the whole batch was in flight at once
     md = (tmp_path / "overhead_quick.md").read_text()
     assert "perf/train_s = 0.600 s" in md and "share of perf/train_s" in md

@@ -1,0 +1,152 @@
+"""The producer's hot-path pieces: clone, make_group seeds, uids, group status, Signal, GC tuning, eager collection."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+
+import pytest
+
+from rlharness.gc_tuning import GC_THRESHOLDS, tune_gc, untune_gc
+from rlharness.producer.context import Signal
+from rlharness.producer.pending import _PendingTasks
+from rlharness.types import RolloutState, Status, group_status, make_group, new_uid, stable_seed
+
+
+def _full_state() -> RolloutState:
+    s = make_group(task="t", prompt_index=3, epoch=1, prompt_text="p", prompt_ids=[5, 6],
+                   label={"answer": "4", "numbers": [1, 2]}, k=1, seed=7)[0]
+    s.append_tokens([1, 2], [-0.1, -0.2], [0, 1])
+    s.response_text, s.reward, s.status, s.finish_reason, s.num_aborts = "12", {"score": 1.0}, Status.COMPLETED, "stop", 2
+    s.extra.update(generate_s=0.5, history=[{"turn": 1}])
+    return s
+
+
+def test_clone_is_an_equal_deep_copy_of_every_field():
+    s = _full_state()
+    c = s.clone()
+    assert c == s and type(c) is RolloutState
+    for name in ("prompt_ids", "label", "response_ids", "response_logprobs", "response_model_steps",
+                 "response_mask", "reward", "extra"):
+        assert getattr(c, name) is not getattr(s, name), name
+    assert c.label["numbers"] is not s.label["numbers"]  # nested containers are copied too
+    assert c.extra["history"][0] is not s.extra["history"][0]
+    c.response_ids.append(9)
+    c.extra["generate_s"] = 1.0
+    c.reward["score"] = 0.0
+    assert s.response_ids == [1, 2] and s.extra["generate_s"] == 0.5 and s.reward == {"score": 1.0}
+
+
+def test_make_group_seeds_are_the_stable_seeds_of_each_member():
+    g = make_group(task="math", prompt_index=11, epoch=2, prompt_text="q", prompt_ids=[1], label={}, k=5, seed=3)
+    assert [s.sample_seed for s in g] == [stable_seed(3, "math", 2, 11, m) for m in range(5)]
+    assert len({s.uid for s in g}) == 5 and len({s.group_id for s in g}) == 1
+    assert all(s.status == Status.INIT and s.response_ids == [] and s.extra == {} for s in g)
+    g[0].prompt_ids.append(0)
+    g[0].response_ids.append(1)
+    assert g[1].prompt_ids == [1] and g[1].response_ids == []  # members share no list
+
+
+def test_append_tokens_extends_an_explicit_mask_and_makes_an_implicit_one_explicit():
+    s = _full_state()
+    s.append_tokens([3], [-0.3], [1], mask=[0])
+    assert s.response_mask == [1, 1, 0] and s.loss_mask() == [1, 1, 0]
+    legacy = _full_state()
+    legacy.response_mask = []  # a state from before the mask existed: implicit ones
+    legacy.append_tokens([3], [-0.3], [1])
+    assert legacy.response_mask == [1, 1, 1]
+
+
+def test_new_uid_is_16_hex_digits_and_differs_in_a_forked_child():
+    uids = {new_uid() for _ in range(1000)}
+    assert len(uids) == 1000 and all(len(u) == 16 and int(u, 16) >= 0 for u in uids)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child's next uid must not repeat the parent's next one
+        os.write(w, new_uid().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(r, 16).decode() != new_uid()
+
+
+@pytest.mark.parametrize("statuses,expected", [
+    ([Status.COMPLETED] * 3, Status.COMPLETED),
+    ([Status.COMPLETED, Status.ABORTED, Status.COMPLETED], Status.ABORTED),
+    ([Status.FAILED, Status.ABORTED], Status.FAILED),
+    ([Status.ARCHIVED, Status.INIT], Status.INIT),
+])
+def test_group_status_is_the_worst_member(statuses, expected):
+    g = make_group(task="t", prompt_index=0, epoch=0, prompt_text="p", prompt_ids=[1], label={}, k=len(statuses))
+    for s, st in zip(g, statuses):
+        s.status = st
+    assert group_status(g) == expected
+
+
+@pytest.mark.timeout(10)
+def test_signal_wakes_waiters_and_times_out():
+    async def main():
+        sig = Signal()
+        assert await sig.wait(0.01) is False
+        waiter = asyncio.ensure_future(sig.wait(5))
+        await asyncio.sleep(0)
+        sig.set()
+        assert await waiter is True
+        assert await sig.wait(5) is True  # still set
+        sig.clear()
+        fut = asyncio.get_running_loop().create_future()
+        sig.add_waiter(fut)
+        sig.remove_waiter(fut)
+        sig.set()
+        assert not fut.done()  # removed waiters are not resolved
+
+    asyncio.run(main())
+    sig = Signal()
+    sig.set()  # outside any loop: only the flag
+    assert asyncio.run(sig.wait(0.01)) is True  # a later loop sees it
+
+
+@pytest.mark.timeout(10)
+def test_wait_any_wakes_on_a_wakeable_without_a_task_per_wait():
+    async def main():
+        pending, sig = _PendingTasks(), Signal()
+        pending.spawn(["g"], lambda g: asyncio.sleep(10, result=g))
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.01, sig.set)
+        before = len(asyncio.all_tasks())
+        waiting = asyncio.ensure_future(pending.wait_any(5, wake=sig))
+        await asyncio.sleep(0)
+        assert len(asyncio.all_tasks()) == before + 1  # only the waiting coroutine itself
+        assert await waiting == set()
+        await pending.cancel_all(1)
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(10)
+def test_pending_hook_returning_false_claims_quietly():
+    async def main():
+        pending, seen = _PendingTasks(), []
+
+        def hook(task):
+            seen.append(pending.claim((task,)))
+            return False  # handled: nobody needs waking
+
+        pending.on_any_done = hook
+        pending.spawn(["g"], lambda g: asyncio.sleep(0, result=g))
+        pending.spawn(["slow"], lambda g: asyncio.sleep(10, result=g))
+        done = await pending.wait_any(0.1)
+        assert done == set() and len(seen) == 1 and seen[0][0][1] == ["g"] and pending.count() == 1
+        await pending.cancel_all(1)
+
+    asyncio.run(main())
+
+
+def test_tune_gc_freezes_and_sets_thresholds_and_untune_restores():
+    before = gc.get_threshold()
+    previous = tune_gc()
+    try:
+        assert gc.get_threshold() == GC_THRESHOLDS and gc.get_freeze_count() > 0
+    finally:
+        untune_gc(previous)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
