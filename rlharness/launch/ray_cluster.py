@@ -71,12 +71,13 @@ def connect_ray(cluster: ClusterConf) -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
+    # Inside a Slurm job or not is checked first: an already-connected process is no excuse.
+    layout = slurm_layout(cluster, os.environ) if isinstance(cluster, SlurmClusterConf) else None
     if ray.is_initialized():
         return
     if isinstance(cluster, LocalRayClusterConf):
         _init_local(cluster)
-    elif isinstance(cluster, SlurmClusterConf):
-        layout = slurm_layout(cluster, os.environ)
+    elif layout is not None:
         if layout.is_head:
             start_head(layout, cluster.ray_timeout_s)
         else:

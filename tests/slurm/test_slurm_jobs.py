@@ -74,9 +74,19 @@ def test_submitit_jobs_complete_and_fail_with_states(slurm_env, tmp_path):
     assert [j.result() for j in jobs] == [11, 22]
     with pytest.raises(Exception, match="this job fails on purpose"):
         bad.result()
-    # The sacct shim answers submitit's state queries (no accounting daemon here).
-    assert ok.state == "COMPLETED"
-    assert bad.state == "FAILED"
+    # The sacct shim answers submitit's state queries (no accounting daemon here). A result
+    # can be read while Slurm still lists the job as RUNNING (epilog): wait for its end state.
+    assert _settled_state(ok) == "COMPLETED"
+    assert _settled_state(bad) == "FAILED"
+
+
+def _settled_state(job, timeout_s: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = job.watcher.get_state(job.job_id, mode="force")
+        if state not in ("PENDING", "RUNNING", "COMPLETING", "UNKNOWN") or time.monotonic() > deadline:
+            return state
+        time.sleep(0.5)
 
 
 @pytest.mark.timeout(240)
