@@ -306,7 +306,7 @@ class AlgoConf:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
     grad_clip: float = 1.0
-    lr_schedule: str = "constant"  # constant | cosine | linear
+    lr_schedule: str = "cosine"  # constant | cosine | linear (decays to min_lr_ratio at total_steps)
     warmup_steps: int = 0
     min_lr_ratio: float = 0.1
     ppo_epochs: int = 1
@@ -488,7 +488,7 @@ class RunConf:
     seed: int = 0
     mode: str = "colocate"  # colocate | disagg
     max_staleness: int = 0
-    total_steps: int = 300
+    total_steps: int = 400
     batch_size: int = 64  # prompt groups per training step
     eval_every: int = 50  # 0 = only before and after training
     save_every: int = 50  # 0 = only at the end
