@@ -65,7 +65,7 @@ def new_uid() -> str:
     return _uid_bits(64).to_bytes(8, "little").hex()  # f"{...:016x}" formatting cost twice this
 
 
-@dataclass
+@dataclass(slots=True)  # no per-instance __dict__: a state is created for every member of every group
 class RolloutState:
     """One sample. Per-token lists (`response_*`) always have equal length."""
 
@@ -104,6 +104,20 @@ class RolloutState:
     @property
     def max_policy_version(self) -> int | None:
         return max(self.response_model_steps) if self.response_model_steps else None
+
+    def is_pristine(self) -> bool:
+        """Never generated, never interrupted, nothing in `extra`: what `make_group` builds, and
+        what `restore_pristine` returns it to (so the producer need not copy it before generating)."""
+        return (self.status is Status.INIT and not self.response_ids and not self.response_mask
+                and not self.response_text and self.reward is None and self.finish_reason is None
+                and not self.num_aborts and not self.extra)
+
+    def restore_pristine(self) -> None:
+        """Undo whatever generation did to a state that `is_pristine` was true of."""
+        self.reset_response()
+        self.status = Status.INIT
+        self.num_aborts = 0
+        self.extra = {}
 
     def reset_response(self) -> None:
         """Forget the generated part; the prompt goes back to be generated afresh."""

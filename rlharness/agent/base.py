@@ -1,8 +1,9 @@
 """AgentLoop: turns one group (prompt copies, maybe with partial responses) into responses.
 
-`generate_group` never mutates its input: it works on copies and returns them, so
-the producer can always put the untouched input group back into the buffer when a
-task is cancelled or crashes. Members that already finished (a continued group)
+`generate_group` works on its input group in place and returns it (no copy of every
+member of every group: the producer's overhead benchmark); the producer keeps what
+it needs to put the group back as it was started when a task is cancelled or crashes
+(`producer.pending.Started`). Members that already finished (a continued group)
 keep their result. `pause()` aborts every engine request in flight; those members
 come back ABORTED with the tokens generated so far.
 """
@@ -31,7 +32,7 @@ class AgentLoop(abc.ABC):
 
     @abc.abstractmethod
     async def generate_group(self, group: Group, enable_partial_rollout: bool) -> Group:
-        """Return copies of `group` with responses generated (COMPLETED/ABORTED/FAILED members)."""
+        """Generate `group`'s responses in place and return it (COMPLETED/ABORTED/FAILED members)."""
 
     async def pause(self) -> None:
         await self.engine.abort_all()

@@ -23,11 +23,10 @@ log = logging.getLogger(__name__)
 
 class SingleTurnAgentLoop(AgentLoop):
     async def generate_group(self, group: Group, enable_partial_rollout: bool) -> Group:
-        group = [s.clone() for s in group]
         todo = [s for s in group if s.status != Status.COMPLETED]
         if not enable_partial_rollout:
             for s in todo:
-                if not _pristine(s):  # a fresh member has nothing to discard
+                if not s.is_pristine():  # a fresh member has nothing to discard
                     self._discard(s)
         await self._generate_members(todo)
 
@@ -78,8 +77,9 @@ class SingleTurnAgentLoop(AgentLoop):
             s.status, s.finish_reason = Status.COMPLETED, "length"
             s.response_text = self.decode(s.response_ids)
             return None
-        return GenerateRequest(new_uid(), [*s.prompt_ids, *s.response_ids],
-                               self.sampling_params(remaining, seed=s.sample_seed))
+        # Engines only read prompt_ids: a fresh member's prompt is sent as it is, not copied.
+        prompt = [*s.prompt_ids, *s.response_ids] if s.response_ids else s.prompt_ids
+        return GenerateRequest(new_uid(), prompt, self.sampling_params(remaining, seed=s.sample_seed))
 
     def _apply(self, s: RolloutState, result: GenerateResult) -> None:
         s.append_tokens(result.token_ids, result.logprobs, result.model_steps)
@@ -91,8 +91,3 @@ class SingleTurnAgentLoop(AgentLoop):
         else:
             s.status = Status.COMPLETED
 
-
-def _pristine(s: RolloutState) -> bool:
-    """Never generated: nothing `reset_response` would change."""
-    return (s.status == Status.INIT and not s.response_ids and not s.response_mask and not s.response_text
-            and s.reward is None and s.finish_reason is None)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass
+@dataclass(slots=True)
 class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
@@ -33,14 +33,14 @@ class SamplingParams:
     seed: int | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class GenerateRequest:
     request_id: str
-    prompt_ids: list[int]  # for a continuation: prompt + the partial response so far
+    prompt_ids: list[int]  # for a continuation: prompt + the partial response so far; engines only read it
     sampling: SamplingParams
 
 
-@dataclass
+@dataclass(slots=True)
 class GenerateResult:
     request_id: str
     token_ids: list[int]

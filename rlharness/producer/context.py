@@ -17,7 +17,7 @@ from typing import Callable
 
 from rlharness.agent.base import AgentLoop
 from rlharness.producer.filters import GroupFilter
-from rlharness.producer.pending import Claimed, _PendingTasks
+from rlharness.producer.pending import Claimed, Started, _PendingTasks
 from rlharness.producer.progress import ProduceProgress
 from rlharness.replay_buffer import ReplayBuffer, mark_aborted
 from rlharness.sampler import Sampler
@@ -204,16 +204,18 @@ class ProduceContext:
         if self._collect_error is not None:  # putting a finished group failed in its done-callback
             exc, self._collect_error = self._collect_error, None
             raise exc
-        for task, input_group in claimed:
-            self._put(self._outcome(task, input_group))
+        for task, started in claimed:
+            self._put(self._outcome(task, started))
         return len(claimed)
 
-    def _outcome(self, task: asyncio.Task, input_group: Group) -> Group:
+    def _outcome(self, task: asyncio.Task, started: Started) -> Group:
         if not task.done() or task.cancelled():
             self.window["groups_cancelled"] += 1
-            return mark_aborted(input_group)
+            # A task that has not stopped may still write to its live states: give back a copy then.
+            return mark_aborted(started.restore() if task.done() else started.copy_as_started())
         exc = task.exception()
         if exc is not None:
+            input_group = started.restore()
             crashes = int(input_group[0].extra.get("num_crashes", 0)) + 1
             log.error("task %s: agent loop crashed on group %s (%d time(s)): %r",
                       self.task, input_group[0].group_id, crashes, exc, exc_info=exc)

@@ -6,8 +6,9 @@ is handed to exactly one caller (the producer, a pause, a cancel), never two. Wa
 (`wait_any`) only reports done tasks; the caller must `claim` them afterwards and
 handles only what its claim returned.
 
-The input group of every task is kept so that a cancelled or crashed task still
-returns its prompt to the buffer (the seed lost those prompts on a pause timeout).
+Agent loops generate in place, so with every task the set keeps what gives its group back
+as it was when the task started (`Started`): a cancelled or crashed task still returns
+its prompt, untouched, to the buffer (the seed lost those prompts on a pause timeout).
 """
 
 from __future__ import annotations
@@ -20,7 +21,44 @@ from rlharness.types import Group
 
 log = logging.getLogger(__name__)
 
-Claimed = list[tuple[asyncio.Task, Group]]
+
+
+class Started:
+    """A task's group and how to get it back as it was when the task started.
+
+    A pristine group (fresh from the sampler: the usual case) is reset in place; any
+    other (a continuation holding partial tokens, a retry) is copied at the start. No
+    copy of every member of every group (overhead benchmark)."""
+
+    __slots__ = ("group", "_backup")
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+        self._backup: Group | None = None
+        for s in group:
+            if not s.is_pristine():
+                self._backup = [m.clone() for m in group]
+                break
+
+    def restore(self) -> Group:
+        """The group as started (the live states reset, or the copy taken at the start)."""
+        if self._backup is None:
+            for s in self.group:
+                s.restore_pristine()
+            return self.group
+        return self._backup
+
+    def copy_as_started(self) -> Group:
+        """A copy of the group as started, leaving the live one alone (checkpoints of work in flight)."""
+        if self._backup is None:
+            copies = [s.clone() for s in self.group]
+            for s in copies:
+                s.restore_pristine()
+            return copies
+        return [s.clone() for s in self._backup]
+
+
+Claimed = list[tuple[asyncio.Task, Started]]
 
 
 class Wakeable(Protocol):
@@ -40,7 +78,7 @@ def _wake(fut: asyncio.Future, *_: Any) -> None:
 
 class _PendingTasks:
     def __init__(self) -> None:
-        self._tasks: dict[asyncio.Task, Group] = {}
+        self._tasks: dict[asyncio.Task, Started] = {}
         # Spawn sequence number of each task: claims come back oldest first, whatever the order
         # of the set the caller passes (set order follows memory addresses, so it differs from
         # run to run). Oldest first also sends interrupted groups back to the buffer, and so to
@@ -61,12 +99,14 @@ class _PendingTasks:
         return len(self._tasks)
 
     def input_groups(self) -> list[Group]:
-        return list(self._tasks.values())
+        """Copies of the groups in flight as they were started (the live ones are being generated)."""
+        return [started.copy_as_started() for started in self._tasks.values()]
 
     def spawn(self, group: Group, make_coro: Callable[[Group], Awaitable[Group]],
               on_done: Callable[[asyncio.Task], None] | None = None) -> asyncio.Task:
+        started = Started(group)  # before the coroutine can touch the group
         task = asyncio.get_running_loop().create_task(make_coro(group))
-        self._tasks[task] = group
+        self._tasks[task] = started
         self._seq[task] = self._next_seq
         self._next_seq += 1
         if len(self._tasks) > self.max_count_seen:
@@ -144,7 +184,7 @@ class _PendingTasks:
     async def cancel_all(self, drain_timeout_s: float = 5.0) -> Claimed:
         """Claim everything, cancel it and wait for the cancellations to land.
 
-        Returns the claimed (task, input group) pairs; a task that finished before
+        Returns the claimed (task, Started) pairs; a task that finished before
         its cancellation landed still carries its result for the caller to use.
         """
         claimed = self.claim(list(self._tasks))

@@ -198,7 +198,7 @@ def test_tool_output_is_inserted_masked_and_the_whole_text_is_judged():
         assert [s.response_logprobs[i] for i in model_positions] == [position_logprob(p + i) for i in model_positions]
         assert set(s.response_model_steps) == {0}
         assert (s.finish_reason, s.reward["score"], s.extra["tool_calls"]) == ("stop", 1.0, 1)
-    assert all(s.status == Status.INIT and not s.response_ids for s in group)  # input untouched
+    assert all(a is b for a, b in zip(out, group))  # generated in place
     # Two engine calls per member; the second continues from prompt + call + output.
     assert len(engine.requests) == 4
     assert all("</tool>" in r.sampling.stop for r in engine.requests)
@@ -271,7 +271,8 @@ def test_abort_anywhere_then_continue_gives_the_uninterrupted_response(cut):
     async def main():
         first = await interrupt_after(loop, engine, group, tokens=2 * cut)
         await engine.load_weights({}, version=1)
-        return first, await loop.generate_group(first, enable_partial_rollout=True)
+        # A copy of the interrupted group: the continuation works on `first` in place.
+        return [s.clone() for s in first], await loop.generate_group(first, enable_partial_rollout=True)
 
     first, second = asyncio.run(main())
     assert group_status(first) == Status.ABORTED
@@ -336,7 +337,8 @@ def test_a_pause_during_a_tool_call_stops_the_member_before_its_next_engine_call
         release.set()
         first = await task
         loop.tools["calculator"] = calculator
-        return first, await loop.generate_group(first, enable_partial_rollout=True)
+        # A copy of the interrupted group: the continuation works on `first` in place.
+        return [s.clone() for s in first], await loop.generate_group(first, enable_partial_rollout=True)
 
     (first,), (second,) = asyncio.run(main())
     assert first.status == Status.ABORTED

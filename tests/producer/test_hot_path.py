@@ -14,6 +14,11 @@ from rlharness.producer.pending import _PendingTasks
 from rlharness.types import RolloutState, Status, group_status, make_group, new_uid, stable_seed
 
 
+def _named(name: str):
+    """A one-member group whose prompt text is `name`."""
+    return make_group(task="t", prompt_index=0, epoch=0, prompt_text=name, prompt_ids=[1], label={}, k=1)
+
+
 def _full_state() -> RolloutState:
     s = make_group(task="t", prompt_index=3, epoch=1, prompt_text="p", prompt_ids=[5, 6],
                    label={"answer": "4", "numbers": [1, 2]}, k=1, seed=7)[0]
@@ -110,7 +115,7 @@ def test_signal_wakes_waiters_and_times_out():
 def test_wait_any_wakes_on_a_wakeable_without_a_task_per_wait():
     async def main():
         pending, sig = _PendingTasks(), Signal()
-        pending.spawn(["g"], lambda g: asyncio.sleep(10, result=g))
+        pending.spawn(_named("g"), lambda g: asyncio.sleep(10, result=g))
         loop = asyncio.get_running_loop()
         loop.call_later(0.01, sig.set)
         before = len(asyncio.all_tasks())
@@ -133,10 +138,11 @@ def test_pending_hook_returning_false_claims_quietly():
             return False  # handled: nobody needs waking
 
         pending.on_any_done = hook
-        pending.spawn(["g"], lambda g: asyncio.sleep(0, result=g))
-        pending.spawn(["slow"], lambda g: asyncio.sleep(10, result=g))
+        pending.spawn(_named("g"), lambda g: asyncio.sleep(0, result=g))
+        pending.spawn(_named("slow"), lambda g: asyncio.sleep(10, result=g))
         done = await pending.wait_any(0.1)
-        assert done == set() and len(seen) == 1 and seen[0][0][1] == ["g"] and pending.count() == 1
+        assert done == set() and len(seen) == 1 and pending.count() == 1
+        assert seen[0][0][1].group[0].prompt_text == "g"
         await pending.cancel_all(1)
 
     asyncio.run(main())
@@ -150,3 +156,22 @@ def test_tune_gc_freezes_and_sets_thresholds_and_untune_restores():
     finally:
         untune_gc(previous)
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_started_resets_a_pristine_group_in_place_and_copies_any_other_at_the_start():
+    from rlharness.producer.pending import Started
+
+    fresh = _named("f") + _named("g")
+    started = Started(fresh)
+    fresh[0].append_tokens([1], [-0.1], [0])
+    fresh[0].status, fresh[0].response_text, fresh[0].extra["generate_s"] = Status.COMPLETED, "1", 0.1
+    copy = started.copy_as_started()
+    assert fresh[0].response_ids == [1] and copy[0].is_pristine() and copy[0].uid == fresh[0].uid  # live untouched
+    assert started.restore() is fresh and all(s.is_pristine() for s in fresh)
+
+    cont = [_full_state()]
+    cont[0].status = Status.ABORTED
+    started = Started(cont)
+    cont[0].append_tokens([3], [-0.3], [2])
+    restored = started.restore()
+    assert restored[0] is not cont[0] and restored[0].response_ids == [1, 2] and cont[0].response_ids == [1, 2, 3]

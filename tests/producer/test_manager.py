@@ -313,3 +313,40 @@ def test_colocated_manager_can_be_driven_by_one_event_loop_per_step():
         check_batch(h, batch, step)
         asyncio.run(sync_weights(h, step))
     check_nothing_lost(h)
+
+
+def test_a_task_that_crashes_after_writing_into_its_group_gives_the_group_back_as_it_was_started():
+    """Agent loops generate in place; a crash or cancel must not leave half-written members behind."""
+    h = build(strategy_conf("async", max_staleness=1, enable_partial_rollout=True), k=2)
+    ctx = h.mgr.contexts[TASK]
+    agent = ctx.agent_loop
+
+    class WritesThenCrashes(type(agent)):
+        async def generate_group(self, group, enable_partial_rollout):
+            await super().generate_group(group, enable_partial_rollout)  # tokens, text, reward written
+            raise RuntimeError("crash after writing")
+
+    ctx.agent_loop = WritesThenCrashes(agent.conf, agent.engine, agent.judger, agent.decode)
+    fresh = h.sampler.sample()
+    partial = h.sampler.sample()  # a continuation: a member holding partial tokens from an earlier round
+    partial[0].append_tokens([7, 8], [-0.5, -0.5], [0, 0])
+    partial[0].status, partial[0].finish_reason, partial[0].num_aborts = Status.ABORTED, "abort", 1
+    partial[1].status = Status.ABORTED
+    before = [s.clone() for s in partial]
+
+    async def main():
+        tasks = [ctx.start(g, enable_partial_rollout=True) for g in (fresh, partial)]
+        await asyncio.wait(tasks)
+        await asyncio.sleep(0)  # done-callbacks
+        ctx.collect(ctx.pending.claim(tasks))
+
+    asyncio.run(main())
+    back = {g[0].group_id: g for g in [h.rb.pop_group(TASK, Status.ABORTED), h.rb.pop_group(TASK, Status.ABORTED)]}
+    got_fresh, got_partial = back[fresh[0].group_id], back[partial[0].group_id]
+    assert got_fresh is not None and all(
+        s.status == Status.ABORTED and not s.response_ids and not s.response_text and s.reward is None
+        and s.extra["num_crashes"] == 1 and "generate_s" not in s.extra for s in got_fresh)
+    for s, b in zip(got_partial, before):
+        assert (s.response_ids, s.response_logprobs, s.response_model_steps, s.response_text, s.reward, s.num_aborts) \
+            == (b.response_ids, b.response_logprobs, b.response_model_steps, b.response_text, b.reward, b.num_aborts)
+        assert s.status == Status.ABORTED and s.extra["num_crashes"] == 1

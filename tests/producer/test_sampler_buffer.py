@@ -11,7 +11,7 @@ from rlharness.config.schema import ConfigError, SamplerConf
 from rlharness.producer.pending import _PendingTasks
 from rlharness.replay_buffer import ReplayBuffer
 from rlharness.sampler import DataExhausted, ExpiredPoolEmpty, Sampler
-from rlharness.types import Status, group_status, stable_seed
+from rlharness.types import Status, group_status, make_group, stable_seed
 
 
 def _sampler(n=10, k=2, seed=0, rollover=True, shuffle=True, rb=None):
@@ -153,6 +153,11 @@ def test_buffer_drops_filtered_and_failed_with_reason_and_checkpoints_in_flight_
 
 
 # ----------------------------------------------------------------------------- pending tasks
+def _named(name: str):
+    """A one-member group whose prompt text is `name`."""
+    return make_group(task=TASK, prompt_index=0, epoch=0, prompt_text=name, prompt_ids=[1], label={}, k=1)
+
+
 @pytest.mark.timeout(10)
 def test_pending_tasks_are_handled_exactly_once_by_concurrent_claimers():
     async def main():
@@ -164,25 +169,25 @@ def test_pending_tasks_are_handled_exactly_once_by_concurrent_claimers():
             return group
 
         for i in range(30):
-            pending.spawn([f"g{i}"], work)
+            pending.spawn(_named(f"g{i}"), work)
 
         async def claimer():
             while pending.count():
                 done = await pending.wait_any(0.05)
-                for _task, group in pending.claim(done):
-                    handled.append(group[0])
+                for _task, started in pending.claim(done):
+                    handled.append(started.group[0].prompt_text)
 
         await asyncio.gather(claimer(), claimer(), claimer())
         assert sorted(handled) == sorted(f"g{i}" for i in range(30))
 
-        slow = [pending.spawn([f"s{i}"], lambda g: asyncio.sleep(10, result=g)) for i in range(3)]
+        slow = [pending.spawn(_named(f"s{i}"), lambda g: asyncio.sleep(10, result=g)) for i in range(3)]
         claimed = await pending.cancel_all()
-        assert {g[0] for _, g in claimed} == {"s0", "s1", "s2"}
+        assert {started.group[0].prompt_text for _, started in claimed} == {"s0", "s1", "s2"}
         assert all(t.cancelled() for t in slow) and pending.count() == 0
         assert await pending.cancel_all() == []
         # schedule_one checks the stop flag and the budget before taking a group
         taken = []
-        take = lambda: taken.append(1) or ["x"]  # noqa: E731
+        take = lambda: taken.append(1) or _named("x")  # noqa: E731
         assert not pending.schedule_one(max_pending=1, should_stop=lambda: True, take_group=take, make_coro=work)
         assert pending.schedule_one(max_pending=1, should_stop=lambda: False, take_group=take, make_coro=work)
         assert not pending.schedule_one(max_pending=1, should_stop=lambda: False, take_group=take, make_coro=work)
