@@ -19,7 +19,7 @@ import logging
 from collections import Counter, OrderedDict
 from typing import Any, Iterable
 
-from rlharness.types import Group, RolloutState, Status, group_staleness, group_status, stable_seed
+from rlharness.types import Group, RolloutState, Status, group_status, stable_seed
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,10 @@ class ReplayBuffer:
         # grows with the step). The consumer refreshes on every wake-up; a rescan of the whole
         # buffer each time made a step quadratic in the groups buffered (overhead benchmark).
         self._checked_step = 0
+        # Oldest token version of every COMPLETED/ABORTED group held (by group id), computed once
+        # at `put`: expiry checks and the stalest-first order of `take_batch` read it instead of
+        # walking every member's versions again at each step (overhead benchmark).
+        self._oldest: dict[str, float] = {}
 
     # ------------------------------------------------------------------ pools
     def _pool(self, task: str, status: Status) -> OrderedDict[str, Group]:
@@ -114,7 +118,8 @@ class ReplayBuffer:
         pool = self._pool(task, status)
         if not pool:
             return None
-        _, group = pool.popitem(last=False)
+        gid, group = pool.popitem(last=False)
+        self._oldest.pop(gid, None)
         return group
 
     # ------------------------------------------------------------------ put
@@ -140,14 +145,17 @@ class ReplayBuffer:
             return status
         if status not in KEPT_STATUSES:
             raise ValueError(f"ReplayBuffer.put: group {group[0].group_id} has status {status.value}")
-        if status in (Status.COMPLETED, Status.ABORTED) and self._too_stale(group, train_step):
-            self._expire_into_pool(group)
-            return Status.EXPIRED
-        if status == Status.ABORTED:
-            self.counters["aborted"] += 1
+        gid = group[0].group_id
         if status in (Status.COMPLETED, Status.ABORTED):
+            oldest = _min_version(group)
+            if self._too_stale(oldest, train_step):
+                self._expire_into_pool(group)
+                return Status.EXPIRED
+            if status == Status.ABORTED:
+                self.counters["aborted"] += 1
             self._checked_step = min(self._checked_step, train_step)
-        self._pool(task, status)[group[0].group_id] = group
+            self._oldest[gid] = oldest
+        self._pool(task, status)[gid] = group
         return status
 
     @staticmethod
@@ -158,8 +166,10 @@ class ReplayBuffer:
                     return str(s.extra[key])
         return status.value
 
-    def _too_stale(self, group: Group, train_step: int) -> bool:
-        return group_staleness(group, train_step) >= self.stale_threshold
+    def _too_stale(self, oldest: float, train_step: int) -> bool:
+        """Whether a group whose oldest token has version `oldest` is past the bound at `train_step`
+        (as `group_staleness` measures it; a group without tokens, oldest = inf, never is)."""
+        return train_step - oldest - 1 >= self.stale_threshold
 
     def _expire_into_pool(self, group: Group) -> None:
         self.counters["expired_tokens"] += _expire(group)
@@ -174,8 +184,9 @@ class ReplayBuffer:
         expired = 0
         for task, pools in self._pools.items():
             for status in (Status.COMPLETED, Status.ABORTED):
-                stale = [gid for gid, g in pools[status].items() if self._too_stale(g, train_step)]
+                stale = [gid for gid in pools[status] if self._too_stale(self._oldest[gid], train_step)]
                 for gid in stale:
+                    del self._oldest[gid]
                     self._expire_into_pool(pools[status].pop(gid))
                 expired += len(stale)
         if expired:
@@ -201,8 +212,9 @@ class ReplayBuffer:
         for task, n in task_sizes.items():
             pool = self._pool(task, Status.COMPLETED)
             # Oldest version first; insertion order breaks ties (sorted is stable).
-            order = sorted(pool, key=lambda gid: _min_version(pool[gid]))
+            order = sorted(pool, key=self._oldest.__getitem__)
             for gid in order[:n]:
+                del self._oldest[gid]
                 batch.append(pool.pop(gid))
         return batch
 
@@ -234,10 +246,14 @@ class ReplayBuffer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._pools.clear()
+        self._oldest.clear()
         self._checked_step = 0
         for g in state["groups"]:
             group = [RolloutState.from_dict(d) for d in g]
-            self._pool(group[0].task, group_status(group))[group[0].group_id] = group
+            status = group_status(group)
+            self._pool(group[0].task, status)[group[0].group_id] = group
+            if status in (Status.COMPLETED, Status.ABORTED):
+                self._oldest[group[0].group_id] = _min_version(group)
         self._dropped = [([RolloutState.from_dict(d) for d in g], reason) for g, reason in state["dropped"]]
         self.counters = Counter(state["counters"])
 

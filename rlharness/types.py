@@ -11,6 +11,7 @@ import copy
 import hashlib
 import os
 import random
+import struct
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
@@ -75,6 +76,7 @@ class RolloutState:
     prompt_index: int  # position of the prompt in its dataset split
     epoch: int  # sampler epoch the prompt was drawn in
     prompt_text: str
+    # Read-only, like `label`: a group's members share one list (and one label), and clones share them.
     prompt_ids: list[int]
     # Ground truth and anything else the judger needs (answer, numbers, target...).
     label: dict[str, Any] = field(default_factory=dict)
@@ -132,17 +134,17 @@ class RolloutState:
     def append_tokens(self, ids: list[int], logprobs: list[float], model_steps: list[int],
                       mask: list[int] | None = None) -> None:
         """Append tokens; `mask` defaults to ones (model tokens, trained)."""
-        mask = [1] * len(ids) if mask is None else list(mask)
-        if not (len(ids) == len(logprobs) == len(model_steps) == len(mask)):
+        n = len(ids)
+        if not (n == len(logprobs) == len(model_steps)) or (mask is not None and len(mask) != n):
             raise ValueError(
-                f"append_tokens: lengths differ (ids={len(ids)}, logprobs={len(logprobs)}, "
-                f"model_steps={len(model_steps)}, mask={len(mask)})"
+                f"append_tokens: lengths differ (ids={n}, logprobs={len(logprobs)}, "
+                f"model_steps={len(model_steps)}, mask={n if mask is None else len(mask)})"
             )
         # A state that predates the mask gets its implicit ones made explicit first (a mask
         # already as long as the response is extended in place: the producer's hot path).
-        if len(self.response_mask) != len(self.response_ids) or not self.response_mask:
+        if len(self.response_mask) != len(self.response_ids):
             self.response_mask = self.loss_mask()
-        self.response_mask.extend(mask)
+        self.response_mask.extend([1] * n if mask is None else mask)
         self.response_ids.extend(ids)
         self.response_logprobs.extend(logprobs)
         self.response_model_steps.extend(model_steps)
@@ -168,14 +170,15 @@ class RolloutState:
         return cls(**d)
 
     def clone(self) -> "RolloutState":
-        """A deep copy, built field by field: number lists copied flat, dicts of plain values
-        (str, int, float, bool, None) copied flat, anything else deep-copied. `copy.deepcopy`
+        """A deep copy of everything but the read-only prompt ids and label (shared), built field
+        by field: number lists copied flat, dicts of plain values (str, int, float, bool, None)
+        copied flat, anything else deep-copied. `copy.deepcopy`
         walked every token, and even `copy.copy` + setattr cost 4x this: cloning is on the
         producer's hottest path (every member of every group, overhead benchmark)."""
         # Positional, in field order (checked below): keyword passing cost a third more.
         return type(self)(
             self.uid, self.group_id, self.task, self.prompt_index, self.epoch, self.prompt_text,
-            list(self.prompt_ids), _copy_mapping(self.label), list(self.response_ids),
+            self.prompt_ids, self.label, list(self.response_ids),
             list(self.response_logprobs), list(self.response_model_steps), list(self.response_mask),
             self.response_text, _copy_mapping(self.reward), self.status, self.finish_reason, self.num_aborts,
             self.sample_seed, _copy_mapping(self.extra),
@@ -219,12 +222,13 @@ def make_group(
     k: int,
     seed: int = 0,
 ) -> Group:
-    """`k` fresh copies of one prompt sharing a group id."""
+    """`k` fresh copies of one prompt sharing a group id, and one (read-only) copy of the prompt ids and label."""
     group_id = new_uid()
     init = Status.INIT
+    prompt_ids, label = list(prompt_ids), dict(label)
     # Positional, in field order (see _FIELD_ORDER): this runs for every member of every fresh group.
     return [
-        RolloutState(new_uid(), group_id, task, prompt_index, epoch, prompt_text, list(prompt_ids), dict(label),
+        RolloutState(new_uid(), group_id, task, prompt_index, epoch, prompt_text, prompt_ids, label,
                      [], [], [], [], "", None, init, None, 0, member_seed, {})
         for member_seed in member_seeds(seed, task, epoch, prompt_index, k)
     ]
@@ -237,12 +241,17 @@ def stable_seed(*parts: Any) -> int:
 
 
 def member_seeds(seed: int, task: str, epoch: int, prompt_index: int, k: int) -> list[int]:
-    """`[stable_seed(seed, task, epoch, prompt_index, m) for m in range(k)]`, with the tuple's
-    repr built once: repr((a, b, c, d, m)) is repr((a, b, c, d))[:-1] + ", m)"."""
-    head = repr((seed, task, epoch, prompt_index))[:-1]
-    blake2b = hashlib.blake2b
-    return [int.from_bytes(blake2b(f"{head}, {m!r})".encode(), digest_size=8).digest(), "little") >> 1
-            for m in range(k)]
+    """The `k` members' 63-bit seeds, the same in every process: eight per 64-byte blake2b digest
+    of (seed, task, epoch, prompt_index, block), so a group of up to 8 costs one hash (a hash
+    per member was a tenth of the producer's time, overhead benchmark)."""
+    seeds: list[int] = []
+    for block in range((k + 7) // 8):
+        digest = hashlib.blake2b(repr((seed, task, epoch, prompt_index, block)).encode(), digest_size=64).digest()
+        seeds.extend(x >> 1 for x in _EIGHT_U64.unpack(digest))
+    return seeds[:k]
+
+
+_EIGHT_U64 = struct.Struct("<8Q")
 
 
 def group_staleness(group: Group, train_step: int) -> int:

@@ -29,6 +29,8 @@ class AgentLoop(abc.ABC):
         self.decode = decode
         # Tokens thrown away when an interrupted group restarts from scratch (partial rollout off).
         self.tokens_discarded = 0
+        # The stop strings of every request, one list shared by all of them (engines only read it).
+        self.stop_strings: list[str] = list(conf.sampling.stop)
 
     @abc.abstractmethod
     async def generate_group(self, group: Group, enable_partial_rollout: bool) -> Group:
@@ -40,7 +42,7 @@ class AgentLoop(abc.ABC):
     def sampling_params(self, max_tokens: int, seed: int | None = None) -> SamplingParams:
         sc = self.conf.sampling
         # Positional (one call per engine request): temperature, top_p, top_k, max_tokens, stop, greedy, seed.
-        return SamplingParams(sc.temperature, sc.top_p, sc.top_k, max_tokens, list(sc.stop), False, seed)
+        return SamplingParams(sc.temperature, sc.top_p, sc.top_k, max_tokens, self.stop_strings, False, seed)
 
 
 # `sampling_params` passes these by position.

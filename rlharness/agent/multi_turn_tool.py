@@ -34,7 +34,7 @@ from typing import Callable
 from rlharness.agent.single_turn import SingleTurnAgentLoop
 from rlharness.agent.tools import ToolError, build_tools
 from rlharness.config.schema import MultiTurnToolAgentConf
-from rlharness.engine.base import GenerateRequest, RolloutEngine, SamplingParams
+from rlharness.engine.base import GenerateRequest, RolloutEngine
 from rlharness.judger.base import Judger
 from rlharness.types import RolloutState, Status, new_uid
 
@@ -74,6 +74,8 @@ class MultiTurnToolAgentLoop(SingleTurnAgentLoop):
                  decode: Callable[[list[int]], str], encode: Callable[[str], list[int]]) -> None:
         super().__init__(conf, engine, judger, decode)
         self.encode = encode
+        if conf.tool_call_end not in self.stop_strings:  # the engine stops at the end of a call
+            self.stop_strings.append(conf.tool_call_end)
         self.tools = build_tools(list(conf.tools))
         # Bumped by pause(): a member started before it issues no further engine request.
         self._pause_epoch = 0
@@ -83,12 +85,6 @@ class MultiTurnToolAgentLoop(SingleTurnAgentLoop):
     async def pause(self) -> None:
         self._pause_epoch += 1
         await super().pause()
-
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
-        params = super().sampling_params(max_tokens)
-        if self.conf.tool_call_end not in params.stop:
-            params.stop.append(self.conf.tool_call_end)
-        return params
 
     def _pending_call(self, turn_ids: list[int]) -> str | None:
         return find_tool_call(self.decode(turn_ids), self.conf.tool_call_start, self.conf.tool_call_end)

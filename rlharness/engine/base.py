@@ -26,7 +26,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     max_tokens: int = 16
-    stop: list[str] = field(default_factory=list)  # stop strings, matched on decoded text
+    stop: list[str] = field(default_factory=list)  # stop strings, matched on decoded text (read-only: shared)
     greedy: bool = False  # argmax; logprobs are still those of the (temperature-1) distribution
     # Per-request seed: a request's samples then depend on it alone, not on which other
     # requests share its batch, so runs (and resumed runs) are reproducible. None = engine RNG.

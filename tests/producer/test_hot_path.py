@@ -11,7 +11,7 @@ import pytest
 from rlharness.gc_tuning import GC_THRESHOLDS, tune_gc, untune_gc
 from rlharness.producer.context import Signal
 from rlharness.producer.pending import _PendingTasks
-from rlharness.types import RolloutState, Status, group_status, make_group, new_uid, stable_seed
+from rlharness.types import RolloutState, Status, group_status, make_group, member_seeds, new_uid
 
 
 def _named(name: str):
@@ -32,25 +32,34 @@ def test_clone_is_an_equal_deep_copy_of_every_field():
     s = _full_state()
     c = s.clone()
     assert c == s and type(c) is RolloutState
-    for name in ("prompt_ids", "label", "response_ids", "response_logprobs", "response_model_steps",
-                 "response_mask", "reward", "extra"):
+    for name in ("response_ids", "response_logprobs", "response_model_steps", "response_mask", "reward", "extra"):
         assert getattr(c, name) is not getattr(s, name), name
-    assert c.label["numbers"] is not s.label["numbers"]  # nested containers are copied too
-    assert c.extra["history"][0] is not s.extra["history"][0]
+    assert c.prompt_ids is s.prompt_ids and c.label is s.label  # read-only: shared
+    assert c.extra["history"][0] is not s.extra["history"][0]  # nested containers are copied too
     c.response_ids.append(9)
     c.extra["generate_s"] = 1.0
     c.reward["score"] = 0.0
     assert s.response_ids == [1, 2] and s.extra["generate_s"] == 0.5 and s.reward == {"score": 1.0}
 
 
-def test_make_group_seeds_are_the_stable_seeds_of_each_member():
+def test_make_group_seeds_depend_on_the_sample_alone_and_differ_between_members():
     g = make_group(task="math", prompt_index=11, epoch=2, prompt_text="q", prompt_ids=[1], label={}, k=5, seed=3)
-    assert [s.sample_seed for s in g] == [stable_seed(3, "math", 2, 11, m) for m in range(5)]
+    assert [s.sample_seed for s in g] == member_seeds(3, "math", 2, 11, 5)
+    # A group of more than 8 (two digests) starts with the same seeds; every part of the place matters.
+    assert member_seeds(3, "math", 2, 11, 20)[:5] == member_seeds(3, "math", 2, 11, 5)
+    assert len(set(member_seeds(3, "math", 2, 11, 20))) == 20
+    others = [member_seeds(4, "math", 2, 11, 5), member_seeds(3, "code", 2, 11, 5), member_seeds(3, "math", 1, 11, 5),
+              member_seeds(3, "math", 2, 12, 5)]
+    assert all(not set(o) & set(member_seeds(3, "math", 2, 11, 5)) for o in others)
+    assert all(0 <= x < 2**63 for x in member_seeds(3, "math", 2, 11, 20))
+    # The same in every process (not hash()-salted): a fixed value pins the derivation.
+    assert member_seeds(0, "t", 0, 0, 1) == [int.from_bytes(__import__("hashlib").blake2b(
+        repr((0, "t", 0, 0, 0)).encode(), digest_size=64).digest()[:8], "little") >> 1]
     assert len({s.uid for s in g}) == 5 and len({s.group_id for s in g}) == 1
     assert all(s.status == Status.INIT and s.response_ids == [] and s.extra == {} for s in g)
-    g[0].prompt_ids.append(0)
     g[0].response_ids.append(1)
-    assert g[1].prompt_ids == [1] and g[1].response_ids == []  # members share no list
+    assert g[1].response_ids == []  # members share no response list
+    assert all(s.prompt_ids is g[0].prompt_ids and s.label is g[0].label for s in g)  # one read-only prompt
 
 
 def test_append_tokens_extends_an_explicit_mask_and_makes_an_implicit_one_explicit():
