@@ -24,7 +24,7 @@ import logging
 
 log = logging.getLogger(__name__)
 
-GC_THRESHOLDS = (50_000, 20, 10)
+GC_THRESHOLDS = (50_000, 100, 10)
 
 
 def tune_gc(thresholds: tuple[int, int, int] = GC_THRESHOLDS) -> tuple[int, int, int]:

@@ -222,15 +222,16 @@ def make_group(
     k: int,
     seed: int = 0,
 ) -> Group:
-    """`k` fresh copies of one prompt sharing a group id, and one (read-only) copy of the prompt ids and label."""
+    """`k` fresh copies of one prompt sharing a group id (member uids: "<group id>-<m>") and one
+    (read-only) copy of the prompt ids and label."""
     group_id = new_uid()
     init = Status.INIT
     prompt_ids, label = list(prompt_ids), dict(label)
     # Positional, in field order (see _FIELD_ORDER): this runs for every member of every fresh group.
     return [
-        RolloutState(new_uid(), group_id, task, prompt_index, epoch, prompt_text, prompt_ids, label,
+        RolloutState(f"{group_id}-{m}", group_id, task, prompt_index, epoch, prompt_text, prompt_ids, label,
                      [], [], [], [], "", None, init, None, 0, member_seed, {})
-        for member_seed in member_seeds(seed, task, epoch, prompt_index, k)
+        for m, member_seed in enumerate(member_seeds(seed, task, epoch, prompt_index, k))
     ]
 
 

@@ -34,9 +34,9 @@ from typing import Callable
 from rlharness.agent.single_turn import SingleTurnAgentLoop
 from rlharness.agent.tools import ToolError, build_tools
 from rlharness.config.schema import MultiTurnToolAgentConf
-from rlharness.engine.base import GenerateRequest, RolloutEngine
+from rlharness.engine.base import GenerateRequest, RolloutEngine, new_request_id
 from rlharness.judger.base import Judger
-from rlharness.types import RolloutState, Status, new_uid
+from rlharness.types import RolloutState, Status
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class MultiTurnToolAgentLoop(SingleTurnAgentLoop):
             if self._pause_epoch != epoch:  # paused between engine calls (e.g. during a tool)
                 self._finish(s, Status.ABORTED, "abort")
                 return
-            request = GenerateRequest(request_id=new_uid(), prompt_ids=list(s.prompt_ids) + list(s.response_ids),
+            request = GenerateRequest(request_id=new_request_id(), prompt_ids=list(s.prompt_ids) + list(s.response_ids),
                                       sampling=self.sampling_params(remaining))
             result = await self.engine.generate(request)
             s.append_tokens(result.token_ids, result.logprobs, result.model_steps)

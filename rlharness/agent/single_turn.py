@@ -15,8 +15,8 @@ import asyncio
 import logging
 
 from rlharness.agent.base import AgentLoop
-from rlharness.engine.base import GenerateRequest, GenerateResult
-from rlharness.types import Group, RolloutState, Status, new_uid
+from rlharness.engine.base import GenerateRequest, GenerateResult, new_request_id
+from rlharness.types import Group, RolloutState, Status
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class SingleTurnAgentLoop(AgentLoop):
         todo = [s for s in group if s.status != Status.COMPLETED]
         if not enable_partial_rollout:
             for s in todo:
-                if not s.is_pristine():  # a fresh member has nothing to discard
+                if s.status is not Status.INIT:  # a fresh member (never generated) has nothing to discard
                     self._discard(s)
         await self._generate_members(todo)
 
@@ -79,7 +79,7 @@ class SingleTurnAgentLoop(AgentLoop):
             return None
         # Engines only read prompt_ids: a fresh member's prompt is sent as it is, not copied.
         prompt = [*s.prompt_ids, *s.response_ids] if s.response_ids else s.prompt_ids
-        return GenerateRequest(new_uid(), prompt, self.sampling_params(remaining, seed=s.sample_seed))
+        return GenerateRequest(new_request_id(), prompt, self.sampling_params(remaining, seed=s.sample_seed))
 
     def _apply(self, s: RolloutState, result: GenerateResult) -> None:
         s.append_tokens(result.token_ids, result.logprobs, result.model_steps)

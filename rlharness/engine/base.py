@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,14 @@ class SamplingParams:
     # Per-request seed: a request's samples then depend on it alone, not on which other
     # requests share its batch, so runs (and resumed runs) are reproducible. None = engine RNG.
     seed: int | None = None
+
+
+_request_ids = itertools.count()
+
+
+def new_request_id() -> str:
+    """An id for an engine request, unique in this process (cheaper than a random uid: one per request)."""
+    return f"q{next(_request_ids):x}"
 
 
 @dataclass(slots=True)
