@@ -94,8 +94,7 @@ class InstantEngine(RolloutEngine):
         if self._answer_lists is None or self._answer_lists[0] != (n, self._version):
             self._answer_lists = ((n, self._version), [1] * n, [-1.0] * n, [self._version] * n)
         _, ids, logprobs, steps = self._answer_lists
-        return GenerateResult(request_id=request.request_id, token_ids=ids, logprobs=logprobs,
-                              model_steps=steps, finish_reason="length")
+        return GenerateResult(request.request_id, ids, logprobs, steps, "length")
 
     def _pump(self) -> None:
         while self._queue:

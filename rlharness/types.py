@@ -229,10 +229,17 @@ def make_group(
     prompt_ids, label = list(prompt_ids), dict(label)
     # Positional, in field order (see _FIELD_ORDER): this runs for every member of every fresh group.
     return [
-        RolloutState(f"{group_id}-{m}", group_id, task, prompt_index, epoch, prompt_text, prompt_ids, label,
+        RolloutState(group_id + _member_suffix(m), group_id, task, prompt_index, epoch, prompt_text, prompt_ids, label,
                      [], [], [], [], "", None, init, None, 0, member_seed, {})
         for m, member_seed in enumerate(member_seeds(seed, task, epoch, prompt_index, k))
     ]
+
+
+_MEMBER_SUFFIXES = tuple(f"-{m}" for m in range(64))
+
+
+def _member_suffix(m: int) -> str:
+    return _MEMBER_SUFFIXES[m] if m < 64 else f"-{m}"
 
 
 def stable_seed(*parts: Any) -> int:
@@ -246,10 +253,13 @@ def member_seeds(seed: int, task: str, epoch: int, prompt_index: int, k: int) ->
     of (seed, task, epoch, prompt_index, block), so a group of up to 8 costs one hash (a hash
     per member was a tenth of the producer's time, overhead benchmark)."""
     seeds: list[int] = []
-    for block in range((k + 7) // 8):
+    block = 0
+    while len(seeds) < k:
         digest = hashlib.blake2b(repr((seed, task, epoch, prompt_index, block)).encode(), digest_size=64).digest()
-        seeds.extend(x >> 1 for x in _EIGHT_U64.unpack(digest))
-    return seeds[:k]
+        seeds += [x >> 1 for x in _EIGHT_U64.unpack(digest)]
+        block += 1
+    del seeds[k:]
+    return seeds
 
 
 _EIGHT_U64 = struct.Struct("<8Q")

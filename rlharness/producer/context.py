@@ -183,7 +183,7 @@ class ProduceContext:
         engine's order, which need not be deterministic. Returns whether to wake the producer."""
         if (not self.paused and self._collect_error is None and not task.cancelled() and task.exception() is None
                 and group_status(task.result()) == Status.COMPLETED and self.group_filter(task.result()) is None):
-            if self.pending.claim((task,)):
+            if self.pending.claim_one(task) is not None:
                 try:
                     stored = self._put(task.result())
                 except BaseException as exc:  # noqa: BLE001 - re-raised by the producer's next collect

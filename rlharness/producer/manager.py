@@ -345,8 +345,15 @@ class AgentLoopManager:
         now, before = self._marks(), self._window_marks
         self._window_marks = now
         mean_stale, max_stale = batch_staleness(groups, train_step)
-        samples = [s for g in groups for s in g]
-        rewards = [s.reward["score"] for s in samples if s.reward is not None and "score" in s.reward]
+        samples = rewarded = response_tokens = 0
+        reward_sum = 0.0
+        for g in groups:  # one pass (this runs for every sample of every step)
+            samples += len(g)
+            for s in g:
+                response_tokens += len(s.response_ids)
+                if s.reward is not None and "score" in s.reward:
+                    reward_sum += s.reward["score"]
+                    rewarded += 1
         return {
             "rollout/groups_filtered": float(window["groups_filtered"]),
             "rollout/groups_failed": float(window["groups_failed"]),
@@ -355,8 +362,8 @@ class AgentLoopManager:
             "rollout/tokens_generated": float(window["tokens_generated"]),
             "rollout/tokens_wasted": float(now["expired_tokens"] - before["expired_tokens"]
                                            + now["discarded_tokens"] - before["discarded_tokens"]),
-            "rollout/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
-            "rollout/response_len_mean": sum(len(s.response_ids) for s in samples) / max(len(samples), 1),
+            "rollout/reward_mean": reward_sum / rewarded if rewarded else 0.0,
+            "rollout/response_len_mean": response_tokens / max(samples, 1),
             "buffer/expired": float(now["expired"] - before["expired"]),
             "staleness/mean": float(mean_stale),
             "staleness/max": float(max_stale),

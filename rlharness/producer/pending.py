@@ -147,6 +147,14 @@ class _PendingTasks:
             self._finished.pop(t, None)
         return [(t, self._tasks.pop(t)) for t in mine]
 
+    def claim_one(self, task: asyncio.Task) -> Started | None:
+        """`claim((task,))` for one task (a done-callback's claim): its Started, or None if claimed elsewhere."""
+        started = self._tasks.pop(task, None)
+        if started is not None:
+            del self._seq[task]
+            self._finished.pop(task, None)
+        return started
+
     def claim_done(self) -> Claimed:
         """Claim the finished tasks whose done-callback has run (a task that just finished is
         reported one loop turn later, and its callback also ends a `wait_any`)."""
