@@ -123,11 +123,12 @@ class ReplayBuffer:
         return group
 
     # ------------------------------------------------------------------ put
-    def put(self, group: Group, model_step: int, train_step: int) -> Status:
+    def put(self, group: Group, model_step: int, train_step: int, status: Status | None = None) -> Status:
         """Store a group coming back from generation; returns the status it was stored under.
 
         `model_step` is the producer's weight version when the group came back,
-        `train_step` the earliest step it can be trained at (the consumer's next step).
+        `train_step` the earliest step it can be trained at (the consumer's next step);
+        `status`, if the caller has it, is the group's (`group_status`).
         """
         if not group:
             raise ValueError("ReplayBuffer.put: empty group")
@@ -135,7 +136,8 @@ class ReplayBuffer:
         for s in group:
             s.extra["put_model_step"] = model_step
             s.extra["put_train_step"] = train_step
-        status = group_status(group)
+        if status is None:
+            status = group_status(group)
         if status == Status.INIT:  # returned without being generated at all
             status = group_status(mark_aborted(group))
         if status in DROPPED_STATUSES:

@@ -39,7 +39,7 @@ _request_ids = itertools.count()
 
 def new_request_id() -> str:
     """An id for an engine request, unique in this process (cheaper than a random uid: one per request)."""
-    return f"q{next(_request_ids):x}"
+    return str(next(_request_ids))
 
 
 @dataclass(slots=True)

@@ -163,16 +163,9 @@ class ProduceContext:
         )
 
     def _make_generate_fn(self, enable_partial_rollout: bool):
-        async def generate(group: Group) -> Group:
-            loop = asyncio.get_running_loop()
-            start_s = loop.time()
-            result = await self.agent_loop.generate_group(group, enable_partial_rollout=enable_partial_rollout)
-            generate_s = loop.time() - start_s
-            for s in result:
-                s.extra["generate_s"] = generate_s
-            return result
-
-        return generate
+        # The agent loop's coroutine itself is the task (no wrapper frame per group); read
+        # `self.agent_loop` at each call, so a replaced loop takes effect.
+        return lambda group: self.agent_loop.generate_group(group, enable_partial_rollout)
 
     def _task_done(self, task: asyncio.Task) -> bool:
         """Done-callback of every generation task: a COMPLETED group goes into the buffer right
@@ -185,7 +178,7 @@ class ProduceContext:
                 and group_status(task.result()) == Status.COMPLETED and self.group_filter(task.result()) is None):
             if self.pending.claim_one(task) is not None:
                 try:
-                    stored = self._put(task.result())
+                    stored = self._put(task.result(), known_kept=True)
                 except BaseException as exc:  # noqa: BLE001 - re-raised by the producer's next collect
                     self._collect_error = exc
                 else:
@@ -229,10 +222,11 @@ class ProduceContext:
             return mark_aborted(input_group)
         return task.result()
 
-    def _put(self, group: Group) -> Status:
-        """Filter, count and store one returned group; returns the status it was stored under."""
-        status = group_status(group)
-        if status == Status.COMPLETED:
+    def _put(self, group: Group, known_kept: bool = False) -> Status:
+        """Filter, count and store one returned group; returns the status it was stored under.
+        `known_kept`: the caller found it COMPLETED and not filtered (no second check)."""
+        status = Status.COMPLETED if known_kept else group_status(group)
+        if status == Status.COMPLETED and not known_kept:
             reason = self.group_filter(group)
             if reason is not None:
                 for s in group:
@@ -248,7 +242,7 @@ class ProduceContext:
         elif status == Status.ABORTED:
             self.window["groups_aborted"] += 1
         stored = self.replay_buffer.put(group, model_step=self.model_step(),
-                                        train_step=self.progress.next_consumer_step)
+                                        train_step=self.progress.next_consumer_step, status=status)
         if stored == Status.COMPLETED:
             self.dropped_in_a_row = 0
         elif status in (Status.FILTERED, Status.FAILED, Status.COMPLETED):  # COMPLETED -> expired on arrival
