@@ -47,24 +47,6 @@ class ProducedBatch:
         return sum(len(g) for g in self.groups)
 
 
-def batch_staleness(groups: list[Group], train_step: int) -> tuple[float, int]:
-    """(mean, max) staleness per response token if trained at `train_step`; (0, 0) with no tokens."""
-    # Per sample, not per token (sum/min over each list in C): a list of every token was O(tokens) Python.
-    count, total, oldest = 0, 0, None
-    for g in groups:
-        for s in g:
-            steps = s.response_model_steps
-            if steps:
-                count += len(steps)
-                total += sum(steps)
-                low = min(steps)
-                if oldest is None or low < oldest:
-                    oldest = low
-    if oldest is None:
-        return 0.0, 0
-    return ((train_step - 1) * count - total) / count, train_step - 1 - oldest
-
-
 class AgentLoopManager:
     def __init__(
         self,
@@ -344,16 +326,26 @@ class AgentLoopManager:
             c.window.clear()
         now, before = self._marks(), self._window_marks
         self._window_marks = now
-        mean_stale, max_stale = batch_staleness(groups, train_step)
-        samples = rewarded = response_tokens = 0
+        # One pass over the samples (this runs for every sample of every step). Staleness is per
+        # response token (train_step - 1 - its version), summed per sample in C, not token by token.
+        samples = rewarded = tokens = version_sum = 0
         reward_sum = 0.0
-        for g in groups:  # one pass (this runs for every sample of every step)
+        oldest: int | None = None
+        for g in groups:
             samples += len(g)
             for s in g:
-                response_tokens += len(s.response_ids)
+                steps = s.response_model_steps
+                if steps:
+                    tokens += len(steps)
+                    version_sum += sum(steps)
+                    low = min(steps)
+                    if oldest is None or low < oldest:
+                        oldest = low
                 if s.reward is not None and "score" in s.reward:
                     reward_sum += s.reward["score"]
                     rewarded += 1
+        mean_stale = ((train_step - 1) * tokens - version_sum) / tokens if tokens else 0.0
+        max_stale = train_step - 1 - oldest if oldest is not None else 0
         return {
             "rollout/groups_filtered": float(window["groups_filtered"]),
             "rollout/groups_failed": float(window["groups_failed"]),
@@ -363,7 +355,7 @@ class AgentLoopManager:
             "rollout/tokens_wasted": float(now["expired_tokens"] - before["expired_tokens"]
                                            + now["discarded_tokens"] - before["discarded_tokens"]),
             "rollout/reward_mean": reward_sum / rewarded if rewarded else 0.0,
-            "rollout/response_len_mean": response_tokens / max(samples, 1),
+            "rollout/response_len_mean": tokens / max(samples, 1),  # per-token lists have equal lengths
             "buffer/expired": float(now["expired"] - before["expired"]),
             "staleness/mean": float(mean_stale),
             "staleness/max": float(max_stale),

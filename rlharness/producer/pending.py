@@ -30,10 +30,11 @@ class Started:
     other (a continuation holding partial tokens, a retry) is copied at the start. No
     copy of every member of every group (overhead benchmark)."""
 
-    __slots__ = ("group", "_backup")
+    __slots__ = ("group", "seq", "_backup")
 
-    def __init__(self, group: Group) -> None:
+    def __init__(self, group: Group, seq: int = 0) -> None:
         self.group = group
+        self.seq = seq  # spawn order (claims come back oldest first)
         self._backup: Group | None = None
         for s in group:
             if not s.is_pristine():
@@ -78,12 +79,12 @@ def _wake(fut: asyncio.Future, *_: Any) -> None:
 
 class _PendingTasks:
     def __init__(self) -> None:
+        # Each task with its Started, which holds its spawn sequence number: claims come back
+        # oldest first, whatever the order of the set the caller passes (set order follows memory
+        # addresses, so it differs from run to run). Oldest first also sends interrupted groups
+        # back to the buffer, and so to the engines after a pause, ahead of younger ones, so they
+        # are not left to go stale.
         self._tasks: dict[asyncio.Task, Started] = {}
-        # Spawn sequence number of each task: claims come back oldest first, whatever the order
-        # of the set the caller passes (set order follows memory addresses, so it differs from
-        # run to run). Oldest first also sends interrupted groups back to the buffer, and so to
-        # the engines after a pause, ahead of younger ones, so they are not left to go stale.
-        self._seq: dict[asyncio.Task, int] = {}
         self._next_seq = 0
         # Tasks that finished and are not claimed yet (filled by a done-callback), and the future
         # `wait_any` sleeps on: a wake-up costs O(finished), not O(in flight) (overhead benchmark).
@@ -104,11 +105,10 @@ class _PendingTasks:
 
     def spawn(self, group: Group, make_coro: Callable[[Group], Awaitable[Group]],
               on_done: Callable[[asyncio.Task], None] | None = None) -> asyncio.Task:
-        started = Started(group)  # before the coroutine can touch the group
+        started = Started(group, self._next_seq)  # before the coroutine can touch the group
+        self._next_seq += 1
         task = asyncio.get_running_loop().create_task(make_coro(group))
         self._tasks[task] = started
-        self._seq[task] = self._next_seq
-        self._next_seq += 1
         if len(self._tasks) > self.max_count_seen:
             self.max_count_seen = len(self._tasks)
         task.add_done_callback(self._on_task_done)
@@ -141,9 +141,8 @@ class _PendingTasks:
 
     def claim(self, tasks: Iterable[asyncio.Task]) -> Claimed:
         """Remove and return those of `tasks` still pending here (others were claimed elsewhere), oldest first."""
-        mine = sorted((t for t in set(tasks) if t in self._tasks), key=self._seq.__getitem__)
+        mine = sorted((t for t in set(tasks) if t in self._tasks), key=lambda t: self._tasks[t].seq)
         for t in mine:
-            del self._seq[t]
             self._finished.pop(t, None)
         return [(t, self._tasks.pop(t)) for t in mine]
 
@@ -151,7 +150,6 @@ class _PendingTasks:
         """`claim((task,))` for one task (a done-callback's claim): its Started, or None if claimed elsewhere."""
         started = self._tasks.pop(task, None)
         if started is not None:
-            del self._seq[task]
             self._finished.pop(task, None)
         return started
 
