@@ -54,15 +54,17 @@ class SingleTurnAgentLoop(AgentLoop):
             # A subclass with its own per-member loop (several engine calls, tools): run those concurrently.
             await asyncio.gather(*(self._generate_member(s) for s in todo))
             return
+        request_for = self._request  # bound once: this runs for every member of every group
         members, requests = [], []
         for s in todo:
-            request = self._request(s)
+            request = request_for(s)
             if request is not None:
                 members.append(s)
                 requests.append(request)
         if requests:
+            apply = self._apply
             for s, result in zip(members, await self.engine.generate_many(requests)):
-                self._apply(s, result)
+                apply(s, result)
 
     async def _generate_member(self, s: RolloutState) -> None:
         """One member alone (the batched path above does the same for all members in one call)."""

@@ -62,7 +62,8 @@ class Judger(abc.ABC):
         for s, r in zip(group, rewards):
             if "score" not in r:  # type: ignore[operator]
                 raise KeyError(f"judger {self.name} returned no 'score' key: {r}")
-            s.reward = {k: float(v) for k, v in r.items()}  # type: ignore[union-attr]
+            # Plain floats in a dict of the sample's own; the usual {"score": float} is kept as returned.
+            s.reward = r if len(r) == 1 and type(r["score"]) is float else {k: float(v) for k, v in r.items()}  # type: ignore
         return group
 
     def _fail(self, group: Group, reason: str) -> Group:

@@ -96,6 +96,7 @@ def test_overhead_quick_runs_and_reports(tmp_path):
     for r in results:
         assert r["us_per_group"] > 0 and r["cpu_us_per_group"] > 0
         assert r["max_in_flight"] == r["groups_in_flight"]  # the whole batch was in flight at once
+        assert r["repeats"] == 1 and r["median_us_per_group"] == r["us_per_group"]
     md = (tmp_path / "overhead_quick.md").read_text()
     assert "perf/train_s = 0.600 s" in md and "share of perf/train_s" in md
 
