@@ -151,14 +151,16 @@ def test_pending_claims_come_back_oldest_first_and_wait_any_wakes_on_completion(
                 return group
             return run
 
-        tasks = [pending.spawn([i], make(i)) for i in range(4)]
+        groups = [make_group(task="t", prompt_index=i, epoch=0, prompt_text="p", prompt_ids=[1], label={}, k=1)
+                  for i in range(4)]
+        tasks = [pending.spawn(g, make(i)) for i, g in enumerate(groups)]
         assert await pending.wait_any(0.01) == set()  # nothing finished: times out empty
         gates[3].set_result(None)
         gates[1].set_result(None)
         done = await pending.wait_any(5.0)
         assert done == {tasks[1], tasks[3]}
         claimed = pending.claim(set(reversed(tasks)))  # any iteration order in, spawn order out
-        assert [g for _, g in claimed] == [[0], [1], [2], [3]]
+        assert [started.group for _, started in claimed] == groups
         assert pending.count() == 0 and pending.claim_done() == []
         for g in gates:
             if not g.done():
@@ -189,17 +191,17 @@ def test_refresh_staleness_skips_rescans_but_never_keeps_a_too_stale_group():
     assert rb.count("t", Status.COMPLETED) == 0 and rb.count("t", Status.EXPIRED) == 2
 
 
-def test_clone_is_deep_for_every_mutable_field():
+def test_clone_is_deep_for_every_mutable_field_but_the_read_only_prompt():
     s = _completed("t", 3)[0]
     s.label = {"numbers": [1, 2]}
     s.extra = {"trace": {"a": [1]}}
     c = s.clone()
     assert c == s
+    assert c.label is s.label and c.prompt_ids is s.prompt_ids  # read-only, shared
     c.response_ids.append(9)
     c.response_model_steps.append(9)
-    c.label["numbers"].append(3)
     c.extra["trace"]["a"].append(2)
     c.reward["score"] = 0.0
     assert s.response_ids == [1, 2] and s.response_model_steps == [3, 3]
-    assert s.label == {"numbers": [1, 2]} and s.extra == {"trace": {"a": [1]}} and s.reward == {"score": 1.0}
+    assert s.extra == {"trace": {"a": [1]}} and s.reward == {"score": 1.0}
     assert math.isclose(s.response_logprobs[1], -0.2)
