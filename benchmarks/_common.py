@@ -64,24 +64,30 @@ def decode_len(ids: list[int]) -> str:
 
 
 # ----------------------------------------------------------------------------- lengths
-def capped_length_mean(mean: float, cv: float, cap: int) -> float:
-    """E[min(max(1, round(L)), cap)] for L ~ lognormal(mean, cv): the SimEngine's length law, exactly.
-
-    Sums n * P(round(L) = n) over n = 1..cap with the lognormal CDF (erf), so no sampling noise.
-    """
+def length_pmf(mean: float, cv: float, cap: int) -> list[float]:
+    """P(n) for n = 0..cap of n = min(max(1, round(L)), cap), L ~ lognormal(mean, cv): the SimEngine's
+    length law, exactly (lognormal CDF differences, no sampling noise). Index 0 is always 0."""
+    pmf = [0.0] * (cap + 1)
     if cv == 0:
-        return float(min(max(1, round(mean)), cap))
+        pmf[min(max(1, round(mean)), cap)] = 1.0
+        return pmf
     mu, sigma = lognormal_params(mean, cv)
 
     def cdf(x: float) -> float:
         return 0.0 if x <= 0 else 0.5 * (1.0 + math.erf((math.log(x) - mu) / (sigma * math.sqrt(2.0))))
 
-    total, prev = 0.0, 0.0  # prev = P(L < n - 0.5)
+    prev = 0.0  # P(L < n - 0.5); n = 1 also takes everything below 0.5
     for n in range(1, cap):
         upto = cdf(n + 0.5)
-        total += n * (upto - (0.0 if n == 1 else prev))
+        pmf[n] = upto - prev
         prev = upto
-    return total + cap * (1.0 - prev)
+    pmf[cap] = 1.0 - prev
+    return pmf
+
+
+def capped_length_mean(mean: float, cv: float, cap: int) -> float:
+    """E[min(max(1, round(L)), cap)] for L ~ lognormal(mean, cv) (see `length_pmf`)."""
+    return sum(n * p for n, p in enumerate(length_pmf(mean, cv, cap)))
 
 
 # ----------------------------------------------------------------------------- the stack

@@ -59,7 +59,7 @@ from aiotools import VirtualClock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Stack, async_conf, build_stack, capped_length_mean  # noqa: E402
+from _common import Stack, async_conf, build_stack, capped_length_mean, length_pmf  # noqa: E402
 
 from rlharness.backend.sim import SimBackend  # noqa: E402
 from rlharness.config.schema import AlgoConf, SimBackendConf, SimEngineConf, StrategyConf, SyncStrategyConf  # noqa: E402
@@ -130,6 +130,54 @@ Assumes: engines paused during each weight sync (the producer pauses every step)
 during it; i.i.d. lengths; no re-paid prefill, no waste. No schedule beats X* on average."""
 
 
+CEILING_FORMULA = """\
+Ceiling of async + partial rollout under max_staleness=s (per-token expiry of whole groups, DESIGN.md):
+a group whose oldest token has version v is trained at step v+s+1 at the latest, and version v reaches
+the engines T_busy = T_train + T_sync after the batch of step v was taken. At throughput F (one step
+per T = B*K/F) a group has at most W(F) = (s+1)*T - T_busy from its first token to that batch. A member
+of slot-cost c = prefill + n*t_tok fits if c <= W; a group fits if all K members do. A producer that
+does not know lengths in advance does no better than starting every group at the start of its window,
+never queueing, and dropping a group that cannot fit at W (members run at most W), so
+  q = P(c <= W),  g(W) = q^K * tau / E[min(c, W)]          (trained share of generation)
+  F <= min(B*K / (B*K/(R_gen*g(W)) + T_sync), B*K / (T_train(E[n | c <= W]) + T_sync))
+The ceiling is the largest F meeting this (bisection); no schedule under that rule exceeds it."""
+
+
+def staleness_ceiling(c: Case, max_staleness: int) -> float:
+    """Samples/s (CEILING_FORMULA): the most any non-clairvoyant producer trains under the bound."""
+    pmf = length_pmf(c.mean_len, c.cv, c.cap)
+    n_samples = c.batch_size * c.group_size
+    bound = ideal_bound(c)
+    cost = [c.prefill_s + n * c.time_per_token_s for n in range(len(pmf))]
+
+    def rate_and_busy(window_s: float) -> tuple[float, float]:
+        q = sum(p for n, p in enumerate(pmf) if cost[n] <= window_s)
+        if q <= 0.0:
+            return 0.0, c.train_step_s + c.weight_sync_s
+        fit_len = sum(n * p for n, p in enumerate(pmf) if cost[n] <= window_s) / q
+        t_busy = c.train_step_s + c.train_per_token_s * n_samples * fit_len + c.weight_sync_s
+        useful = q ** c.group_size * bound.tau_s / sum(p * min(cost[n], window_s) for n, p in enumerate(pmf))
+        gen = n_samples / (n_samples / (bound.gen_rate * useful) + c.weight_sync_s) if useful > 0 else 0.0
+        return min(gen, n_samples / t_busy), t_busy
+
+    def reachable(rate: float) -> bool:
+        t_busy = c.train_step_s + c.weight_sync_s  # the least it can be; grows with the window (fixed point)
+        for _ in range(50):
+            achievable, t_busy_next = rate_and_busy((max_staleness + 1) * n_samples / rate - t_busy)
+            if abs(t_busy_next - t_busy) < 1e-9:
+                break
+            t_busy = t_busy_next
+        return rate <= achievable
+
+    lo, hi = 0.0, bound.ideal
+    if reachable(hi):
+        return hi
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mid > 0 and reachable(mid) else (lo, mid)
+    return lo
+
+
 @dataclass(frozen=True)
 class Mode:
     name: str
@@ -193,6 +241,7 @@ class Result:
     tokens_wasted: float
     trained_len_mean: float
     expected_len: float
+    ceiling: float = float("nan")  # staleness_ceiling (async + partial rollout modes only)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -278,7 +327,9 @@ def summarise(case_name: str, case: Case, mode: Mode, records: list[StepRecord],
         staleness_mean=sum(r.staleness_mean * r.tokens for r in window) / max(tokens, 1),
         staleness_max=max(r.staleness_max for r in window),
         wasted_frac=wasted / max(generated, 1.0), tokens_wasted=wasted,
-        trained_len_mean=tokens / max(samples, 1), expected_len=bound.mean_len, extra=extra)
+        trained_len_mean=tokens / max(samples, 1), expected_len=bound.mean_len,
+        ceiling=staleness_ceiling(case, mode.max_staleness) if mode.partial and not mode.colocate else float("nan"),
+        extra=extra)
 
 
 def run_one(case_name: str, case: Case, mode: Mode, steps: int, warmup: int, seed: int = 0) -> Result:
@@ -289,7 +340,7 @@ def run_one(case_name: str, case: Case, mode: Mode, steps: int, warmup: int, see
 # ----------------------------------------------------------------------------- output
 COLUMNS = ["case", "cv", "mode", "max_staleness", "partial", "over_sample", "steps", "sim_s", "throughput", "ideal",
            "ratio", "speedup_vs_sync", "engine_busy", "trainer_idle", "staleness_mean", "staleness_max",
-           "wasted_frac", "trained_len_mean", "expected_len"]
+           "wasted_frac", "trained_len_mean", "expected_len", "ceiling"]
 
 
 def rows_with_speedup(results: list[Result]) -> list[dict[str, Any]]:
@@ -312,13 +363,14 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    head = ("| case | cv | mode | samples/s | X* | % of X* | x sync | engine busy | trainer idle | "
-            "staleness mean / max | wasted tokens | trained len / E[len] |")
-    lines = [head, "|" + " --- |" * 12]
+    head = ("| case | cv | mode | samples/s | X* | % of X* | staleness ceiling (% of X*) | x sync | engine busy | "
+            "trainer idle | staleness mean / max | wasted tokens | trained len / E[len] |")
+    lines = [head, "|" + " --- |" * 13]
     for r in rows:
+        ceiling = "" if r["ceiling"] != r["ceiling"] else f"{100 * r['ceiling'] / r['ideal']:.1f}%"
         lines.append(
             f"| {r['case']} | {r['cv']:g} | {r['mode']} | {r['throughput']:.3f} | {r['ideal']:.3f} | "
-            f"{100 * r['ratio']:.1f}% | {r['speedup_vs_sync']:.2f} | {100 * r['engine_busy']:.1f}% | "
+            f"{100 * r['ratio']:.1f}% | {ceiling} | {r['speedup_vs_sync']:.2f} | {100 * r['engine_busy']:.1f}% | "
             f"{100 * r['trainer_idle']:.1f}% | {r['staleness_mean']:.2f} / {r['staleness_max']:g} | "
             f"{100 * r['wasted_frac']:.1f}% | {r['trained_len_mean']:.0f} / {r['expected_len']:.0f} |")
     return "\n".join(lines)
@@ -380,7 +432,9 @@ def describe(name: str, c: Case) -> str:
             f"{c.train_per_token_s}s/token, weight sync={c.weight_sync_s}s | B={c.batch_size} K={c.group_size}\n"
             f"  E[len]={b.mean_len:.1f} tau={b.tau_s:.2f}s R_gen={b.gen_rate:.3f}/s "
             f"(with sync {b.gen_rate_synced:.3f}/s) T_train={b.train_s:.2f}s train-bound={b.train_rate:.3f}/s "
-            f"-> X*={b.ideal:.3f} samples/s")
+            f"-> X*={b.ideal:.3f} samples/s\n"
+            f"  staleness ceiling (async + partial): "
+            + ", ".join(f"s={s} {100 * staleness_ceiling(c, s) / b.ideal:.1f}%" for s in (1, 2, 4)) + " of X*")
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -409,7 +463,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args.out.mkdir(parents=True, exist_ok=True)
     prefix = "producer_efficiency_quick" if args.quick else "producer_efficiency"
 
-    header = [f"# Producer efficiency ({'quick' if args.quick else 'full'} run)", "", "```", FORMULA, "```", ""]
+    header = [f"# Producer efficiency ({'quick' if args.quick else 'full'} run)", "", "```", FORMULA, "```", "",
+              "```", CEILING_FORMULA, "```", ""]
     results: list[Result] = []
     wall0 = time.perf_counter()
     for name, cv, chosen in plan:
