@@ -23,14 +23,14 @@ log = logging.getLogger(__name__)
 
 class SingleTurnAgentLoop(AgentLoop):
     async def generate_group(self, group: Group, enable_partial_rollout: bool) -> Group:
-        todo = [s for s in group if s.status != Status.COMPLETED]
+        todo = [s for s in group if s.status is not Status.COMPLETED]
         if not enable_partial_rollout:
             for s in todo:
                 if s.status is not Status.INIT:  # a fresh member (never generated) has nothing to discard
                     self._discard(s)
         await self._generate_members(todo)
 
-        if any(s.status == Status.ABORTED for s in group):
+        if any(s.status is Status.ABORTED for s in group):
             if not enable_partial_rollout:
                 for s in group:  # the whole group restarts on newer weights
                     self._discard(s)
