@@ -94,7 +94,7 @@ class RolloutState:
     status: Status = Status.INIT
     finish_reason: str | None = None  # "stop" | "length" | "abort" | None
     num_aborts: int = 0  # times generation was interrupted (partial rollout)
-    # Seeds this sample's token draws (see SamplingParams.seed): a function of the run
+    # Seeds this sample's token draws (see GenerateRequest.seed): a function of the run
     # seed and the sample's place in the data, so reruns and resumes draw the same tokens.
     sample_seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)

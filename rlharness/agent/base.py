@@ -11,7 +11,6 @@ come back ABORTED with the tokens generated so far.
 from __future__ import annotations
 
 import abc
-from dataclasses import fields
 from typing import Callable
 
 from rlharness.config.schema import AgentConf
@@ -31,6 +30,7 @@ class AgentLoop(abc.ABC):
         self.tokens_discarded = 0
         # The stop strings of every request, one list shared by all of them (engines only read it).
         self.stop_strings: list[str] = list(conf.sampling.stop)
+        self._params_by_max_tokens: dict[int, SamplingParams] = {}
 
     @abc.abstractmethod
     async def generate_group(self, group: Group, enable_partial_rollout: bool) -> Group:
@@ -39,14 +39,14 @@ class AgentLoop(abc.ABC):
     async def pause(self) -> None:
         await self.engine.abort_all()
 
-    def sampling_params(self, max_tokens: int, seed: int | None = None) -> SamplingParams:
-        sc = self.conf.sampling
-        # Positional (one call per engine request): temperature, top_p, top_k, max_tokens, stop, greedy, seed.
-        return SamplingParams(sc.temperature, sc.top_p, sc.top_k, max_tokens, self.stop_strings, False, seed)
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        """The (read-only, shared) sampling settings of a request for `max_tokens` more tokens:
+        built once per budget, not per request (the seed travels on the request)."""
+        params = self._params_by_max_tokens.get(max_tokens)
+        if params is None:
+            sc = self.conf.sampling
+            params = self._params_by_max_tokens[max_tokens] = SamplingParams(
+                temperature=sc.temperature, top_p=sc.top_p, top_k=sc.top_k, max_tokens=max_tokens,
+                stop=self.stop_strings, greedy=False)
+        return params
 
-
-# `sampling_params` passes these by position.
-_SAMPLING_ORDER = ("temperature", "top_p", "top_k", "max_tokens", "stop", "greedy", "seed")
-if _SAMPLING_ORDER != tuple(f.name for f in fields(SamplingParams))[:len(_SAMPLING_ORDER)]:
-    raise AssertionError(f"AgentLoop.sampling_params is out of date with SamplingParams' fields "
-                         f"{[f.name for f in fields(SamplingParams)]}")

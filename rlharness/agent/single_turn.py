@@ -81,7 +81,7 @@ class SingleTurnAgentLoop(AgentLoop):
             return None
         # Engines only read prompt_ids: a fresh member's prompt is sent as it is, not copied.
         prompt = [*s.prompt_ids, *s.response_ids] if s.response_ids else s.prompt_ids
-        return GenerateRequest(new_request_id(), prompt, self.sampling_params(remaining, seed=s.sample_seed))
+        return GenerateRequest(new_request_id(), prompt, self.sampling_params(remaining), s.sample_seed)
 
     def _apply(self, s: RolloutState, result: GenerateResult) -> None:
         s.append_tokens(result.token_ids, result.logprobs, result.model_steps)

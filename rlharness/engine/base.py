@@ -29,9 +29,6 @@ class SamplingParams:
     max_tokens: int = 16
     stop: list[str] = field(default_factory=list)  # stop strings, matched on decoded text (read-only: shared)
     greedy: bool = False  # argmax; logprobs are still those of the (temperature-1) distribution
-    # Per-request seed: a request's samples then depend on it alone, not on which other
-    # requests share its batch, so runs (and resumed runs) are reproducible. None = engine RNG.
-    seed: int | None = None
 
 
 _request_ids = itertools.count()
@@ -46,7 +43,10 @@ def new_request_id() -> str:
 class GenerateRequest:
     request_id: str
     prompt_ids: list[int]  # for a continuation: prompt + the partial response so far; engines only read it
-    sampling: SamplingParams
+    sampling: SamplingParams  # read-only: requests with the same settings share one
+    # Per-request seed: a request's samples then depend on it alone, not on which other
+    # requests share its batch, so runs (and resumed runs) are reproducible. None = engine RNG.
+    seed: int | None = None
 
 
 @dataclass(slots=True)

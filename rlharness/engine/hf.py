@@ -361,7 +361,8 @@ class HFEngine(RolloutEngine):
         cache = kv.prefill_cache(self.model)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
-        rows = RowParams.from_params([s.request.sampling for s in joining], self.vocab_size, self.device)
+        rows = RowParams.from_params([s.request.sampling for s in joining], self.vocab_size, self.device,
+                                     seeds=[s.request.seed for s in joining])
         tokens, logprobs = sample_next(out.logits[:, -1, :], rows, self._generator, positions=mask.sum(-1))
         fresh = kv.Batch(cache=cache, attention_mask=mask, next_tokens=tokens,
                          next_positions=mask.sum(-1))
@@ -376,7 +377,7 @@ class HFEngine(RolloutEngine):
         if self._rows is None:
             self._rows = RowParams.from_params(
                 [s.request.sampling if s is not None else _DEAD_ROW for s in self._slots],
-                self.vocab_size, self.device)
+                self.vocab_size, self.device, seeds=[s.request.seed if s is not None else None for s in self._slots])
         mask = torch.cat([b.attention_mask, b.attention_mask.new_ones(b.size, 1)], 1)
         out = self.model(input_ids=b.next_tokens[:, None], attention_mask=mask,
                          position_ids=b.next_positions[:, None], past_key_values=b.cache,

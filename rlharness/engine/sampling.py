@@ -30,7 +30,10 @@ class RowParams:
     seeded: torch.Tensor | None = None  # [B] bool
 
     @classmethod
-    def from_params(cls, params: list[SamplingParams], vocab_size: int, device) -> "RowParams":
+    def from_params(cls, params: list[SamplingParams], vocab_size: int, device,
+                    seeds: list[int | None] | None = None) -> "RowParams":
+        """One row per request: its sampling settings and its seed (`GenerateRequest.seed`)."""
+        seeds = seeds if seeds is not None else [None] * len(params)
         greedy = [p.greedy or p.temperature <= 0 for p in params]
         temps = [1.0 if g else float(p.temperature) for p, g in zip(params, greedy)]
         top_p = [1.0 if g else float(p.top_p) for p, g in zip(params, greedy)]
@@ -45,10 +48,10 @@ class RowParams:
             any_greedy=any(greedy),
             any_truncation=any(p < 1.0 for p in top_p) or any(k < vocab_size for k in top_k),
             all_temperature_one=all(t == 1.0 for t in temps),
-            seeds=(torch.tensor([p.seed or 0 for p in params], dtype=torch.long, device=device)
-                   if any(p.seed is not None for p in params) else None),
-            seeded=(torch.tensor([p.seed is not None for p in params], dtype=torch.bool, device=device)
-                    if any(p.seed is not None for p in params) else None),
+            seeds=(torch.tensor([s or 0 for s in seeds], dtype=torch.long, device=device)
+                   if any(s is not None for s in seeds) else None),
+            seeded=(torch.tensor([s is not None for s in seeds], dtype=torch.bool, device=device)
+                    if any(s is not None for s in seeds) else None),
         )
 
 

@@ -8,7 +8,7 @@ every request at once with the tokens generated so far (proportional to elapsed
 time) and finish reason "abort". Each token is stamped with the weight version in
 force when it was generated.
 
-A request with `sampling.seed` (the sample's stable seed) gets its whole response --
+A request with a `seed` (the sample's stable seed) gets its whole response --
 length, token ids, log-probs -- from that seed alone, as a real engine's seeded
 sampling would: so a continuation (prompt + partial response, partial rollout) ends
 at the length drawn for the sample, not at partial + a fresh draw, and it does so on
@@ -136,8 +136,7 @@ class SimEngine(RolloutEngine):
         if self._first_s is None:
             self._first_s = loop.time()
         self._num_requests += 1
-        ids, logprobs, finish = self._draw(request.prompt_ids, request.sampling.max_tokens,
-                                           request.sampling.seed)
+        ids, logprobs, finish = self._draw(request.prompt_ids, request.sampling.max_tokens, request.seed)
         req = _Request()
         self._requests.add(req)
         try:

@@ -99,6 +99,7 @@ class VLLMEngine(RolloutEngine):
             stop=list(s.stop) or None,
             include_stop_str_in_output=True,  # tokens and text agree, as in engine=hf
             logprobs=0,  # the sampled token's logprob only
+            seed=request.seed,  # the sample's own seed (None: the engine's generator)
             output_kind=self._delta,
         )
 

@@ -67,7 +67,7 @@ def test_producer_efficiency_quick_runs_reports_and_holds_the_sim_invariants(pe,
 
 
 def test_ideal_bound_formula_and_capped_lognormal_mean(pe):
-    c = pe.BALANCED
+    c = pe.WHOLE_BATCH
     b = pe.ideal_bound(c)
     n = c.batch_size * c.group_size
     assert b.tau_s == pytest.approx(c.prefill_s + b.mean_len * c.time_per_token_s)
@@ -84,7 +84,7 @@ def test_ideal_bound_formula_and_capped_lognormal_mean(pe):
 def test_staleness_ceiling_is_x_star_when_every_length_fits_and_lower_when_the_tail_does_not(pe):
     from dataclasses import replace
 
-    c = replace(pe.BALANCED, cv=1.0)
+    c = replace(pe.WHOLE_BATCH, cv=1.0)
     x_star = pe.ideal_bound(c).ideal
     ceilings = [pe.staleness_ceiling(c, s) for s in (0, 1, 2, 4, 16)]
     assert all(a <= b + 1e-9 for a, b in zip(ceilings, ceilings[1:]))  # a looser bound never lowers it
@@ -161,7 +161,7 @@ def test_disaggregated_async_producer_keeps_every_step_the_bound_allows_in_fligh
     """With max_staleness=s the producer targets s+1 batches at once (it used to keep one in flight)."""
     from dataclasses import replace
 
-    case = replace(pe.BALANCED, num_engines=1, slots=64, batch_size=4, group_size=2, mean_len=16, cap=64)
+    case = replace(pe.WHOLE_BATCH, num_engines=1, slots=64, batch_size=4, group_size=2, mean_len=16, cap=64)
     for s in (0, 2):
         mode = pe.Mode(f"s={s}", False, AsyncStrategyConf(max_staleness=s, enable_partial_rollout=True,
                                                        over_sample_threshold=0.0), s, True, 0.0)

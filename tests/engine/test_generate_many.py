@@ -21,7 +21,7 @@ def _engine(**kw) -> SimEngine:
 
 
 def _req(i: int, max_tokens: int = 64) -> GenerateRequest:
-    return GenerateRequest(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=max_tokens, seed=i))
+    return GenerateRequest(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=max_tokens), seed=i)
 
 
 @pytest.mark.timeout(30)

@@ -17,9 +17,9 @@ PROMPTS = ["1+2=", "123+456=", "9", "00+11=22 3*4=", "7-3", "42*(1+2)=", "5", "8
 EOS = 2
 
 
-def _req(tok, i: int, prompt: str | list[int], **sampling) -> GenerateRequest:
+def _req(tok, i: int, prompt: str | list[int], seed: int | None = None, **sampling) -> GenerateRequest:
     ids = tok(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
-    return GenerateRequest(request_id=f"r{i}", prompt_ids=ids, sampling=SamplingParams(**sampling))
+    return GenerateRequest(request_id=f"r{i}", prompt_ids=ids, sampling=SamplingParams(**sampling), seed=seed)
 
 
 def _run(engine_factory, coro_fn):
@@ -325,7 +325,7 @@ def test_seeded_requests_draw_the_same_tokens_in_any_batch_and_across_an_abort(l
         await asyncio.gather(*others_tasks)
         rest = await engine.generate(GenerateRequest(
             "cont", target.prompt_ids + partial.token_ids,
-            SamplingParams(temperature=1.0, max_tokens=max_tokens - len(partial.token_ids), seed=1234)))
+            SamplingParams(temperature=1.0, max_tokens=max_tokens - len(partial.token_ids)), seed=1234))
         return crowd[0], partial, rest
 
     ref = _run(lambda: HFEngine.from_model(model, tok, HFEngineConf(max_batch_size=8), seed=1), alone)

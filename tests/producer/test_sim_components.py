@@ -151,7 +151,7 @@ def _on_virtual_clock(engine: SimEngine, request: GenerateRequest) -> GenerateRe
 
 def _seeded(prompt: list[int], seed: int, max_tokens: int) -> GenerateRequest:
     return GenerateRequest(request_id="s", prompt_ids=prompt,
-                           sampling=SamplingParams(max_tokens=max_tokens, seed=seed))
+                           sampling=SamplingParams(max_tokens=max_tokens), seed=seed)
 
 
 @pytest.mark.parametrize("max_len", [0, 40])
