@@ -65,7 +65,7 @@ def current_turn(response_ids: list[int], mask: list[int]) -> tuple[int, int]:
 
 
 class MultiTurnToolAgentLoop(SingleTurnAgentLoop):
-    """Group handling (copies, partial rollout on/off, judging) is the single-turn loop's;
+    """Group handling (in place, partial rollout on/off, judging) is the single-turn loop's;
     each member runs the turn loop of `_generate_member`."""
 
     conf: MultiTurnToolAgentConf

@@ -22,7 +22,6 @@ from rlharness.types import Group
 log = logging.getLogger(__name__)
 
 
-
 class Started:
     """A task's group and how to get it back as it was when the task started.
 
