@@ -126,8 +126,10 @@ class MultiTurnToolAgentLoop(SingleTurnAgentLoop):
             if self._pause_epoch != epoch:  # paused between engine calls (e.g. during a tool)
                 self._finish(s, Status.ABORTED, "abort")
                 return
+            # Seeded like single-turn requests: the engine draws by (seed, position), so every turn
+            # of a member, and its continuation after an abort, draws the same tokens in any batch.
             request = GenerateRequest(request_id=new_request_id(), prompt_ids=list(s.prompt_ids) + list(s.response_ids),
-                                      sampling=self.sampling_params(remaining))
+                                      sampling=self.sampling_params(remaining), seed=s.sample_seed)
             result = await self.engine.generate(request)
             s.append_tokens(result.token_ids, result.logprobs, result.model_steps)
             turn_ids = s.response_ids[turn_start:]

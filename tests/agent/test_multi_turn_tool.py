@@ -201,6 +201,7 @@ def test_tool_output_is_inserted_masked_and_the_whole_text_is_judged():
     assert all(a is b for a, b in zip(out, group))  # generated in place
     # Two engine calls per member; the second continues from prompt + call + output.
     assert len(engine.requests) == 4
+    assert sorted(r.seed for r in engine.requests) == sorted(2 * [s.sample_seed for s in group])  # seeded
     assert all("</tool>" in r.sampling.stop for r in engine.requests)
     second = [r for r in engine.requests if len(r.prompt_ids) > len(encode(PROMPT))]
     assert {decode(r.prompt_ids) for r in second} == {PROMPT + call + output}
@@ -378,8 +379,9 @@ def test_end_to_end_on_the_hf_engine_with_a_tiny_random_model():
     conf = MultiTurnToolAgentConf(sampling=SamplingConf(max_tokens=max_tokens), max_turns=3,
                                   tool_call_start="(", tool_call_end=")", tool_output_start="=",
                                   tool_output_end=",")
+    # Requests are seeded by the members' seeds; with run seed 3 some members close a call (with 0 none does).
     group = make_group(task="t", prompt_index=0, epoch=0, prompt_text="12+3=", prompt_ids=enc("12+3="),
-                       label={"answer": "15"}, k=8)
+                       label={"answer": "15"}, k=8, seed=3)
 
     async def main():
         engine = HFEngine.from_model(model, tok, eos_token_ids=[])
