@@ -19,7 +19,7 @@ import logging
 from collections import Counter, OrderedDict
 from typing import Any, Iterable
 
-from rlharness.types import Group, RolloutState, Status, group_status, stable_seed
+from rlharness.types import Group, RolloutState, Status, group_status, oldest_version, stable_seed, staleness
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class ReplayBuffer:
             raise ValueError(f"ReplayBuffer.put: group {group[0].group_id} has status {status.value}")
         gid = group[0].group_id
         if status in (Status.COMPLETED, Status.ABORTED):
-            oldest = _min_version(group)
+            oldest = oldest_version(group)
             if self._too_stale(oldest, train_step):
                 self._expire_into_pool(group)
                 return Status.EXPIRED
@@ -169,9 +169,8 @@ class ReplayBuffer:
         return status.value
 
     def _too_stale(self, oldest: float, train_step: int) -> bool:
-        """Whether a group whose oldest token has version `oldest` is past the bound at `train_step`
-        (as `group_staleness` measures it; a group without tokens, oldest = inf, never is)."""
-        return train_step - oldest - 1 >= self.stale_threshold
+        """Whether a group whose oldest token has version `oldest` is past the bound at `train_step`."""
+        return staleness(oldest, train_step) >= self.stale_threshold
 
     def _expire_into_pool(self, group: Group) -> None:
         self.counters["expired_tokens"] += _expire(group)
@@ -255,10 +254,7 @@ class ReplayBuffer:
             status = group_status(group)
             self._pool(group[0].task, status)[group[0].group_id] = group
             if status in (Status.COMPLETED, Status.ABORTED):
-                self._oldest[group[0].group_id] = _min_version(group)
+                self._oldest[group[0].group_id] = oldest_version(group)
         self._dropped = [([RolloutState.from_dict(d) for d in g], reason) for g, reason in state["dropped"]]
         self.counters = Counter(state["counters"])
 
-
-def _min_version(group: Group) -> float:
-    return min((min(s.response_model_steps) for s in group if s.response_model_steps), default=float("inf"))

@@ -172,9 +172,8 @@ class RolloutState:
     def clone(self) -> "RolloutState":
         """A deep copy of everything but the read-only prompt ids and label (shared), built field
         by field: number lists copied flat, dicts of plain values (str, int, float, bool, None)
-        copied flat, anything else deep-copied. `copy.deepcopy`
-        walked every token, and even `copy.copy` + setattr cost 4x this: cloning is on the
-        producer's hottest path (every member of every group, overhead benchmark)."""
+        copied flat, anything else deep-copied. `copy.deepcopy` walked every token, and even
+        `copy.copy` + setattr cost 4x this (a copy is taken of every continued group)."""
         # Positional, in field order (checked below): keyword passing cost a third more.
         return type(self)(
             self.uid, self.group_id, self.task, self.prompt_index, self.epoch, self.prompt_text,
@@ -265,16 +264,16 @@ def member_seeds(seed: int, task: str, epoch: int, prompt_index: int, k: int) ->
 _EIGHT_U64 = struct.Struct("<8Q")
 
 
-def group_staleness(group: Group, train_step: int) -> int:
-    """Staleness of a group if trained at `train_step`: train_step - min version - 1.
+def oldest_version(group: Group) -> float:
+    """The weight version of the group's oldest token (inf for a group without tokens)."""
+    return min((min(s.response_model_steps) for s in group if s.response_model_steps), default=float("inf"))
 
-    Measured per token (DESIGN.md): the oldest token of any member decides. A group
-    with no tokens yet has staleness 0.
-    """
-    oldest = min((min(s.response_model_steps) for s in group if s.response_model_steps), default=None)
-    if oldest is None:
-        return 0
-    return train_step - oldest - 1
+
+def staleness(version: float, train_step: int) -> float:
+    """Staleness of a token of weight `version` if trained at `train_step` (DESIGN.md):
+    train_step - version - 1. Measured per token: a group's oldest token decides (-inf
+    for a group without tokens, which is never stale)."""
+    return train_step - version - 1
 
 
 @dataclass

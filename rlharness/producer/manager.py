@@ -29,7 +29,7 @@ from rlharness.producer.progress import ProduceProgress, allocate_batch_sizes
 from rlharness.producer.strategies import ProduceStatus, ProduceStrategy
 from rlharness.replay_buffer import ReplayBuffer, stale_threshold
 from rlharness.sampler import Sampler
-from rlharness.types import Group, Status
+from rlharness.types import Group, Status, staleness
 
 log = logging.getLogger(__name__)
 
@@ -344,8 +344,8 @@ class AgentLoopManager:
                 if s.reward is not None and "score" in s.reward:
                     reward_sum += s.reward["score"]
                     rewarded += 1
-        mean_stale = ((train_step - 1) * tokens - version_sum) / tokens if tokens else 0.0
-        max_stale = train_step - 1 - oldest if oldest is not None else 0
+        mean_stale = staleness(version_sum / tokens, train_step) if tokens else 0.0
+        max_stale = staleness(oldest, train_step) if oldest is not None else 0
         return {
             "rollout/groups_filtered": float(window["groups_filtered"]),
             "rollout/groups_failed": float(window["groups_failed"]),
