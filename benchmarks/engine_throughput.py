@@ -162,6 +162,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="torch intra-op threads (0 = torch's default); 1 is steadier on a busy machine")
     parser.add_argument("--only", default="", help="run only configs whose name contains this")
     args = parser.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        parser.error(f"--repeats={args.repeats} must be >= 1")
+    if args.threads < 0:
+        parser.error(f"--threads={args.threads} must be >= 0 (0 = torch's default)")
+    if not [s for s in (QUICK if args.quick else FULL) if args.only in s.name]:
+        parser.error(f"--only={args.only!r} matches no config of "
+                     f"{[s.name for s in (QUICK if args.quick else FULL)]}")
     if args.threads:
         torch.set_num_threads(args.threads)
     setups = [s for s in (QUICK if args.quick else FULL) if args.only in s.name]

@@ -265,6 +265,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     help="groups per step of that run (the default batch_size)")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = ap.parse_args(argv)
+    # Checked before anything runs (the full run takes minutes), each naming the option.
+    for name, value, least in (("--group-size", args.group_size, 1), ("--steps", args.steps, 2),
+                               ("--repeats", args.repeats, 1), ("--default-batch-groups", args.default_batch_groups, 1)):
+        if value < least:
+            ap.error(f"{name}={value} must be >= {least}" + (" (the first step is excluded)" if name == "--steps" else ""))
+    if min(args.groups) < 1:
+        ap.error(f"--groups={args.groups}: groups in flight must be >= 1")
+    if args.metrics is not None:
+        try:
+            read_step_times(args.metrics)
+        except (OSError, ValueError, KeyError) as exc:
+            ap.error(f"--metrics={args.metrics}: {exc}")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     groups, steps, repeats = args.groups, args.steps, args.repeats
     if args.quick:

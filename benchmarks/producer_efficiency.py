@@ -444,11 +444,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--cvs", type=float, nargs="+", default=[0.5, 1.0, 1.5])
-    ap.add_argument("--modes", nargs="*", default=None, help="subset of mode names (default: all)")
+    ap.add_argument("--modes", nargs="*", default=None, choices=[m.name for m in modes()],
+                    help="subset of mode names (default: all)")
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = ap.parse_args(argv)
+    if not 0 <= args.warmup < args.steps:  # checked before anything runs, not after the last case
+        ap.error(f"--steps={args.steps} must exceed --warmup={args.warmup} (>= 0): the steady state is steps after warm-up")
+    if any(cv < 0 for cv in args.cvs):
+        ap.error(f"--cvs={args.cvs}: a coefficient of variation is >= 0")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
     steps, warmup = args.steps, args.warmup

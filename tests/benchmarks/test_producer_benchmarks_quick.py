@@ -234,3 +234,22 @@ def test_clone_is_deep_for_every_mutable_field_but_the_read_only_prompt():
     assert s.response_ids == [1, 2] and s.response_model_steps == [3, 3]
     assert s.extra == {"trace": {"a": [1]}} and s.reward == {"score": 1.0}
     assert math.isclose(s.response_logprobs[1], -0.2)
+
+
+@pytest.mark.parametrize("name,argv,message", [
+    ("producer_efficiency", ["--steps", "8", "--warmup", "8"], "--steps=8 must exceed --warmup=8"),
+    ("producer_efficiency", ["--modes", "async s=3"], "invalid choice: 'async s=3'"),
+    ("producer_efficiency", ["--cvs", "-1"], "a coefficient of variation is >= 0"),
+    ("overhead", ["--repeats", "0"], "--repeats=0 must be >= 1"),
+    ("overhead", ["--groups", "100", "0"], "groups in flight must be >= 1"),
+    ("overhead", ["--metrics", "/nonexistent/metrics.jsonl"], "--metrics=/nonexistent/metrics.jsonl"),
+    ("engine_throughput", ["--only", "no-such-config"], "--only='no-such-config' matches no config"),
+    ("engine_throughput", ["--repeats", "0"], "--repeats=0 must be >= 1"),
+])
+def test_benchmark_arguments_are_checked_before_anything_runs(name, argv, message, tmp_path, capsys):
+    mod = _load(name)
+    out = "--out-dir" if name == "engine_throughput" else "--out"
+    with pytest.raises(SystemExit):
+        mod.main(argv + [out, str(tmp_path)])
+    assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing written
