@@ -19,7 +19,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from rlharness.config.schema import ConfigError
+from rlharness.config.schema import ConfigError, adopt_strategy_max_staleness
 from rlharness.config.store import register_configs
 from rlharness.launcher import prepare_resume_argv, run
 
@@ -31,6 +31,7 @@ _RESUME_OVERRIDES: list[str] = []
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     cfg.run_dir = HydraConfig.get().runtime.output_dir
+    adopt_strategy_max_staleness(cfg)
     conf = OmegaConf.to_object(cfg)  # typed + validated (__post_init__) before anything starts
     if _RESUME_OVERRIDES:
         log.info("resuming %s with overrides: %s", conf.run_dir, " ".join(_RESUME_OVERRIDES))

@@ -2,7 +2,9 @@
 
 One `train_step(batch)`:
 1. old log-probs of every response token under the current policy (no grad): the
-   PPO importance ratio is taken against them. With one optimizer step per training
+   policy loss (`algo.policy_loss`) takes its ratio against them, and the off-policy
+   correction (`algo.tis_*`, `algo.rejection*`) weighs each token by how far they are
+   from the engine's rollout log-probs. With one optimizer step per training
    step (ppo_epochs = mini_batches = 1) they equal the detached log-probs of the
    training forward, so that forward is reused instead of run twice.
 2. for each of `ppo_epochs` x `mini_batches` (contiguous slices, no shuffling):
@@ -28,9 +30,11 @@ import torch
 
 from rlharness.algo.losses import (
     aggregate_loss,
-    clipped_policy_loss,
+    compute_policy_loss,
     kl_penalty,
     loss_denominator,
+    masked,
+    rejection_mask,
     tis_weights,
     token_entropy,
     token_logprobs,
@@ -178,6 +182,7 @@ class TorchBackend(TrainingBackend):
             "train/tis_ratio_mean": sums.ratio("ratio_sum", "tis_tokens"),
             "train/tis_truncated_frac": sums.ratio("truncated_sum", "tis_tokens"),
             "train/logprob_diff_rollout": sums.ratio("abs_diff_sum", "tis_tokens"),
+            "train/rejected_frac": sums.ratio("rejected_sum", "tis_tokens"),
             "train/num_updates": sums.v.get("updates", 0.0),
             "train/response_tokens": float(tensors["response_mask"].sum()),
         }
@@ -209,17 +214,23 @@ class TorchBackend(TrainingBackend):
         logprobs = token_logprobs(logits, mb["input_ids"], temperature)
         old = mb["old_logprobs"] if "old_logprobs" in mb else logprobs.detach()
 
-        weights, tis = tis_weights(old, mb["rollout_logprobs"], mask, algo.tis_cap)
-        pg_tok, clipped = clipped_policy_loss(logprobs, old, mb["advantages"], algo.clip_eps_low, algo.clip_eps_high)
+        # Off-policy correction (rollout vs trainer log-probs): a detached per-token weight.
+        weights, tis = tis_weights(old, mb["rollout_logprobs"], mask, algo.tis_cap, algo.tis_level)
+        if algo.rejection != "none":
+            keep, rejected = rejection_mask(old, mb["rollout_logprobs"], mask, algo.rejection_low,
+                                            algo.rejection_high, algo.rejection)
+            weights = weights * keep
+            tis.update(rejected)
+        pg_tok, clipped = compute_policy_loss(logprobs, old, mb["advantages"], mask, algo)
         pg_tok = pg_tok * weights
         loss_tok = pg_tok
         if self.ref_model is not None:
             with torch.no_grad():
                 ref_logits = self._forward_logits(self.ref_model, mb["input_ids"], mb["attention_mask"])
                 ref_lp = token_logprobs(ref_logits, mb["input_ids"], temperature)
-            kl_tok = kl_penalty(logprobs, ref_lp, algo.kl_estimator)
+            kl_tok = kl_penalty(logprobs, ref_lp, algo.kl_estimator, algo.kl_clamp)
             loss_tok = loss_tok + algo.kl_coef * kl_tok
-            sums.add("kl_sum", (kl_tok.detach() * mask).sum())
+            sums.add("kl_sum", masked(kl_tok.detach(), mask).sum())
         if algo.entropy_coef > 0:
             entropy = token_entropy(logits, temperature)
             loss_tok = loss_tok - algo.entropy_coef * entropy
@@ -233,7 +244,7 @@ class TorchBackend(TrainingBackend):
         with torch.no_grad():
             pg = aggregate_loss(pg_tok.detach(), mask, algo.loss_agg, max_response_len=max_len,
                                 denominator=denominator)
-        sums.add("entropy_sum", (entropy * mask).sum())
+        sums.add("entropy_sum", masked(entropy, mask).sum())
         sums.add("clipped_sum", (clipped & (mask > 0)).sum())
         sums.add("tokens", mask.sum())
         if first_epoch:  # every sample is seen once per epoch; measure the mismatch once
@@ -241,6 +252,7 @@ class TorchBackend(TrainingBackend):
             sums.add("truncated_sum", tis["truncated_sum"])
             sums.add("abs_diff_sum", tis["abs_diff_sum"])
             sums.add("tis_tokens", tis["tokens"])
+            sums.add("rejected_sum", tis.get("rejected_sum", 0.0))
         return float(loss.detach()), float(pg)
 
     # ------------------------------------------------------------------ weights and state

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from omegaconf import II, MISSING
+from omegaconf import II, MISSING, DictConfig, OmegaConf
 
 
 class ConfigError(ValueError):
@@ -286,21 +286,47 @@ class SimBackendConf(BackendConf):
 
 
 # ----------------------------------------------------------------------------- algo
+# Names registered in rlharness.algo (checked against the registries by tests/algo).
+ADVANTAGES = ("grpo", "drgrpo", "rloo", "reinforce_pp")
+POLICY_LOSSES = ("ppo", "dual_clip", "gspo", "cispo")
+
+
 @dataclass
 class AlgoConf:
     name: str = MISSING
-    advantage: str = "grpo"  # grpo | drgrpo | rloo | reinforce_pp
+    # grpo | drgrpo | rloo | reinforce_pp (= verl's reinforce_plus_plus_baseline). All use a
+    # group baseline, so they need sampler.prompt_repeat_k >= 2.
+    advantage: str = "grpo"
     norm_adv_by_std: bool = True
+    # ppo (clipped) | dual_clip (+ cap -clip_ratio_c * A for A < 0) | gspo (sequence ratio;
+    # needs loss_agg=seq_mean_token_mean) | cispo (clipped ratio as a detached weight).
+    # Formulas: rlharness/algo/losses.py.
+    policy_loss: str = "ppo"
     # Loss aggregation: token_mean (DAPO), seq_mean_token_mean (GRPO paper),
     # seq_mean_token_sum_norm (Dr.GRPO: token sum / max_tokens).
     loss_agg: str = "token_mean"
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
+    clip_ratio_c: float = 3.0  # dual_clip's bound (> 1), verl's default
     kl_coef: float = 0.0
     kl_estimator: str = "k3"  # k1 | k3
+    kl_clamp: float = 0.0  # caps k3 per token (verl uses 10); 0 = off
     entropy_coef: float = 0.0
-    # Truncated importance sampling (rollout vs trainer log-probs); 0 disables.
+    # Off-policy correction between the engine's (rollout) and the trainer's log-probs:
+    # truncated importance sampling min(rho, tis_cap), rho per token or per sequence; 0 disables.
     tis_cap: float = 2.0
+    tis_level: str = "token"  # token | sequence
+    # Rejection: tokens (or whole sequences) whose rho leaves [rejection_low, rejection_high]
+    # get no loss. none | token | sequence (TRL's default is a sequence mask).
+    rejection: str = "none"
+    rejection_low: float = 0.0  # 0 = no lower bound
+    rejection_high: float = 3.0
+    # DAPO overlong shaping: penalty up to -overlong_penalty_factor over the last
+    # overlong_buffer_len tokens of the budget (0 = off); mask_truncated: responses cut
+    # by the budget get no loss.
+    overlong_buffer_len: int = 0
+    overlong_penalty_factor: float = 1.0
+    mask_truncated: bool = False
     lr: float = 3e-4
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
@@ -314,16 +340,30 @@ class AlgoConf:
     micro_batch_size: int = 512  # samples per forward/backward (gradient accumulation)
 
     def __post_init__(self) -> None:
-        _one_of("algo.advantage", self.advantage, ("grpo", "drgrpo", "rloo", "reinforce_pp"))
+        _one_of("algo.advantage", self.advantage, ADVANTAGES)
+        _one_of("algo.policy_loss", self.policy_loss, POLICY_LOSSES)
         _one_of("algo.loss_agg", self.loss_agg,
                 ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"))
+        if self.policy_loss == "gspo" and self.loss_agg != "seq_mean_token_mean":
+            raise ConfigError(
+                f"algo.policy_loss=gspo with algo.loss_agg={self.loss_agg!r} is not allowed: GSPO's objective is "
+                f"a mean over sequences; set algo.loss_agg=seq_mean_token_mean (or use algo=gspo)")
         _one_of("algo.kl_estimator", self.kl_estimator, ("k1", "k3"))
         _one_of("algo.lr_schedule", self.lr_schedule, ("constant", "cosine", "linear"))
+        _one_of("algo.tis_level", self.tis_level, ("token", "sequence"))
+        _one_of("algo.rejection", self.rejection, ("none", "token", "sequence"))
         _check(self.lr > 0, "algo.lr", self.lr, "> 0")
         _check(self.clip_eps_low > 0 and self.clip_eps_high > 0, "algo.clip_eps_low/high",
                (self.clip_eps_low, self.clip_eps_high), "> 0")
+        _check(self.clip_ratio_c > 1, "algo.clip_ratio_c", self.clip_ratio_c, "> 1")
         _check(self.kl_coef >= 0, "algo.kl_coef", self.kl_coef, ">= 0")
+        _check(self.kl_clamp >= 0, "algo.kl_clamp", self.kl_clamp, ">= 0 (0 = off)")
         _check(self.tis_cap >= 0, "algo.tis_cap", self.tis_cap, ">= 0 (0 disables)")
+        _check(0 <= self.rejection_low < 1, "algo.rejection_low", self.rejection_low, "0 <= low < 1")
+        _check(self.rejection_high > 1, "algo.rejection_high", self.rejection_high, "> 1")
+        _check(self.overlong_buffer_len >= 0, "algo.overlong_buffer_len", self.overlong_buffer_len, ">= 0 (0 = off)")
+        _check(self.overlong_penalty_factor >= 0, "algo.overlong_penalty_factor", self.overlong_penalty_factor,
+               ">= 0")
         _check(self.grad_clip >= 0, "algo.grad_clip", self.grad_clip, ">= 0 (0 disables)")
         _check(self.ppo_epochs >= 1, "algo.ppo_epochs", self.ppo_epochs, ">= 1")
         _check(self.mini_batches >= 1, "algo.mini_batches", self.mini_batches, ">= 1")
@@ -533,5 +573,34 @@ class RunConf:
             raise ConfigError(
                 f"eval.num_prompts={self.eval.num_prompts} exceeds task.num_eval={self.task.num_eval}"
             )
+        if self.sampler.prompt_repeat_k < 2:
+            raise ConfigError(
+                f"sampler.prompt_repeat_k={self.sampler.prompt_repeat_k} is not allowed with "
+                f"algo.advantage={self.algo.advantage}: its baseline is the group's mean, so a group of one "
+                f"sample has advantage 0 and nothing would be learned; use prompt_repeat_k >= 2")
+        if self.algo.overlong_buffer_len >= self.agent.sampling.max_tokens:
+            raise ConfigError(
+                f"algo.overlong_buffer_len={self.algo.overlong_buffer_len} must be < agent.sampling.max_tokens="
+                f"{self.agent.sampling.max_tokens} (the penalty ramps over the budget's last tokens)")
+        if self.strategy.max_staleness != self.max_staleness:
+            raise ConfigError(
+                f"strategy.max_staleness={self.strategy.max_staleness} differs from max_staleness="
+                f"{self.max_staleness}: they are one setting (strategy.max_staleness follows max_staleness); "
+                f"set one of them")
         if self.eval.pass_k > 1 and self.eval.temperature <= 0:
             raise ConfigError("eval.pass_k > 1 needs eval.temperature > 0 (greedy samples are identical)")
+
+
+def adopt_strategy_max_staleness(cfg: DictConfig) -> None:
+    """Make `strategy.max_staleness=N` given alone the run's bound (before `OmegaConf.to_object`).
+
+    The strategy's value interpolates the top-level `max_staleness`, which the replay
+    buffer and the manager read. A user who sets the strategy's key replaces the
+    interpolation: if the top-level value is still its default, it takes the user's
+    value; if both were set and differ, `RunConf` refuses the pair.
+    """
+    strategy = cfg.get("strategy")
+    if strategy is None or "max_staleness" not in strategy or OmegaConf.is_interpolation(strategy, "max_staleness"):
+        return
+    if cfg.max_staleness == RunConf.max_staleness:
+        cfg.max_staleness = strategy.max_staleness

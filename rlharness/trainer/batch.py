@@ -17,6 +17,7 @@ import statistics
 import torch
 
 from rlharness.algo.advantages import compute_advantages
+from rlharness.algo.shaping import overlong_penalty, truncated_samples
 from rlharness.config.schema import AlgoConf
 from rlharness.types import Group, RolloutState, TrainBatch
 
@@ -42,6 +43,9 @@ def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, tr
     Groups whose rewards are all equal stay in the batch with zero advantages (they add
     tokens to the loss normaliser but nothing to the gradient). `temperature` is the
     rollout sampling temperature; greedy (0) rollouts are scored at temperature 1.
+    With `algo.overlong_buffer_len` the DAPO overlong penalty (budget `max_response_len`)
+    is added to each score before the advantages; with `algo.mask_truncated` responses
+    cut by the budget get response_mask 0 (`rlharness.algo.shaping`).
     """
     if not groups:
         raise ValueError("build_train_batch: no groups")
@@ -52,7 +56,11 @@ def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, tr
     for s in samples:
         _check_sample(s)
     rewards = torch.tensor([[_score(s) for s in g] for g in groups], dtype=torch.float32)
-    advantages = compute_advantages(rewards, algo).reshape(-1)
+    penalty = overlong_penalty(torch.tensor([[len(s.response_ids) for s in g] for g in groups]),
+                               max_response_len, algo.overlong_buffer_len, algo.overlong_penalty_factor)
+    advantages = compute_advantages(rewards + penalty, algo).reshape(-1)
+    truncated = truncated_samples(samples)
+    masked_out = [t and algo.mask_truncated for t in truncated]
 
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     num_rows, width = len(samples), max(lengths)
@@ -68,7 +76,8 @@ def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, tr
         attention_mask[b, : p + r] = 1
         # Tokens the agent loop inserted (tool output, `loss_mask` 0) get no loss and,
         # like prompt positions, advantage 0.
-        response_mask[b, p: p + r] = torch.tensor(s.loss_mask(), dtype=torch.float32)
+        if not masked_out[b]:
+            response_mask[b, p: p + r] = torch.tensor(s.loss_mask(), dtype=torch.float32)
         token_adv[b, p: p + r] = advantages[b] * response_mask[b, p: p + r]
         rollout_logprobs[b, p: p + r] = torch.tensor(s.response_logprobs, dtype=torch.float32)
         model_steps[b, p: p + r] = torch.tensor(s.response_model_steps, dtype=torch.long)
@@ -79,7 +88,10 @@ def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, tr
         num_groups=len(groups), max_response_len=max_response_len,
         temperature=temperature if temperature > 0 else 1.0,
     )
-    return batch, rollout_metrics(groups, rewards, advantages)
+    metrics = rollout_metrics(groups, rewards, advantages)
+    metrics["rollout/overlong_penalty_mean"] = float(penalty.mean())
+    metrics["rollout/truncated_masked_frac"] = sum(masked_out) / len(samples)
+    return batch, metrics
 
 
 def rollout_metrics(groups: list[Group], rewards: torch.Tensor, advantages: torch.Tensor) -> dict[str, float]:

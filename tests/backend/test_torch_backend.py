@@ -150,6 +150,38 @@ def test_tis_metrics_measure_trainer_vs_rollout_logprobs(tiny_model_dir):
     assert 0 < metrics["train/tis_truncated_frac"] < 1
 
 
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_rejection_masks_tokens_and_reports_the_share(tiny_model_dir, level):
+    # Rollout log-probs are random (-2..-4) against the random model's (~ -log 24): some
+    # token and sequence ratios leave [0.8, 1.25].
+    b = backend(tiny_model_dir, rejection=level, rejection_low=0.8, rejection_high=1.25)
+    batch = make_batch(b.algo)
+    with torch.no_grad():
+        logits = b.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    log_ratio = torch.where(batch.response_mask > 0, token_logprobs(logits, batch.input_ids) - batch.rollout_logprobs,
+                            torch.zeros(()))
+    m = batch.response_mask > 0
+    if level == "sequence":
+        log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)
+    ratio = torch.exp(log_ratio)[m]
+    expected = ((ratio < 0.8) | (ratio > 1.25)).float().mean().item()
+    metrics = step(b, batch)
+    assert 0 < expected < 1
+    assert metrics["train/rejected_frac"] == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("loss", ["ppo", "dual_clip", "gspo", "cispo"])
+def test_every_policy_loss_trains_finitely_with_several_updates(tiny_model_dir, loss):
+    agg = "seq_mean_token_mean" if loss == "gspo" else "token_mean"
+    b = backend(tiny_model_dir, policy_loss=loss, loss_agg=agg, mini_batches=2, lr=3e-3)
+    before = asyncio.run(b.get_weights())
+    metrics = step(b, make_batch(b.algo))
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+    assert metrics["train/num_updates"] == 2 and metrics["train/grad_norm"] > 0
+    after = asyncio.run(b.get_weights())
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
 def test_kl_to_frozen_reference(tiny_model_dir):
     b = backend(tiny_model_dir, kl_coef=0.1, kl_estimator="k3", lr=3e-3)
     assert b.ref_model is not None
