@@ -20,8 +20,8 @@ class Components:
     tokenizer: Any
     encode: Callable[[str], list[int]]
     decode: Callable[[list[int]], str]
-    task_data: Any
-    judger: Any
+    task_data: dict[str, Any]  # task name -> TaskData
+    judgers: dict[str, Any]  # task name -> Judger
     engine: Any
     manager: Any
     backend: Any
@@ -41,21 +41,44 @@ def text_codec(tokenizer) -> tuple[Callable[[str], list[int]], Callable[[list[in
     return encode, decode
 
 
-def validate_data(conf: RunConf, task_data) -> None:
+def validate_data(conf: RunConf, task_data: dict[str, Any]) -> None:
     """Refuse, before anything starts, data the run cannot use (names the values)."""
     from rlharness.config.schema import ConfigError
 
-    n = len(task_data.train)
-    if n == 0:
-        raise ConfigError(f"task={conf.task.name}: the training split is empty")
-    if not task_data.eval:
-        raise ConfigError(f"task={conf.task.name}: the eval split is empty")
-    if not conf.sampler.allow_epoch_rollover and conf.batch_size * conf.total_steps > n:
+    entries = conf.task_entries()
+    for name, data in task_data.items():
+        label = f"tasks.{name}" if conf.tasks else f"task={conf.task.name}"
+        if len(data.train) == 0:
+            raise ConfigError(f"{label}: the training split is empty")
+        if not data.eval:
+            raise ConfigError(f"{label}: the eval split is empty")
+    # Without roll-over, a task's data may run out: it then leaves the mix, unless every task
+    # would (the run could not reach total_steps).
+    if not any(_rollover(conf, e) for e in entries.values()):
+        n = sum(len(d.train) for d in task_data.values())
+        if conf.batch_size * conf.total_steps > n:
+            what = f"task={conf.task.name} has {n}" if not conf.tasks else f"the tasks have {n} together"
+            raise ConfigError(
+                f"batch_size={conf.batch_size} x total_steps={conf.total_steps} needs "
+                f"{conf.batch_size * conf.total_steps} prompts but {what} and "
+                f"sampler.allow_epoch_rollover=false"
+            )
+
+
+def check_judger_fits(name: str, task_name: str, judger_name: str, required: tuple[str, ...],
+                      label: dict[str, Any], key: str) -> None:
+    """A judger that needs label fields the task's rows lack cannot score that task."""
+    from rlharness.config.schema import ConfigError
+
+    missing = [k for k in required if k not in label]
+    if missing:
         raise ConfigError(
-            f"batch_size={conf.batch_size} x total_steps={conf.total_steps} needs "
-            f"{conf.batch_size * conf.total_steps} prompts but task={conf.task.name} has {n} and "
-            f"sampler.allow_epoch_rollover=false"
-        )
+            f"{key}={judger_name} cannot score task {name!r} ({task_name}): it needs label field(s) "
+            f"{', '.join(missing)}, the task's rows have {', '.join(sorted(label)) or 'none'}")
+
+
+def _rollover(conf: RunConf, entry) -> bool:
+    return conf.sampler.allow_epoch_rollover if entry.allow_epoch_rollover is None else entry.allow_epoch_rollover
 
 
 def build_engine_for(conf: RunConf, tokenizer, decode):
@@ -72,7 +95,7 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
     from rlharness.agent import build_agent_loop
     from rlharness.backend import build_backend
     from rlharness.data import build_task
-    from rlharness.evaluator import Evaluator
+    from rlharness.evaluator import Evaluator, MultiTaskEvaluator
     from rlharness.judger import build_judger
     from rlharness.model import load_tokenizer
     from rlharness.producer.manager import AgentLoopManager
@@ -82,42 +105,55 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
 
     tokenizer = load_tokenizer(conf.model)
     encode, decode = text_codec(tokenizer)
-    task_data = build_task(conf.task, tokenizer)
+    entries = conf.task_entries()
+    task_data = {name: build_task(e.task, tokenizer) for name, e in entries.items()}
     validate_data(conf, task_data)
-    judger_conf = conf.judger
-    if judger_conf.name == "auto":
-        from rlharness.config.store import SCHEMAS
-
-        judger_conf = SCHEMAS["judger"][conf.task.default_judger]()
-    judger = build_judger(judger_conf)
+    judgers = {}
+    for name, entry in entries.items():
+        judger_conf = conf.judger_for(entry)
+        judgers[name] = build_judger(judger_conf)
+        check_judger_fits(name, entry.task.name, judger_conf.name, judgers[name].label_keys,
+                          task_data[name].train[0].label, f"tasks.{name}.judger" if conf.tasks else "judger")
     if engine is None:
         engine = build_engine_for(conf, tokenizer, decode)
     if backend is None:
         backend = build_backend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed)
 
     replay_buffer = ReplayBuffer(max_staleness=conf.max_staleness, sync_weights_interval=conf.sync_weights_interval)
-    sampler = Sampler(conf.sampler, task_data.name, task_data.train, encode, replay_buffer, conf.seed)
+
     # Text the agent loop inserts mid-response (tool output) must not get a BOS of its own.
-    def agent_loop_with(temperature: float | None = None, max_tokens: int | None = None):
-        sampling = conf.agent.sampling
+    def agent_loop_with(name: str, temperature: float | None = None, max_tokens: int | None = None):
+        agent = conf.agent_for(entries[name])
+        sampling = agent.sampling
         if temperature is not None:
             sampling = replace(sampling, temperature=temperature, max_tokens=max_tokens or sampling.max_tokens)
-        return build_agent_loop(replace(conf.agent, sampling=sampling), engine, judger, decode,
+        return build_agent_loop(replace(agent, sampling=sampling), engine, judgers[name], decode,
                                 encode=lambda text: tokenizer.encode(text, add_special_tokens=False))
 
-    agent_loop = agent_loop_with()
+    tasks = {}
+    for name, entry in entries.items():
+        sampler_conf = replace(conf.sampler, allow_epoch_rollover=_rollover(conf, entry))
+        sampler = Sampler(sampler_conf, name, task_data[name].train, encode, replay_buffer, conf.seed)
+        tasks[name] = (sampler, agent_loop_with(name))
     manager = AgentLoopManager(
-        tasks={task_data.name: (sampler, agent_loop)},
+        tasks=tasks,
         strategy=build_strategy(conf.strategy),
         replay_buffer=replay_buffer,
         batch_size=conf.batch_size,
         max_staleness=conf.max_staleness,
         sync_weights_interval=conf.sync_weights_interval,
+        weights={name: e.weight for name, e in entries.items()},
+        over_sample_thresholds={name: e.over_sample_threshold for name, e in entries.items()
+                                if e.over_sample_threshold is not None},
     )
-    eval_tokens = conf.eval.max_tokens or conf.agent.sampling.max_tokens
-    evaluator = Evaluator(
-        conf.eval, task_data.name, task_data.eval, encode,
-        greedy_loop=agent_loop_with(temperature=0.0, max_tokens=eval_tokens),
-        sampled_loop=agent_loop_with(conf.eval.temperature, eval_tokens) if conf.eval.pass_k > 1 else None,
-        seed=conf.seed)
-    return Components(tokenizer, encode, decode, task_data, judger, engine, manager, backend, evaluator)
+    evaluators = {}
+    for name, entry in entries.items():
+        eval_tokens = conf.eval.max_tokens or conf.sampling_for(entry).max_tokens
+        evaluators[name] = Evaluator(
+            conf.eval, name, task_data[name].eval, encode,
+            greedy_loop=agent_loop_with(name, temperature=0.0, max_tokens=eval_tokens),
+            sampled_loop=agent_loop_with(name, conf.eval.temperature, eval_tokens) if conf.eval.pass_k > 1 else None,
+            seed=conf.seed)
+    evaluator = evaluators[next(iter(evaluators))] if not conf.tasks else MultiTaskEvaluator(
+        evaluators, {name: e.weight for name, e in entries.items()})
+    return Components(tokenizer, encode, decode, task_data, judgers, engine, manager, backend, evaluator)

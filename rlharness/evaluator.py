@@ -61,3 +61,25 @@ class Evaluator:
             metrics["eval/pass@k"] = sum(pass_at_k(k, sum(c), k) for c in sampled) / len(sampled)
             metrics["eval/pass@1_sampled"] = sum(pass_at_k(k, sum(c), 1) for c in sampled) / len(sampled)
         return metrics
+
+
+class MultiTaskEvaluator:
+    """Every task's evaluator: `eval/<task>/<metric>` per task, and `eval/<metric>` the
+    weighted mean over tasks (by the tasks' mix weights), so `eval/accuracy` stays the
+    run's headline number. Tasks are evaluated together (one engine batch)."""
+
+    def __init__(self, evaluators: dict[str, Evaluator], weights: dict[str, float]):
+        self.evaluators = evaluators
+        total = sum(weights.values())
+        self.weights = {t: w / total for t, w in weights.items()}
+
+    async def evaluate(self) -> dict[str, float]:
+        results = await asyncio.gather(*(e.evaluate() for e in self.evaluators.values()))
+        metrics: dict[str, float] = {}
+        means: dict[str, float] = {}
+        for task, per_task in zip(self.evaluators, results):
+            for key, value in per_task.items():
+                stage, name = key.split("/", 1)
+                metrics[f"{stage}/{task}/{name}"] = value
+                means[key] = means.get(key, 0.0) + self.weights[task] * value
+        return {**means, **metrics}

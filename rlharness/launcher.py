@@ -25,11 +25,17 @@ from rlharness.config.schema import ConfigError, RunConf
 log = logging.getLogger(__name__)
 
 # Changing these makes a checkpoint unusable (other weights, vocabulary or data order).
-FROZEN_ON_RESUME = ("model", "task", "sampler.prompt_repeat_k", "seed")
+FROZEN_ON_RESUME = ("model", "task", "tasks", "sampler.prompt_repeat_k", "seed")
 
 
 def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
+
+
+def _frozen(key: str) -> bool:
+    """Whether an override key touches a frozen part; `group@package` counts both (e.g.
+    `task@tasks.extra.task` adds a task)."""
+    return any(k == f or k.startswith(f + ".") for k in key.split("@") for f in FROZEN_ON_RESUME)
 
 
 def prepare_resume_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -54,7 +60,7 @@ def prepare_resume_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     old_values = {_key(o): o for o in old}
     for o in new:
         k = _key(o)
-        if any(k == f or k.startswith(f + ".") for f in FROZEN_ON_RESUME) and old_values.get(k) != o:
+        if _frozen(k) and old_values.get(k) != o:
             raise ConfigError(
                 f"resume={value}: override {o!r} would make the checkpoint unusable ({k} is fixed "
                 f"for a run; start a new run instead)")

@@ -11,7 +11,9 @@ never `RunConf`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+import re
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from omegaconf import II, MISSING, DictConfig, OmegaConf
@@ -425,6 +427,33 @@ class JsonlTaskConf(TaskConf):
         _check(self.num_eval >= 0, "task.num_eval", self.num_eval, ">= 0")
 
 
+# ----------------------------------------------------------------------------- tasks (multi-task)
+TASK_NAME_CHARS = "letters, digits, '_' and '-'"
+
+
+@dataclass
+class TaskEntryConf:
+    """One named task of a multi-task run (`tasks.<name>`); its name is its key.
+
+    Each part defaults to the run's: `judger` to the task's own (`auto`), `agent` to
+    the run's `agent`; `sampling` changes single keys of that agent's sampling (the
+    temperature must stay the run's: the trainer scores log-probs at one temperature).
+    """
+
+    task: TaskConf = MISSING
+    weight: float = 1.0
+    judger: Optional[JudgerConf] = None  # None = auto: the task's own judger
+    agent: Optional[AgentConf] = None
+    # Sampling keys that differ from the agent's (`+tasks.<name>.sampling.max_tokens=12`).
+    sampling: dict[str, Any] = field(default_factory=dict)
+    # None = sampler.allow_epoch_rollover. False: once its data run out the task leaves
+    # the mix and the others share its weight (a log line says when).
+    allow_epoch_rollover: Optional[bool] = None
+    # None = strategy.over_sample_threshold (async only).
+    over_sample_threshold: Optional[float] = None
+    # Checked by RunConf, which knows the entry's name.
+
+
 # ----------------------------------------------------------------------------- cluster
 @dataclass
 class ClusterConf:
@@ -524,6 +553,9 @@ class RunConf:
     cluster: ClusterConf = MISSING
     logger: LoggerConf = MISSING
     eval: EvalConf = field(default_factory=EvalConf)
+    # Multi-task runs: name -> task entry (experiment=arith_mix). Empty = the single
+    # task `task` with `judger`, named by its task (today's runs, unchanged).
+    tasks: dict[str, TaskEntryConf] = field(default_factory=dict)
 
     seed: int = 0
     mode: str = "colocate"  # colocate | disagg
@@ -569,19 +601,23 @@ class RunConf:
                     f"cluster.engine_cpus={self.cluster.engine_cpus:g} + {workers} training worker(s) x "
                     f"cluster.trainer_cpus={self.cluster.trainer_cpus:g}, but cluster.num_cpus={self.cluster.num_cpus}"
                 )
-        if self.eval.num_prompts > self.task.num_eval:
-            raise ConfigError(
-                f"eval.num_prompts={self.eval.num_prompts} exceeds task.num_eval={self.task.num_eval}"
-            )
+        self._check_tasks()
+        for name, entry in self.task_entries().items():
+            key = f"tasks.{name}.task.num_eval" if self.tasks else "task.num_eval"
+            if self.eval.num_prompts > entry.task.num_eval:
+                raise ConfigError(f"eval.num_prompts={self.eval.num_prompts} exceeds {key}={entry.task.num_eval}")
         if self.sampler.prompt_repeat_k < 2:
             raise ConfigError(
                 f"sampler.prompt_repeat_k={self.sampler.prompt_repeat_k} is not allowed with "
                 f"algo.advantage={self.algo.advantage}: its baseline is the group's mean, so a group of one "
                 f"sample has advantage 0 and nothing would be learned; use prompt_repeat_k >= 2")
-        if self.algo.overlong_buffer_len >= self.agent.sampling.max_tokens:
-            raise ConfigError(
-                f"algo.overlong_buffer_len={self.algo.overlong_buffer_len} must be < agent.sampling.max_tokens="
-                f"{self.agent.sampling.max_tokens} (the penalty ramps over the budget's last tokens)")
+        for name, entry in self.task_entries().items():
+            max_tokens = self.sampling_for(entry).max_tokens
+            if self.algo.overlong_buffer_len >= max_tokens:
+                where = f"tasks.{name}'s max_tokens" if self.tasks else "agent.sampling.max_tokens"
+                raise ConfigError(
+                    f"algo.overlong_buffer_len={self.algo.overlong_buffer_len} must be < {where}="
+                    f"{max_tokens} (the penalty ramps over the budget's last tokens)")
         if self.strategy.max_staleness != self.max_staleness:
             raise ConfigError(
                 f"strategy.max_staleness={self.strategy.max_staleness} differs from max_staleness="
@@ -589,6 +625,57 @@ class RunConf:
                 f"set one of them")
         if self.eval.pass_k > 1 and self.eval.temperature <= 0:
             raise ConfigError("eval.pass_k > 1 needs eval.temperature > 0 (greedy samples are identical)")
+
+    def _check_tasks(self) -> None:
+        """Names usable as metric keys, weights > 0, one batch slot per task at least, one scoring temperature."""
+        for name, entry in self.tasks.items():
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", str(name)):
+                raise ConfigError(f"tasks.{name}: task names may use only {TASK_NAME_CHARS}")
+            _check(entry.weight > 0 and math.isfinite(entry.weight), f"tasks.{name}.weight", entry.weight,
+                   "a finite number > 0")
+            _check(entry.over_sample_threshold is None or entry.over_sample_threshold >= 0,
+                   f"tasks.{name}.over_sample_threshold", entry.over_sample_threshold, "a number >= 0 or null")
+            unknown = sorted(set(entry.sampling) - set(SamplingConf.__dataclass_fields__))
+            _check(not unknown, f"tasks.{name}.sampling", unknown,
+                   "keys among " + ", ".join(SamplingConf.__dataclass_fields__))
+            temperature = self.sampling_for(entry).temperature
+            if temperature != self.agent.sampling.temperature:
+                raise ConfigError(
+                    f"tasks.{name} samples at temperature {temperature}, the run at agent.sampling.temperature="
+                    f"{self.agent.sampling.temperature}: every task must use the run's temperature (the trainer "
+                    f"scores log-probs at one temperature)")
+        if len(self.tasks) > self.batch_size:
+            raise ConfigError(f"batch_size={self.batch_size} is smaller than the number of tasks "
+                              f"({len(self.tasks)}: {', '.join(self.tasks)}): every task needs a slot")
+
+    def task_entries(self) -> dict[str, TaskEntryConf]:
+        """The run's tasks by name: `tasks`, or the single `task` (with `judger`) named by its task."""
+        if self.tasks:
+            return dict(self.tasks)
+        return {self.task.name: TaskEntryConf(task=self.task, judger=self.judger)}
+
+    def judger_for(self, entry: TaskEntryConf) -> JudgerConf:
+        """The judger config a task is scored with; `auto` (or none given) = the task's own."""
+        from rlharness.config.store import SCHEMAS
+
+        judger = entry.judger
+        if judger is None or judger.name == "auto":
+            return SCHEMAS["judger"][entry.task.default_judger]()
+        return judger
+
+    def agent_for(self, entry: TaskEntryConf) -> AgentConf:
+        """The agent config a task runs with: its own or the run's, with its own sampling if set."""
+        agent = entry.agent if entry.agent is not None else self.agent
+        if not entry.sampling:
+            return agent
+        return replace(agent, sampling=replace(agent.sampling, **entry.sampling))
+
+    def sampling_for(self, entry: TaskEntryConf) -> SamplingConf:
+        return self.agent_for(entry).sampling
+
+    def max_response_tokens(self) -> int:
+        """The longest response any task may sample (Dr.GRPO's constant length)."""
+        return max(self.sampling_for(e).max_tokens for e in self.task_entries().values())
 
 
 def adopt_strategy_max_staleness(cfg: DictConfig) -> None:

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 class Judger(abc.ABC):
     name: str = "judger"
+    # Label fields `score` reads: a task whose rows lack one cannot be scored by this judger
+    # (refused before a run starts).
+    label_keys: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:

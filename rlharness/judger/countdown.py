@@ -49,6 +49,7 @@ def split_response(text: str) -> tuple[str, str | None]:
 
 class CountdownJudger(Judger):
     name = "countdown"
+    label_keys = ("target", "numbers")
 
     def __init__(self, conf: CountdownJudgerConf | None = None):
         self.conf = conf or CountdownJudgerConf()

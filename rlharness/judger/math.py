@@ -103,6 +103,7 @@ def answers_match(gold: str, pred: str) -> bool:
 
 class MathJudger(Judger):
     name = "math"
+    label_keys = ("answer",)
 
     def __init__(self, conf: MathJudgerConf | None = None):
         self.conf = conf or MathJudgerConf()

@@ -36,6 +36,7 @@ class RouterJudger(Judger):
         if not self.conf.weights:
             raise ConfigError("judger.weights is empty: name at least one judger and its weight")
         self.parts = {name: _build_part(name, self.conf) for name in self.conf.weights}
+        self.label_keys = tuple(dict.fromkeys(k for j in self.parts.values() for k in j.label_keys))
 
     def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
         return self._combine({name: float(j.score(response_text, label)["score"]) for name, j in self.parts.items()})

@@ -74,4 +74,9 @@ def format_step_line(row: dict[str, Any], total_steps: int) -> str:
         s = f(key, fmt)
         if s is not None:
             parts.append(f"{label} {s}")
+        if key == "eval/accuracy":  # a multi-task run: each task's accuracy after the weighted mean
+            per_task = [(k.split("/")[1], v) for k, v in row.items()
+                        if k.startswith("eval/") and k.endswith("/accuracy") and k.count("/") == 2]
+            if per_task:
+                parts.append(" ".join(f"{t} {v:.3f}" for t, v in per_task))
     return " | ".join(parts)

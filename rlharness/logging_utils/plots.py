@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import fnmatch
 from pathlib import Path
 
 from rlharness.logging_utils.metrics import read_metrics
 
 # file name -> (title, [metric keys]) ; a plot is written only if one of its keys exists.
+# `*` stands for a task name: a multi-task run gets one curve per task.
 PLOTS = {
-    "reward": ("Rollout reward", ["rollout/reward_mean"]),
-    "eval_accuracy": ("Eval accuracy (greedy pass@1)", ["eval/accuracy", "eval/pass@k"]),
+    "reward": ("Rollout reward", ["rollout/reward_mean", "rollout/*/reward_mean"]),
+    "eval_accuracy": ("Eval accuracy (greedy pass@1)", ["eval/accuracy", "eval/*/accuracy", "eval/pass@k"]),
     "response_len": ("Response length (tokens)", ["rollout/response_len_mean"]),
     "throughput": ("Throughput (tokens/s)", ["perf/tokens_per_s"]),
     "staleness": ("Staleness (weight versions)", ["staleness/mean", "staleness/max"]),
@@ -28,7 +30,9 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     out_dir = Path(run_dir) / "plots"
     out_dir.mkdir(exist_ok=True)
     written = []
-    for name, (title, keys) in PLOTS.items():
+    present = list(dict.fromkeys(k for r in rows for k in r))
+    for name, (title, patterns) in PLOTS.items():
+        keys = [k for p in patterns for k in (fnmatch.filter(present, p) if "*" in p else [p])]
         series = {k: [(r["step"], r[k]) for r in rows if r.get(k) is not None] for k in keys}
         series = {k: v for k, v in series.items() if v}
         if not series:

@@ -114,6 +114,8 @@ class ProduceContext:
     model_step: Callable[[], int]  # the engines' current weight version, read live
     producer_wake: Signal  # set when a task finishes or a pause is requested
     on_put: Callable[[], None]  # tells waiting consumers the buffer changed
+    # This task's async over-sampling (None = the strategy's over_sample_threshold).
+    over_sample_threshold: float | None = None
     # Per-batch window counters (groups_filtered, groups_failed, groups_aborted...), reset by the manager.
     window: Counter = field(default_factory=Counter)
     pending: _PendingTasks = field(default_factory=_PendingTasks)

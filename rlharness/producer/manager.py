@@ -25,10 +25,10 @@ from typing import Any
 
 from rlharness.agent.base import AgentLoop
 from rlharness.producer.context import ProduceContext, Signal
-from rlharness.producer.progress import ProduceProgress, allocate_batch_sizes
+from rlharness.producer.progress import BatchAllocation, ProduceProgress
 from rlharness.producer.strategies import ProduceStatus, ProduceStrategy
 from rlharness.replay_buffer import ReplayBuffer, stale_threshold
-from rlharness.sampler import Sampler
+from rlharness.sampler import DataExhausted, Sampler
 from rlharness.types import Group, Status, staleness
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,11 @@ class AgentLoopManager:
         max_staleness: int,
         sync_weights_interval: int = 1,
         poll_interval_s: float = 0.5,
+        weights: dict[str, float] | None = None,
+        over_sample_thresholds: dict[str, float] | None = None,
     ) -> None:
+        """`weights` split every step's batch over the tasks (largest remainder carried across
+        steps; None = equal); `over_sample_thresholds` replace the async strategy's per task."""
         if not tasks:
             raise ValueError("AgentLoopManager needs at least one task")
         threshold = stale_threshold(max_staleness, sync_weights_interval)
@@ -77,15 +81,22 @@ class AgentLoopManager:
         self.sync_weights_interval = sync_weights_interval
         self.stale_threshold = threshold
         self.poll_interval_s = poll_interval_s
-        self.task_sizes = allocate_batch_sizes(batch_size, list(tasks))
+        weights = dict(weights) if weights is not None else {name: 1.0 for name in tasks}
+        if set(weights) != set(tasks):
+            raise ValueError(f"weights are for tasks {sorted(weights)}, the manager has {sorted(tasks)}")
+        self.allocation = BatchAllocation(batch_size, {name: weights[name] for name in tasks})
         for name, (sampler, _) in tasks.items():
-            sampler.check_batch_size(self.task_sizes[name])
+            # A task that may leave the mix needs only what one step gives it.
+            sampler.check_batch_size(self.allocation.share(name))
             if strategy.group_filter_name == "all_equal_reward" and sampler.conf.prompt_repeat_k < 2:
                 raise ValueError(
                     f"strategy.group_filter=all_equal_reward with sampler.prompt_repeat_k="
                     f"{sampler.conf.prompt_repeat_k} (task {name!r}) would filter every group"
                 )
 
+        # Tasks whose data may run out (no epoch roll-over) leave the mix instead of ending the run.
+        self.may_leave = {name for name, (sampler, _) in tasks.items()
+                          if len(tasks) > 1 and not sampler.conf.allow_epoch_rollover}
         self.progress = ProduceProgress.build(list(tasks))
         self._model_step = 0
         self._producer_wake = Signal()
@@ -97,7 +108,8 @@ class AgentLoopManager:
                 agent_loop=loop,
                 replay_buffer=replay_buffer,
                 progress=self.progress,
-                task_batch_size=self.task_sizes[name],
+                task_batch_size=self.allocation.share(name),
+                over_sample_threshold=(over_sample_thresholds or {}).get(name),
                 group_filter=strategy.group_filter,
                 model_step=lambda: self._model_step,
                 producer_wake=self._producer_wake,
@@ -115,7 +127,7 @@ class AgentLoopManager:
     def _on_put(self) -> None:
         """A group landed in the buffer: wake a waiting consumer once a batch can be taken
         (not on every group: one wake-up per group cost the consumer a loop turn each)."""
-        if self._consumer_waiting_step and not self.replay_buffer.ready(self.task_sizes):
+        if self._consumer_waiting_step and not self.replay_buffer.ready(self.allocation.sizes(self._consumer_waiting_step)):
             return
         self._consumer_wake.set()
 
@@ -146,28 +158,51 @@ class AgentLoopManager:
         loop = asyncio.get_running_loop()
         start_s = loop.time()
         self.progress.begin_consume(train_step)
-        self.progress.set_local_target(train_step, self.task_sizes)
         self.replay_buffer.refresh_staleness(train_step)
         while True:
+            # Again on every round: a task that left the mix changes this step's split.
+            self.progress.set_local_target(train_step, self.allocation.sizes(train_step))
             try:
                 statuses = await self._produce_all()
             finally:
                 # Rollout and training share the devices: nothing may keep running into training.
                 await self._drain_all()
             self.replay_buffer.refresh_staleness(train_step)
-            if self.replay_buffer.ready(self.task_sizes):
+            if self.replay_buffer.ready(self.allocation.sizes(train_step)):
                 return self._take(train_step, loop.time() - start_s)
             if ProduceStatus.PAUSED in statuses:
                 raise RuntimeError(f"produce_batch(train_step={train_step}) was paused or closed mid-way")
-            log.info("train step %d: groups expired after production; producing the gap", train_step)
+            log.info("train step %d: groups expired or a task left the mix; producing the gap", train_step)
 
     async def _produce_all(self) -> list[ProduceStatus]:
-        results = await asyncio.gather(*(self.strategy.produce(c) for c in self.contexts.values()),
-                                       return_exceptions=True)
-        for r in results:
+        contexts = list(self.contexts.values())
+        results = await asyncio.gather(*(self.strategy.produce(c) for c in contexts), return_exceptions=True)
+        for c, r in zip(contexts, results):
+            if isinstance(r, DataExhausted) and c.task in self.may_leave and self._leave(c.task):
+                continue
             if isinstance(r, BaseException):
                 raise r
-        return results  # type: ignore[return-value]
+        return [r for r in results if not isinstance(r, BaseException)]  # type: ignore[misc]
+
+    def _leave(self, task: str) -> bool:
+        """`task`'s data ran out (no roll-over): from the first step it cannot fill, it leaves the
+        mix and the other tasks share its weight. False if it is the last task (the run ends)."""
+        if task in self.allocation.left or len(self.allocation.tasks) - len(self.allocation.left) <= 1:
+            return False
+        # Everything it will ever deliver is consumed or waiting (nothing in flight, pools empty).
+        supply = self.progress.consumed_samples[task] + self.replay_buffer.count(task, Status.COMPLETED)
+        step = self.progress.next_consumer_step
+        while self.allocation.cumulative(step)[task] <= supply:
+            step += 1
+        old = [self.allocation.sizes(s) for s in range(step, self.progress.target_upto_future_step + 1)]
+        self.allocation.leave(task, step)
+        for s, before in zip(range(step, self.progress.target_upto_future_step + 1), old):
+            for t, n in self.allocation.sizes(s).items():
+                self.progress.target_samples[t] += n - before[t]
+        log.warning("task %s: data exhausted (no epoch roll-over); it leaves the mix from train step %d, "
+                    "the other tasks share its weight: step %d is split %s", task, step, step,
+                    self.allocation.sizes(step))
+        return True
 
     async def _drain_all(self) -> None:
         for c in self.contexts.values():
@@ -215,7 +250,7 @@ class AgentLoopManager:
         nxt = self.progress.target_upto_future_step + 1
         while self._may_produce_for(nxt):
             self.progress.producer_future_step = nxt
-            self.progress.ensure_target_upto(nxt, self.task_sizes)
+            self.progress.ensure_target_upto(nxt, self.allocation)
             nxt += 1
 
     def _may_produce_for(self, future_step: int) -> bool:
@@ -237,7 +272,7 @@ class AgentLoopManager:
         if self.progress.target_upto_future_step < train_step - 1:
             # The consumer starts ahead of the producer's targets (e.g. fresh producer state):
             # re-base so the producer owes exactly the batches from `train_step` on.
-            for task in self.task_sizes:
+            for task in self.allocation.tasks:
                 self.progress.target_samples[task] = max(self.progress.target_samples[task],
                                                          self.progress.consumed_samples[task])
             self.progress.target_upto_future_step = train_step - 1
@@ -250,7 +285,7 @@ class AgentLoopManager:
                     raise RuntimeError(f"produce_loop failed: {self._loop_error!r}") from self._loop_error
                 if self.replay_buffer.refresh_staleness(train_step):
                     self._producer_wake.set()  # expired groups leave a gap to refill
-                if self.replay_buffer.ready(self.task_sizes):
+                if self.replay_buffer.ready(self.allocation.sizes(train_step)):
                     return self._take(train_step, loop.time() - start_s)
                 remaining = deadline - loop.time()
                 if remaining <= 0:
@@ -263,8 +298,8 @@ class AgentLoopManager:
         running = self._loop_task is not None and not self._loop_task.done()
         return (
             f"get_batch(train_step={train_step}) waited timeout_s={timeout_s:g} without a full batch: "
-            f"COMPLETED groups {({t: self.replay_buffer.count(t, Status.COMPLETED) for t in self.task_sizes})}, "
-            f"need {self.task_sizes}; in flight {self.in_flight()}; paused={self._paused}; "
+            f"COMPLETED groups {({t: self.replay_buffer.count(t, Status.COMPLETED) for t in self.allocation.tasks})}, "
+            f"need {self.allocation.sizes(train_step)}; in flight {self.in_flight()}; paused={self._paused}; "
             f"produce_loop running={running}; engine version={self._model_step}"
         )
 
@@ -304,7 +339,7 @@ class AgentLoopManager:
 
     # ------------------------------------------------------------------ taking a batch
     def _take(self, train_step: int, produce_s: float) -> ProducedBatch:
-        groups = self.replay_buffer.take_batch(self.task_sizes)
+        groups = self.replay_buffer.take_batch(self.allocation.sizes(train_step))
         counts = Counter(g[0].task for g in groups)
         self.progress.mark_consumed(dict(counts))
         self.progress.finish_consume(train_step)
@@ -321,6 +356,7 @@ class AgentLoopManager:
 
     def _stats(self, groups: list[Group], train_step: int, produce_s: float) -> dict[str, float]:
         window: Counter = Counter()
+        per_task = self._task_stats(groups) if len(self.contexts) > 1 else {}
         for c in self.contexts.values():
             window.update(c.window)
             c.window.clear()
@@ -360,7 +396,26 @@ class AgentLoopManager:
             "staleness/mean": float(mean_stale),
             "staleness/max": float(max_stale),
             "perf/rollout_s": float(produce_s),
+            **per_task,
         }
+
+    def _task_stats(self, groups: list[Group]) -> dict[str, float]:
+        """`rollout/<task>/...` for a multi-task run (before the windows are reset)."""
+        out: dict[str, float] = {}
+        for name, c in self.contexts.items():
+            mine = [g for g in groups if g[0].task == name]
+            samples = [s for g in mine for s in g]
+            scores = [s.reward["score"] for s in samples if s.reward is not None and "score" in s.reward]
+            out.update({
+                f"rollout/{name}/num_groups": float(len(mine)),
+                f"rollout/{name}/reward_mean": sum(scores) / len(scores) if scores else 0.0,
+                f"rollout/{name}/response_len_mean":
+                    sum(len(s.response_ids) for s in samples) / len(samples) if samples else 0.0,
+                f"rollout/{name}/groups_filtered": float(c.window["groups_filtered"]),
+                f"rollout/{name}/groups_failed": float(c.window["groups_failed"]),
+                f"rollout/{name}/groups_aborted": float(c.window["groups_aborted"]),
+            })
+        return out
 
     # ------------------------------------------------------------------ ledger and accounting
     def pop_dropped(self) -> list[tuple[Group, str]]:
@@ -393,6 +448,8 @@ class AgentLoopManager:
         in_flight = [g for c in self.contexts.values() for g in c.pending.input_groups()]
         return {
             "version": STATE_VERSION,
+            "tasks": list(self.contexts),
+            "allocation": self.allocation.state_dict(),
             "model_step": self._model_step,
             "samplers": {name: c.sampler.state_dict() for name, c in self.contexts.items()},
             "replay_buffer": self.replay_buffer.state_dict(in_flight=in_flight),
@@ -404,9 +461,16 @@ class AgentLoopManager:
             raise ValueError(f"producer state version {state['version']} != {STATE_VERSION}")
         if self.in_flight():
             raise RuntimeError(f"load_state_dict with {self.in_flight()} group(s) in flight; load before producing")
-        missing = set(self.contexts) - set(state["samplers"])
-        if missing:
-            raise KeyError(f"producer state has no sampler for task(s) {sorted(missing)}")
+        saved = list(state.get("tasks", state["samplers"]))
+        if set(saved) != set(self.contexts):
+            missing, unknown = sorted(set(saved) - set(self.contexts)), sorted(set(self.contexts) - set(saved))
+            raise ValueError(
+                f"the checkpoint was saved with tasks {sorted(saved)}, this run has {sorted(self.contexts)}"
+                + (f"; missing here: {', '.join(missing)}" if missing else "")
+                + (f"; not in the checkpoint: {', '.join(unknown)}" if unknown else "")
+                + ": resume with the same tasks (or start a new run)")
+        if "allocation" in state:
+            self.allocation.load_state_dict(state["allocation"])
         for name, c in self.contexts.items():
             c.sampler.load_state_dict(state["samplers"][name])
             c.window.clear()

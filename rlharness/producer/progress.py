@@ -14,16 +14,110 @@ strategies read it live through the produce context, never copy it across awaits
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 
-def allocate_batch_sizes(batch_size: int, tasks: list[str]) -> dict[str, int]:
-    """Split `batch_size` groups evenly over tasks (the first tasks take the remainder)."""
-    if batch_size < len(tasks):
-        raise ValueError(f"batch_size={batch_size} is smaller than the number of tasks ({len(tasks)}: {tasks})")
-    base, extra = divmod(batch_size, len(tasks))
-    return {t: base + (1 if i < extra else 0) for i, t in enumerate(tasks)}
+def _exact(weight: float) -> Fraction:
+    """A weight as the decimal the user wrote (0.7 is 7/10, not the nearest binary float)."""
+    return Fraction(repr(float(weight)))
+
+
+def allocate_batch_sizes(batch_size: int, weights: dict[str, float], carry: dict[str, Fraction] | None = None
+                         ) -> tuple[dict[str, int], dict[str, Fraction]]:
+    """One step's split of `batch_size` groups over tasks by weight: largest remainder.
+
+    Each task's quota is its exact share plus the remainder it carried from the steps
+    before; it gets the quota's floor, and the groups left over go to the largest
+    fractional parts (ties: the task listed first). Returns (sizes, carry for the next
+    step). Carries stay within (-1, 1), so after t steps a task has trained its exact
+    share t * batch_size * weight to within one group (the seeds' allocate_batch_sizes,
+    made exact over the run). Exact rational arithmetic: the same split on any machine.
+    """
+    if batch_size < len(weights):
+        raise ValueError(f"batch_size={batch_size} is smaller than the number of tasks ({len(weights)}: "
+                         f"{list(weights)})")
+    bad = {t: w for t, w in weights.items() if not w > 0}
+    if bad:
+        raise ValueError(f"task weights must be > 0, got {bad}")
+    total = sum(_exact(w) for w in weights.values())
+    quota = {t: batch_size * _exact(w) / total + (carry or {}).get(t, Fraction(0)) for t, w in weights.items()}
+    sizes = {t: max(0, math.floor(q)) for t, q in quota.items()}
+    left = batch_size - sum(sizes.values())
+    by_remainder = sorted(weights, key=lambda t: quota[t] - sizes[t], reverse=True)  # stable: listing order
+    for t in by_remainder[:left]:
+        sizes[t] += 1
+    return sizes, {t: quota[t] - sizes[t] for t in weights}
+
+
+class BatchAllocation:
+    """Per-step group counts per task, a pure function of (batch size, weights, step).
+
+    Steps are computed in order and cached, so any step (a resumed run's, the async
+    producer's future steps) gets the same split. A task that left the mix
+    (`leave(task, step)`) gets nothing from that step on; the others share its weight.
+    """
+
+    def __init__(self, batch_size: int, weights: dict[str, float]) -> None:
+        allocate_batch_sizes(batch_size, weights)  # refuse bad input now
+        self.batch_size = batch_size
+        self.weights = dict(weights)
+        self.left: dict[str, int] = {}  # task -> first step without it
+        self._sizes: list[dict[str, int]] = []  # step s -> self._sizes[s - 1]
+        self._carry: dict[str, Fraction] = {}
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(self.weights)
+
+    def sizes(self, step: int) -> dict[str, int]:
+        if step < 1:
+            raise ValueError(f"steps start at 1, got {step}")
+        while len(self._sizes) < step:
+            s = len(self._sizes) + 1
+            active = {t: w for t, w in self.weights.items() if self.left.get(t, s + 1) > s}
+            sizes, self._carry = allocate_batch_sizes(self.batch_size, active, self._carry)
+            self._sizes.append({t: sizes.get(t, 0) for t in self.weights})
+        return dict(self._sizes[step - 1])
+
+    def cumulative(self, step: int) -> dict[str, int]:
+        """Groups per task over steps 1..step."""
+        total = {t: 0 for t in self.weights}
+        for s in range(1, step + 1):
+            for t, n in self.sizes(s).items():
+                total[t] += n
+        return total
+
+    def share(self, task: str) -> int:
+        """`task`'s groups per step on average, rounded up (its per-step scale, e.g. for over-sampling)."""
+        total = sum(_exact(w) for w in self.weights.values())
+        return max(1, math.ceil(self.batch_size * _exact(self.weights[task]) / total))
+
+    def leave(self, task: str, step: int) -> None:
+        """`task` takes no groups from `step` on (its data ran out); the others share its weight."""
+        if task in self.left:
+            return
+        if len(self.weights) - len(self.left) <= 1:
+            raise ValueError(f"task {task!r} cannot leave the mix: it is the last task")
+        self.left[task] = step
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Forget the cache; steps are recomputed from step 1 (the same up to any leave)."""
+        self._sizes, self._carry = [], {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"batch_size": self.batch_size, "weights": dict(self.weights), "left": dict(self.left)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["weights"] != self.weights or state["batch_size"] != self.batch_size:
+            raise ValueError(
+                f"the checkpoint's task mix is batch_size={state['batch_size']}, weights={state['weights']}; "
+                f"this run has batch_size={self.batch_size}, weights={self.weights}")
+        self.left = dict(state["left"])
+        self._rebuild()
 
 
 @dataclass
@@ -38,12 +132,12 @@ class ProduceProgress:
     def build(cls, tasks: list[str]) -> "ProduceProgress":
         return cls(consumed_samples={t: 0 for t in tasks}, target_samples={t: 0 for t in tasks})
 
-    def ensure_target_upto(self, future_step: int, task_sizes: dict[str, int]) -> None:
+    def ensure_target_upto(self, future_step: int, allocation: "BatchAllocation") -> None:
         """Advance the cumulative targets to cover every step up to `future_step`."""
         while self.target_upto_future_step < future_step:
-            for task, n in task_sizes.items():
-                self.target_samples[task] += n
             self.target_upto_future_step += 1
+            for task, n in allocation.sizes(self.target_upto_future_step).items():
+                self.target_samples[task] += n
 
     def set_local_target(self, train_step: int, task_sizes: dict[str, int]) -> None:
         """Colocated mode: the target is exactly one batch beyond what was consumed."""

@@ -144,7 +144,8 @@ class AsyncProduceStrategy(ProduceStrategy):
         self.tail_batch_trigger_size = conf.tail_batch_trigger_size
 
     def oversample(self, ctx: ProduceContext) -> int:
-        return math.ceil(self.over_sample_threshold * ctx.task_batch_size)
+        threshold = self.over_sample_threshold if ctx.over_sample_threshold is None else ctx.over_sample_threshold
+        return math.ceil(threshold * ctx.task_batch_size)
 
     def in_flight_budget(self, ctx: ProduceContext) -> int:
         return super().in_flight_budget(ctx) + self.oversample(ctx)

@@ -95,7 +95,7 @@ class Trainer:
         produced.groups.sort(key=lambda g: (g[0].task, g[0].epoch, g[0].prompt_index, g[0].group_id))
         batch, batch_metrics = build_train_batch(
             produced.groups, conf.algo, c.tokenizer.pad_token_id, step,
-            max_response_len=conf.agent.sampling.max_tokens, temperature=conf.agent.sampling.temperature)
+            max_response_len=conf.max_response_tokens(), temperature=conf.agent.sampling.temperature)
         train_metrics = await c.backend.train_step(batch)
         t_train = loop.time()
         self.step = step
