@@ -8,6 +8,8 @@
     python train.py resume=outputs/2026-11-22/10-31-07
 
 `python train.py --help` lists the config groups; `--cfg job` prints the composed config.
+Refused input (config, data, model, checkpoint) prints one line `error: ...` and exits 2,
+leaving no new directory and any existing run as it was (rlharness/preflight.py).
 """
 
 from __future__ import annotations
@@ -17,33 +19,49 @@ import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from rlharness.config.schema import ConfigError, adopt_strategy_max_staleness
+from rlharness.config.schema import adopt_strategy_max_staleness
 from rlharness.config.store import register_configs
-from rlharness.launcher import prepare_resume_argv, run
+from rlharness.launcher import REFUSED_ERRORS, is_refused_input, run
+from rlharness.preflight import Finished, RunDirGuard, preflight
 
 log = logging.getLogger("rlharness")
 register_configs()
 _RESUME_OVERRIDES: list[str] = []
+_GUARD: RunDirGuard | None = None
+EXIT_REFUSED = 2
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     cfg.run_dir = HydraConfig.get().runtime.output_dir
     adopt_strategy_max_staleness(cfg)
-    conf = OmegaConf.to_object(cfg)  # typed + validated (__post_init__) before anything starts
-    if _RESUME_OVERRIDES:
-        log.info("resuming %s with overrides: %s", conf.run_dir, " ".join(_RESUME_OVERRIDES))
-    last = run(conf, OmegaConf.to_container(cfg, resolve=True))
+    try:
+        conf = OmegaConf.to_object(cfg)  # typed + validated (__post_init__) before anything starts
+        if _RESUME_OVERRIDES:
+            log.info("resuming %s with overrides: %s", conf.run_dir, " ".join(_RESUME_OVERRIDES))
+        last = run(conf, OmegaConf.to_container(cfg, resolve=True))
+    except REFUSED_ERRORS as exc:  # found once the job runs (data, tokenizer, checkpoint files)
+        if not is_refused_input(exc) or HydraConfig.get().mode == RunMode.MULTIRUN or _GUARD is None:
+            raise
+        _GUARD.rollback()
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_REFUSED)
     # Returned to Hydra (sweepers may optimise it): final eval accuracy if any.
     return last.get("eval/accuracy") if last else None
 
 
 if __name__ == "__main__":
+    from rlharness.config.schema import ConfigError
+
     try:
-        sys.argv, _RESUME_OVERRIDES = prepare_resume_argv(sys.argv)
+        sys.argv, _RESUME_OVERRIDES, _GUARD = preflight(sys.argv)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_REFUSED)
+    except Finished as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(0)
     main()

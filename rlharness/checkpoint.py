@@ -4,6 +4,10 @@ A checkpoint is written into a temporary sibling directory, a `DONE` marker is t
 last file written, and only then is the directory renamed into place (rename is
 atomic on one filesystem). A directory without `DONE` is never loaded; leftovers of a
 write killed half-way are removed at the next save. The newest `keep` are kept.
+
+Checkpoints are data, not code: state files are read with `torch.load(weights_only=True)`
+(tensors, numbers, strings and containers only), so a crafted file cannot run anything
+when a run is resumed (`load_state`); JSON and safetensors hold the rest.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -78,6 +83,41 @@ def commit_checkpoint(run_dir: str | Path, step: int, tmp: Path, keep: int,
     _prune(root, keep)
     log.info("checkpoint saved: %s", final)
     return final
+
+
+def save_state(state: dict[str, Any], path: str | Path) -> None:
+    """Write plain data and tensors (what `load_state` accepts; no objects, no code)."""
+    import torch  # not at import: the command line checks its input before paying for torch
+
+    torch.save(state, path)
+
+
+def load_state(path: str | Path) -> Any:
+    """Read a state file without running code: only tensors and plain data are accepted.
+
+    A file holding anything else (a pickled object, a function call) is refused with a
+    CheckpointError naming the file and the refused global; nothing in it is executed.
+    """
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        # torch names the refused global in one of a few phrasings; keep just that name.
+        refused = re.search(r"GLOBAL (\S+)|[Uu]nsupported operand (\S+)", str(exc))
+        what = next((g for g in refused.groups() if g), "?") if refused else "an object torch refused"
+        raise CheckpointError(
+            f"checkpoint file {path} holds more than tensors and plain data ({what}): refusing to load it "
+            f"(checkpoints are data, not code; was it written by rlharness?)") from exc
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint file {path} is corrupted: cannot read it ({exc})") from exc
+
+
+def check_state_files(directory: str | Path, pattern: str = "*.pt") -> None:
+    """Refuse a directory whose pickle-based files hold code, before a library that loads
+    them without `weights_only` (DeepSpeed's checkpoint engine) ever reads them."""
+    for f in sorted(Path(directory).rglob(pattern)):
+        load_state(f)
 
 
 def read_meta(ckpt_dir: Path) -> dict[str, Any]:

@@ -13,14 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from rlharness.checkpoint import latest_checkpoint
+from rlharness.checkpoint import CheckpointError, latest_checkpoint
 from rlharness.config.schema import ConfigError, RunConf
+from rlharness.data.jsonl import DataFileError
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,11 @@ def _frozen(key: str) -> bool:
     return any(k == f or k.startswith(f + ".") for k in key.split("@") for f in FROZEN_ON_RESUME)
 
 
-def prepare_resume_argv(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Rewrite `resume=<dir>` into overrides Hydra understands. Returns (argv, applied new overrides)."""
+def prepare_resume_argv(argv: list[str], require_checkpoint: bool = True) -> tuple[list[str], list[str]]:
+    """Rewrite `resume=<dir>` into overrides Hydra understands. Returns (argv, applied new overrides).
+
+    `require_checkpoint=False` (a start in a run directory that has no checkpoint yet) still
+    refuses changed fixed keys and keeps `.hydra/`; the run then starts from step 0."""
     resume_args = [a for a in argv[1:] if _key(a) == "resume"]
     if not resume_args:
         return argv, []
@@ -52,7 +57,7 @@ def prepare_resume_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     saved = run_dir / ".hydra" / "overrides.yaml"
     if not saved.is_file():
         raise ConfigError(f"resume={value}: not a run directory (no .hydra/overrides.yaml)")
-    if latest_checkpoint(run_dir) is None:
+    if require_checkpoint and latest_checkpoint(run_dir) is None:
         raise ConfigError(f"resume={value}: holds no complete checkpoint (checkpoints/step_*/DONE)")
     old = [o for o in (yaml.safe_load(saved.read_text()) or [])
            if _key(o) not in ("resume", "hydra.run.dir", "hydra.output_subdir")]
@@ -81,33 +86,90 @@ def set_threads_from_env() -> None:
         os.environ.setdefault("OMP_NUM_THREADS", cpus)
 
 
+# Found while building or resuming, i.e. before training starts: the run directory is still as it was.
+REFUSED_ERRORS = (ConfigError, CheckpointError, DataFileError)
+# Written by a run (not by Hydra): a directory holding any of these holds a run.
+RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "rollouts")
+
+
+def refused(exc: Exception) -> Exception:
+    """Mark an error as found before the run wrote anything (`is_refused_input`)."""
+    exc.refused_before_start = True  # type: ignore[attr-defined]
+    return exc
+
+
+def is_refused_input(exc: BaseException) -> bool:
+    """Input refused before training started: the run directory is as the start found it."""
+    return isinstance(exc, REFUSED_ERRORS) and getattr(exc, "refused_before_start", False)
+
+
 def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
+    """Build, fit, close. SIGTERM/SIGINT stop it cleanly (rlharness/stopping.py): it then raises
+    SystemExit(128 + signum) after the final checkpoint, W&B and the actors are done."""
+    from rlharness.stopping import StopController
+
+    run_dir = Path(conf.run_dir)
+    if conf.resume == "never" and any((run_dir / m).exists() for m in RUN_OUTPUTS):
+        raise refused(ConfigError(f"resume=never with run directory {run_dir} is not allowed: it holds a run; "
+                                  f"choose a new directory"))
+    stop = StopController(conf.stop_timeout_s).install()
+    try:
+        last, trainer = _build_and_fit(conf, config_dict, run_dir, stop)
+    except BaseException:
+        stop.uninstall()
+        raise
+    if not stop.requested:
+        stop.uninstall()
+        return last
+    where = trainer.stop_report if trainer is not None else "stopped before training started"
+    print(f"rlharness: stopped by {stop.signal_name} at step {trainer.step if trainer else 0}/{conf.total_steps}: "
+          f"{where}; " + ("submitit requeues the job" if stop.requeues else
+                          f"continue with: python train.py resume={run_dir}"), file=sys.stderr, flush=True)
+    stop.finish()  # raises SystemExit (or hands over to submitit's requeue)
+    return last
+
+
+def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, stop):
     from rlharness.build import build_components
     from rlharness.gc_tuning import tune_gc, untune_gc
     from rlharness.trainer.trainer import Trainer, seed_everything
 
     set_threads_from_env()
-    run_dir = Path(conf.run_dir)
     os.environ.setdefault("WANDB_MODE", getattr(conf.logger, "mode", "disabled"))
     seed_everything(conf.seed)
-    engine = backend = None
-    if conf.cluster.name in ("local_ray", "slurm") and (conf.mode == "disagg" or conf.backend.name == "deepspeed"):
-        from rlharness.distributed import build_remote_components
-
-        engine, backend = build_remote_components(conf)
-    components = build_components(conf, engine=engine, backend=backend)
-    trainer = Trainer(conf, components, run_dir, config_dict)
-    log.info("run directory: %s", run_dir)
-    gc_thresholds = tune_gc()  # start-up is done: freeze it, collect less often (rlharness/gc_tuning.py)
+    engine = backend = components = trainer = None
     try:
-        return asyncio.run(trainer.fit())
-    finally:
+        if conf.cluster.name in ("local_ray", "slurm") and (conf.mode == "disagg" or conf.backend.name == "deepspeed"):
+            from rlharness.distributed import build_remote_components
+
+            engine, backend = build_remote_components(conf)
+            stop.install()  # ray.init installed its own SIGTERM handler (abort with a C++ stack)
+        components = build_components(conf, engine=engine, backend=backend)
+        if stop.requested:
+            return {}, None
+        trainer = Trainer(conf, components, run_dir, config_dict, stop=stop)
+        log.info("run directory: %s", run_dir)
+        gc_thresholds = tune_gc()  # start-up is done: freeze it, collect less often (rlharness/gc_tuning.py)
         try:
-            asyncio.run(_close(components))
+            return asyncio.run(trainer.fit()), trainer
         finally:
             untune_gc(gc_thresholds)  # a process that runs again (tests, in-process sweeps) starts afresh
+    except REFUSED_ERRORS as exc:
+        if trainer is None or not trainer.started:
+            refused(exc)
+        raise
+    finally:
+        # Engines and training workers (Ray actors too) are shut down however the run ended.
+        if components is not None:
+            asyncio.run(_close(components.engine, components.backend))
+        elif engine is not None or backend is not None:
+            asyncio.run(_close(engine, backend))
 
 
-async def _close(components) -> None:
-    await components.engine.close()
-    await components.backend.close()
+async def _close(engine, backend) -> None:
+    try:
+        if engine is not None:
+            await engine.close()
+    finally:
+        if backend is not None:
+            await backend.close()

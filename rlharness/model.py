@@ -15,6 +15,10 @@ from rlharness.config.schema import ConfigError, ModelConf
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
+# Any one of these makes a directory loadable by AutoTokenizer (fast, SentencePiece, BPE, tiktoken).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tokenizer.tiktoken",
+                   "spiece.model")
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -32,8 +36,13 @@ def resolve_model_path(path: str) -> Path:
 def load_tokenizer(conf: ModelConf):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(resolve_model_path(conf.path)),
-                                        trust_remote_code=conf.trust_remote_code)
+    path = resolve_model_path(conf.path)
+    if Path(path).is_dir() and not any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
+        # transformers would guess at a missing package ("install sentencepiece or tiktoken").
+        raise ConfigError(f"model.path={conf.path!r}: the directory holds no tokenizer (none of "
+                          f"{', '.join(TOKENIZER_FILES)}); save the model's tokenizer there "
+                          f"(tokenizer.save_pretrained) next to config.json")
+    tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=conf.trust_remote_code)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

@@ -39,7 +39,9 @@ from typing import Any
 
 import torch
 
-from rlharness.backend.torch_backend import TorchBackend, _Sums, lr_multiplier
+from rlharness.checkpoint import check_state_files
+from rlharness.backend.lr_plan import LRPlan, planned
+from rlharness.backend.torch_backend import TorchBackend, _Sums
 from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, ModelConf
 from rlharness.model import load_model, load_tokenizer
 from rlharness.types import TrainBatch
@@ -142,9 +144,9 @@ class DeepSpeedWorker(TorchBackend):
             [p for p in model.parameters() if p.requires_grad], lr=algo.lr,
             betas=(algo.adam_beta1, algo.adam_beta2), weight_decay=algo.weight_decay, fused=False)
         # Stepped once per training step, as in TorchBackend (DeepSpeed would step it per update).
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_multiplier(
-            step, warmup_steps=algo.warmup_steps, total_steps=total_steps, schedule=algo.lr_schedule,
-            min_lr_ratio=algo.min_lr_ratio))
+        self.lr_plan = LRPlan(total_steps)  # re-planned when a resume changes total_steps (lr_plan.py)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: planned(step, self.lr_plan,
+                                                                                                 self.algo))
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.optimizer,
                                                     config=ds_config(conf, algo, model_conf))
         self.model = self.engine
@@ -193,7 +195,8 @@ class DeepSpeedWorker(TorchBackend):
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         self.engine.save_checkpoint(str(out / DS_SUBDIR), tag=DS_TAG, save_latest=False, client_state={
-            "scheduler": self.scheduler.state_dict(), "torch_rng": torch.get_rng_state()})
+            "scheduler": self.scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
+            "lr_plan": self.lr_plan.state_dict()})
         state = self.get_weights_blocking()
         if self.rank == 0:
             self.engine.module.save_pretrained(out, state_dict=state)
@@ -205,11 +208,15 @@ class DeepSpeedWorker(TorchBackend):
         if not (src / DS_TAG).is_dir():
             raise FileNotFoundError(f"backend checkpoint {directory}: {DS_SUBDIR}/{DS_TAG}/ is missing "
                                     f"(not written by backend=deepspeed?)")
+        # DeepSpeed's checkpoint engine unpickles with weights_only=False: read every file
+        # with the data-only loader first, so a crafted file is refused before it can run.
+        check_state_files(src)
         path, client = self.engine.load_checkpoint(str(src), tag=DS_TAG, load_optimizer_states=True,
                                                    load_lr_scheduler_states=False)
         if path is None:
             raise RuntimeError(f"deepspeed could not load the checkpoint in {src}")
         self.scheduler.load_state_dict(client["scheduler"])
+        self.restore_lr_plan(client.get("lr_plan"))
         torch.set_rng_state(client["torch_rng"])
 
 

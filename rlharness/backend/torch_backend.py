@@ -40,6 +40,8 @@ from rlharness.algo.losses import (
     token_logprobs,
 )
 from rlharness.backend.base import TrainingBackend
+from rlharness.backend.lr_plan import LRPlan, lr_multiplier, planned, replan  # noqa: F401 - lr_multiplier re-exported
+from rlharness.checkpoint import load_state, save_state
 from rlharness.config.schema import AlgoConf, ModelConf, TorchBackendConf
 from rlharness.model import load_model, load_tokenizer
 from rlharness.types import TrainBatch
@@ -47,20 +49,6 @@ from rlharness.types import TrainBatch
 log = logging.getLogger(__name__)
 
 STATE_FILE = "backend_state.pt"
-
-
-def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
-    """LR factor for training step `step` (0-based): linear warmup, then constant/cosine/linear decay."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    if schedule == "cosine":
-        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-    if schedule == "linear":
-        return 1.0 - (1.0 - min_lr_ratio) * progress
-    raise ValueError(f"algo.lr_schedule={schedule!r} is not allowed: expected constant, cosine or linear")
 
 
 class _Sums:
@@ -95,9 +83,9 @@ class TorchBackend(TrainingBackend):
             [p for p in self.model.parameters() if p.requires_grad], lr=algo.lr,
             betas=(algo.adam_beta1, algo.adam_beta2), weight_decay=algo.weight_decay, fused=False,
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_multiplier(
-            step, warmup_steps=algo.warmup_steps, total_steps=total_steps, schedule=algo.lr_schedule,
-            min_lr_ratio=algo.min_lr_ratio))
+        self.lr_plan = LRPlan(total_steps)  # re-planned when a resume changes total_steps (lr_plan.py)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: planned(step, self.lr_plan,
+                                                                                                 self.algo))
 
     # ------------------------------------------------------------------ async interface
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
@@ -264,12 +252,21 @@ class TorchBackend(TrainingBackend):
         out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out)
         self.tokenizer.save_pretrained(out)
-        torch.save({
+        save_state({
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
+            "lr_plan": self.lr_plan.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         }, out / STATE_FILE)
+
+    def restore_lr_plan(self, saved: dict[str, Any] | None) -> None:
+        """After loading optimizer and scheduler: continue the saved plan, re-planned if total_steps changed."""
+        step = self.scheduler.last_epoch
+        current = self.optimizer.param_groups[0]["lr"] / self.algo.lr if self.algo.lr else 1.0
+        self.lr_plan, message = replan(saved, step, self.total_steps, current, self.algo)
+        if message:
+            log.info(message)
 
     def load_blocking(self, directory: str) -> None:
         from transformers import AutoModelForCausalLM
@@ -281,9 +278,10 @@ class TorchBackend(TrainingBackend):
         saved = AutoModelForCausalLM.from_pretrained(str(src), dtype=next(self.model.parameters()).dtype)
         self.model.load_state_dict(saved.state_dict())
         del saved
-        state = torch.load(state_path, map_location="cpu", weights_only=False)
+        state = load_state(state_path)  # data only: a crafted file is refused, never run
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self.restore_lr_plan(state.get("lr_plan"))
         torch.set_rng_state(state["torch_rng"])
         if state["cuda_rng"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])

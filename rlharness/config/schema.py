@@ -569,11 +569,16 @@ class RunConf:
     keep_checkpoints: int = 2
     # Seconds any wait for a batch, a transfer or a pause may take before it is an error.
     timeout_s: float = 600.0
+    # SIGTERM/SIGINT: seconds to stop (final checkpoint if it fits, W&B, actors) before exiting
+    # regardless. Slurm sends SIGKILL 30 s (KillWait) after its SIGTERM.
+    stop_timeout_s: float = 25.0
     # Set by the launcher from Hydra's output dir; users never need to.
     run_dir: str = ""
 
     def __post_init__(self) -> None:
         _one_of("mode", self.mode, ("colocate", "disagg"))
+        # NumPy's seed sequences (data order, sampling) take only non-negative integers.
+        _check(isinstance(self.seed, int) and 0 <= self.seed < 2**63, "seed", self.seed, "an integer >= 0")
         _check(self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
         _check(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
         _check(self.max_staleness >= 0, "max_staleness", self.max_staleness, ">= 0")
@@ -582,6 +587,7 @@ class RunConf:
         _check(self.sync_weights_interval >= 1, "sync_weights_interval", self.sync_weights_interval, ">= 1")
         _check(self.keep_checkpoints >= 1, "keep_checkpoints", self.keep_checkpoints, ">= 1")
         _check(self.timeout_s > 0, "timeout_s", self.timeout_s, "> 0")
+        _check(self.stop_timeout_s > 0, "stop_timeout_s", self.stop_timeout_s, "> 0")
         _check(self.resume in ("auto", "never") or bool(self.resume), "resume", self.resume,
                "auto, never or a run directory")
         self._check_combinations()
@@ -591,6 +597,11 @@ class RunConf:
         if self.backend.name == "deepspeed" and self.cluster.name == "local":
             raise ConfigError(
                 "backend=deepspeed runs its workers as Ray actors: use cluster=local_ray or cluster=slurm"
+            )
+        if self.mode == "disagg" and self.cluster.name == "local":
+            raise ConfigError(
+                "mode=disagg with cluster=local is not allowed: disaggregated rollout and training run as Ray "
+                "actors; use cluster=local_ray (this machine) or cluster=slurm"
             )
         if self.cluster.name == "local_ray":
             workers = self.backend.num_workers if self.backend.name == "deepspeed" else 1

@@ -48,11 +48,19 @@ def _file_format(path: Path, key: str) -> str:
 
 
 def _check_jsonl_lines(path: Path, required: list[str]) -> None:
-    """Every non-blank line is a JSON object with the required fields, else `path:line`."""
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    """Every non-blank line is UTF-8 text holding a JSON object with the required fields, else
+    `path:line`; a file without a row is refused here (the datasets library would say StopIteration)."""
+    rows = 0
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataFileError(f"{path}:{lineno}: not UTF-8 text (byte {raw[exc.start]:#04x} at column "
+                                    f"{exc.start + 1}); re-encode the file as UTF-8") from None
             if not line.strip():
                 continue
+            rows += 1
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -60,6 +68,8 @@ def _check_jsonl_lines(path: Path, required: list[str]) -> None:
             if not isinstance(row, dict):
                 raise DataFileError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
             _check_row(row, required, f"{path}:{lineno}")
+    if not rows:
+        raise DataFileError(f"{path}: no rows (the file is empty or blank); expected one JSON object per line")
 
 
 def _check_row(row: dict[str, Any], required: list[str], where: str) -> None:

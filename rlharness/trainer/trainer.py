@@ -17,6 +17,7 @@ import contextlib
 import logging
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,31 +27,45 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from rlharness.build import Components
-from rlharness.checkpoint import CheckpointError, begin_checkpoint, commit_checkpoint, latest_checkpoint, read_meta
+from rlharness.checkpoint import (CheckpointError, begin_checkpoint, commit_checkpoint, latest_checkpoint, load_state,
+                                  read_meta, save_state, step_dir_name)
 from rlharness.config.schema import RunConf
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, format_step_line
 from rlharness.logging_utils.plots import write_plots
 from rlharness.logging_utils.wandb_logger import WandbLogger
+from rlharness.stopping import StopController
 from rlharness.trainer.batch import build_train_batch
 
 log = logging.getLogger(__name__)
 
 
 class Trainer:
-    def __init__(self, conf: RunConf, components: Components, run_dir: str | Path, config_dict: dict[str, Any]):
+    def __init__(self, conf: RunConf, components: Components, run_dir: str | Path, config_dict: dict[str, Any],
+                 stop: StopController | None = None):
         self.conf = conf
         self.c = components
         self.run_dir = Path(run_dir)
         self.config_dict = config_dict
+        self.stop = stop or StopController(conf.stop_timeout_s)
         self.step = 0  # last completed training step
         self.model_version = 0  # weight version the engines hold
         self.wandb_run_id: str | None = None
+        self.started = False  # past the resume: from here on the run directory is being written
+        self.stop_report = ""  # what a signal stop did, for its one line
+        self._rng_at_step = rng_state()  # generators as of the last completed step (what a checkpoint holds)
+        self._last_save_s: float | None = None
 
     # ------------------------------------------------------------------ main loop
     async def fit(self) -> dict[str, Any]:
         conf = self.conf
         await self._resume()
+        if self.step >= conf.total_steps:
+            log.info("%s is already at step %d (total_steps=%d): nothing to train; pass total_steps=N with "
+                     "N > %d to extend it", self.run_dir, self.step, conf.total_steps, self.step)
+            return {}
+        self.started = True
+        stop_event = self.stop.attach(asyncio.get_running_loop())
         self.metrics = MetricsWriter(self.run_dir, resume_step=self.step)
         self.ledger = RolloutLedger(self.run_dir, resume_step=self.step)
         self.wandb = WandbLogger(conf.logger, str(self.run_dir), self.run_dir.name, self.config_dict,
@@ -59,13 +74,18 @@ class Trainer:
         last: dict[str, Any] = {}
         producer = None
         try:
-            if self.step == 0:
+            if self.step == 0 and not self.stop.requested:
                 self._log_row({"step": 0, **await self.c.evaluator.evaluate()})
-            if conf.mode == "disagg":
+            if conf.mode == "disagg" and not self.stop.requested:
                 producer = asyncio.create_task(self.c.manager.produce_loop())
             with progress_bar(conf.total_steps, self.step) as bar:
                 for step in range(self.step + 1, conf.total_steps + 1):
-                    last = await self._train_one_step(step, producer)
+                    if self.stop.requested:
+                        break
+                    row = await self._train_one_step(step, producer, stop_event)
+                    if row is None:  # stopped while producing: this step is not trained
+                        break
+                    last = row
                     self._log_row(last)
                     if self._due(step, conf.save_every):
                         await self._save()
@@ -73,23 +93,47 @@ class Trainer:
         finally:
             if producer is not None:
                 await self.c.manager.close()
-            if self.step == conf.total_steps and not latest_checkpoint_is(self.run_dir, self.step):
+            if self.stop.requested:
+                await self._save_on_stop()
+            elif self.step == conf.total_steps and not latest_checkpoint_is(self.run_dir, self.step):
                 await self._save()
             self.metrics.close()
             write_plots(self.run_dir)
             self.wandb.finish()
         return last
 
-    async def _train_one_step(self, step: int, producer: asyncio.Task | None) -> dict[str, Any]:
-        conf, c, loop = self.conf, self.c, asyncio.get_running_loop()
-        t0 = loop.time()
+    async def _produce(self, step: int, producer: asyncio.Task | None, stop_event: asyncio.Event):
+        """The step's batch, or None when a stop is requested first (production is then cancelled:
+        in-flight groups go back to the buffer as ABORTED, nothing is lost)."""
+        c = self.c
         if producer is None:
-            produced = await c.manager.produce_batch(step)
+            work = asyncio.ensure_future(c.manager.produce_batch(step))
         else:
             if producer.done():  # surface a crashed producer instead of waiting out the timeout
                 producer.result()
-            produced = await c.manager.get_batch(step, timeout_s=conf.timeout_s)
+            work = asyncio.ensure_future(c.manager.get_batch(step, timeout_s=self.conf.timeout_s))
+        stopper = asyncio.ensure_future(stop_event.wait())
+        try:
+            await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+        if work.done():
+            return work.result()
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        return None
+
+    async def _train_one_step(self, step: int, producer: asyncio.Task | None,
+                              stop_event: asyncio.Event) -> dict[str, Any] | None:
+        conf, c, loop = self.conf, self.c, asyncio.get_running_loop()
+        t0 = loop.time()
+        produced = await self._produce(step, producer, stop_event)
+        if produced is None:
+            return None
         t_rollout = loop.time()
+        # From here the step runs to its end even when a stop is requested: an optimizer
+        # step under way must never be checkpointed as the step before it.
         # Groups finish in timing-dependent order; train them in data order so a run
         # (and a resumed run) sums its loss the same way every time.
         produced.groups.sort(key=lambda g: (g[0].task, g[0].epoch, g[0].prompt_index, g[0].group_id))
@@ -123,6 +167,7 @@ class Trainer:
             "rollout/groups_in_flight": float(c.manager.in_flight()),
         })
         row.update({f"perf/engine_{k}": v for k, v in c.engine.stats().items()})
+        self._rng_at_step = rng_state()
         return row
 
     async def _sync_weights(self, version: int) -> float:
@@ -148,21 +193,44 @@ class Trainer:
         return every > 0 and step % every == 0
 
     # ------------------------------------------------------------------ checkpoints
+    async def _save_on_stop(self) -> None:
+        """The stop's checkpoint: only if there is progress to keep and it fits in the time left."""
+        found = latest_checkpoint(self.run_dir)
+        name = f"checkpoints/{step_dir_name(self.step)}"
+        if found is not None and found[0] == self.step:
+            self.stop_report = f"{name} already saved"
+            return
+        if self.step == 0:
+            self.stop_report = "no step trained, nothing to save"
+            return
+        left_s = self.stop.time_left_s()
+        # The save must end before the watchdog's deadline; the last one's duration says how long one takes.
+        if self._last_save_s is not None and self._last_save_s * 1.5 > left_s:
+            kept = f"checkpoints/{step_dir_name(found[0])}" if found else "no checkpoint"
+            self.stop_report = (f"checkpoint skipped: the last took {self._last_save_s:.1f}s, {left_s:.1f}s "
+                                f"left of stop_timeout_s ({kept} stays valid)")
+            log.warning(self.stop_report)
+            return
+        await self._save()
+        self.stop_report = f"{name} saved in {self._last_save_s:.1f}s"
+
     async def _save(self) -> None:
+        t0 = time.monotonic()
         # Everything dropped so far goes to the ledger first, so ledger + checkpoint
         # account for every prompt drawn.
         self.ledger.write_dropped(self.step, self.c.manager.pop_dropped())
         tmp = begin_checkpoint(self.run_dir, self.step)
         await self.c.backend.save(str(tmp / "backend"))  # may be remote (Ray actors)
-        torch.save({
+        save_state({
             "step": self.step,
             "model_version": self.model_version,
             "wandb_run_id": self.wandb_run_id,
             "producer": self.c.manager.state_dict(),
-            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+            "rng": self._rng_at_step,
         }, tmp / "trainer.pt")
         commit_checkpoint(self.run_dir, self.step, tmp, self.conf.keep_checkpoints,
                           meta={"model_version": self.model_version})
+        self._last_save_s = time.monotonic() - t0
 
     async def _resume(self) -> None:
         """Continue from the newest complete checkpoint in the run directory, if any."""
@@ -171,17 +239,18 @@ class Trainer:
             return
         _, path = found
         read_meta(path)
+        state = load_state(path / "trainer.pt")  # data only: a crafted file is refused, never run
         try:
-            state = torch.load(path / "trainer.pt", weights_only=False)
             await self.c.backend.load(str(path / "backend"))  # may be remote (Ray actors)
+        except CheckpointError:
+            raise
         except Exception as exc:  # noqa: BLE001 - any unreadable file is a corrupted checkpoint
             raise CheckpointError(f"checkpoint {path} is corrupted or incompatible: {exc}") from exc
         self.step = state["step"]
         self.model_version = state["model_version"]
         self.wandb_run_id = state["wandb_run_id"]
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
-        torch.set_rng_state(state["rng"]["torch"])
+        set_rng_state(state["rng"])
+        self._rng_at_step = state["rng"]
         self.c.manager.load_state_dict(state["producer"])
         await self.c.engine.load_weights(await self.c.backend.get_weights(), self.model_version)
         self.c.manager.set_model_step(self.model_version)
@@ -199,6 +268,21 @@ def progress_bar(total_steps: int, done: int):
 def latest_checkpoint_is(run_dir: Path, step: int) -> bool:
     found = latest_checkpoint(run_dir)
     return found is not None and found[0] == step
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch generator states as plain data and tensors (loadable with weights_only)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
 
 
 def seed_everything(seed: int) -> None:

@@ -1,0 +1,149 @@
+"""Input refused at the door: one line `error: ...` naming key, value and what is allowed, exit 2,
+no new directory, and an existing run byte-identical before and after (the real command line)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlharness.checkpoint import CheckpointError, check_state_files, latest_checkpoint, load_state
+from tests.helpers import ROOT, run_cli
+
+pytestmark = [pytest.mark.timeout(600)]
+
+SIM = ["engine=sim", "backend=sim", "eval_every=0", "logger.mode=disabled", "batch_size=8",
+       "sampler.prompt_repeat_k=2", "engine.time_per_token_s=0.0002", "save_every=2"]
+
+
+def snapshot(d: Path) -> dict[str, str]:
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(d.rglob("*")) if p.is_file()} | {str(p.relative_to(d)) + "/": ""
+                                                             for p in d.rglob("*") if p.is_dir()}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A 4-step run made by `train.py` (so it has .hydra/), checkpoints at steps 2 and 4."""
+    run_dir = tmp_path_factory.mktemp("faults") / "run"
+    run_cli([*SIM, "total_steps=4", f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
+    assert latest_checkpoint(run_dir)[0] == 4
+    return run_dir
+
+
+def refused(args: list[str], cwd: Path, expect: list[str], watch: Path | None = None) -> str:
+    """Run train.py, expect exit 2 with one `error:` line holding every `expect`; nothing changed."""
+    before_cwd = sorted(p.name for p in cwd.iterdir())
+    before = snapshot(watch) if watch is not None else None
+    proc = run_cli(args, cwd=cwd, check=False, timeout_s=300)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert lines and lines[-1].startswith("error: "), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for word in expect:
+        assert word in lines[-1], lines[-1]
+    assert sorted(p.name for p in cwd.iterdir()) == before_cwd, "a refused start left a new directory"
+    if watch is not None:
+        assert snapshot(watch) == before, "a refused start changed the run directory"
+    return lines[-1]
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["+algo.lrr=1e-6"], ["algo.lrr=1e-06", "did you mean algo.lr?"]),
+    (["algo.lrr=1e-6"], ["algo.lrr=1e-6", "did you mean algo.lr?"]),
+    (["seed=-1"], ["seed=-1", ">= 0"]),
+    (["seed=abc"], ["seed=abc", "Integer"]),
+    (["strategy=asnc"], ["strategy=asnc", "async, sync"]),
+    (["cluster=slurm"], ["cluster=slurm", "-m"]),
+    (["mode=disagg", "cluster=local"], ["mode=disagg", "cluster=local_ray"]),
+    (["-m", "seed=1,-2"], ["seed=-2"]),
+])
+def test_config_errors_are_one_line_exit_2_and_leave_no_directory(tmp_path, args, expect):
+    refused([*SIM, *args], tmp_path, expect)
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["seed=5"], ["seed=5", "fixed"]),  # a start in a run's directory is a resume
+    (["resume=never"], ["resume=never", "holds a run"]),
+    (["model.path=/elsewhere"], ["model.path=/elsewhere"]),
+])
+def test_a_start_in_a_run_directory_passes_the_resume_checks(finished_run, args, expect):
+    refused([*SIM, "total_steps=6", f"hydra.run.dir={finished_run}", *args], finished_run.parent, expect,
+            watch=finished_run)
+
+
+def test_resume_with_a_changed_task_is_refused(finished_run):
+    refused([f"resume={finished_run}", "task=countdown"], finished_run.parent, ["task=countdown"], watch=finished_run)
+
+
+def test_resuming_a_finished_run_says_so_in_one_line(finished_run):
+    before = snapshot(finished_run)
+    for args in ([f"resume={finished_run}"], [*SIM, "total_steps=3", f"hydra.run.dir={finished_run}"]):
+        proc = run_cli(args, cwd=finished_run.parent, check=False)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert proc.returncode == 0 and len(lines) <= 2, proc.stderr[-2000:]
+        assert "already at step 4" in lines[-1] and "total_steps" in lines[-1], lines
+    assert snapshot(finished_run) == before
+
+
+def _jsonl(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_data_and_model_errors_name_the_file_and_leave_no_directory(tmp_path):
+    good = b'{"question": "1+1", "answer": "#### 2"}\n'
+    empty = _jsonl(tmp_path / "empty.jsonl", b"")
+    latin1 = _jsonl(tmp_path / "latin1.jsonl", good * 2 + '{"question": "caf\xe9", "answer": "1"}\n'.encode("latin-1"))
+    task = ["task=jsonl", "task.num_eval=1", "eval.num_prompts=1"]
+    new = tmp_path / "new_run"
+    refused([*SIM, *task, f"task.path={empty}", f"hydra.run.dir={new}"], tmp_path, [str(empty), "no rows"])
+    refused([*SIM, *task, f"task.path={latin1}", f"hydra.run.dir={new}"], tmp_path, [f"{latin1}:3", "UTF-8"])
+    model = tmp_path / "model_without_tokenizer"
+    shutil.copytree(ROOT / "assets" / "tiny-arith", model)
+    for f in model.glob("tokenizer*"):
+        f.unlink()
+    refused([*SIM, f"model.path={model}", f"hydra.run.dir={new}"], tmp_path, [f"model.path='{model}'", "no tokenizer"])
+
+
+class Payload:
+    """What an attacker would plant: unpickling it runs a shell command."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_crafted_checkpoint_does_not_execute(finished_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    marker = tmp_path / "pwned"
+    trainer_pt = latest_checkpoint(run_dir)[1] / "trainer.pt"
+    torch.save({"step": 4, "producer": Payload(marker)}, trainer_pt)
+    # The payload is real: an unrestricted load runs it (proved on a copy, then the marker removed).
+    probe = tmp_path / "probe.pt"
+    shutil.copy(trainer_pt, probe)
+    torch.load(probe, weights_only=False)
+    assert marker.exists()
+    marker.unlink()
+
+    line = refused([f"resume={run_dir}", "total_steps=6"], tmp_path, [str(trainer_pt), "posix.system"],
+                   watch=run_dir)
+    assert "not code" in line
+    assert not marker.exists()
+    with pytest.raises(CheckpointError, match="posix.system"):
+        load_state(trainer_pt)
+    # DeepSpeed's files are screened the same way before DeepSpeed (weights_only=False) reads them.
+    ds_dir = tmp_path / "ds"
+    ds_dir.mkdir()
+    torch.save({"module": {}, "client": Payload(marker)}, ds_dir / "mp_rank_00_model_states.pt")
+    with pytest.raises(CheckpointError, match="mp_rank_00_model_states.pt"):
+        check_state_files(ds_dir)
+    assert not marker.exists()
