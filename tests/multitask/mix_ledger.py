@@ -6,16 +6,14 @@ from collections import Counter, defaultdict
 from fractions import Fraction
 from pathlib import Path
 
-import torch
-
-from rlharness.checkpoint import latest_checkpoint
+from rlharness.checkpoint import latest_checkpoint, load_state
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.producer.progress import BatchAllocation
 
 
 def producer_state(run_dir: Path) -> dict:
     _, ckpt = latest_checkpoint(run_dir)
-    return torch.load(ckpt / "trainer.pt", weights_only=False)["producer"]
+    return load_state(ckpt / "trainer.pt")["producer"]
 
 
 def check_mix_ledger(run_dir: Path, steps: int, batch_size: int, weights: dict[str, float],
