@@ -60,13 +60,14 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
 
     args = argv[1:]
     if any(a.split("=", 1)[0] in _NO_RUN_FLAGS for a in args):
-        return argv, [], None
+        return (*prepare_resume_argv(argv), None)
     multirun = any(a in _MULTIRUN_FLAGS for a in args)
     overrides = [a for a in args if not a.startswith("-")]
     if multirun:
-        for point in sweep_points(overrides)[:MAX_SWEEP_POINTS_CHECKED]:
+        argv, applied = prepare_resume_argv(argv)
+        for point in sweep_points([a for a in argv[1:] if not a.startswith("-")])[:MAX_SWEEP_POINTS_CHECKED]:
             compose_checked(point)
-        return argv, [], None
+        return argv, applied, None
 
     cfg = compose_checked(overrides)
     if cfg.cluster.name == "slurm":
@@ -78,6 +79,10 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
     if cfg.resume == "never" and holds_run(run_dir):
         raise ConfigError(f"resume=never with hydra.run.dir={run_dir} is not allowed: that directory holds a run; "
                           f"choose a new directory (or remove that run yourself)")
+    if not explicit_resume and holds_run(run_dir) and not any(_key(o) == "hydra.run.dir" for o in overrides):
+        raise ConfigError(f"hydra.run.dir={run_dir} is not allowed: the default directory of this start already "
+                          f"holds a run (another run started in the same second?); start again, or pass "
+                          f"resume=<that run> to continue it")
     if not explicit_resume and holds_run(run_dir):
         # Starting in a run's directory is a resume, whatever route led there.
         rest = [o for o in overrides if _key(o) not in ("hydra.run.dir", "resume")]

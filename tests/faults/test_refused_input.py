@@ -147,3 +147,19 @@ def test_a_crafted_checkpoint_does_not_execute(finished_run, tmp_path):
     with pytest.raises(CheckpointError, match="mp_rank_00_model_states.pt"):
         check_state_files(ds_dir)
     assert not marker.exists()
+
+
+def test_every_shipped_config_passes_the_preflight():
+    """The checks refuse typos, never the project's own groups and experiments."""
+    from rlharness.preflight import compose_checked
+
+    choices = [f"{d.name}={f.stem}" for d in sorted((ROOT / "conf").iterdir()) if d.is_dir()
+               for f in sorted(d.glob("*.yaml"))]
+    for choice in choices:
+        extra = ["cluster=local_ray"] if choice.startswith(("backend=deepspeed", "experiment=")) else []
+        try:
+            compose_checked([choice, *extra])
+        except Exception as exc:  # noqa: BLE001 - report which choice
+            # A choice that is refused on its own for a stated reason (e.g. it needs another group) is fine;
+            # an unknown-key refusal of a shipped file is not.
+            assert "has no key" not in str(exc) and "could not" not in str(exc).lower(), (choice, str(exc))
