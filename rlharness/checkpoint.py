@@ -92,8 +92,9 @@ def save_state(state: dict[str, Any], path: str | Path) -> None:
     torch.save(state, path)
 
 
-def load_state(path: str | Path) -> Any:
-    """Read a state file without running code: only tensors and plain data are accepted.
+def load_state(path: str | Path, allow: tuple[type, ...] = ()) -> Any:
+    """Read a state file without running code: only tensors and plain data are accepted, plus
+    the classes in `allow` (plain-data classes a library saves, rebuilt without calling code).
 
     A file holding anything else (a pickled object, a function call) is refused with a
     CheckpointError naming the file and the refused global; nothing in it is executed.
@@ -101,7 +102,8 @@ def load_state(path: str | Path) -> Any:
     import torch
 
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(list(allow)):
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         # torch names the refused global in one of a few phrasings; keep just that name.
         refused = re.search(r"GLOBAL (\S+)|[Uu]nsupported operand (\S+)", str(exc))
@@ -113,11 +115,11 @@ def load_state(path: str | Path) -> Any:
         raise CheckpointError(f"checkpoint file {path} is corrupted: cannot read it ({exc})") from exc
 
 
-def check_state_files(directory: str | Path, pattern: str = "*.pt") -> None:
+def check_state_files(directory: str | Path, allow: tuple[type, ...] = (), pattern: str = "*.pt") -> None:
     """Refuse a directory whose pickle-based files hold code, before a library that loads
     them without `weights_only` (DeepSpeed's checkpoint engine) ever reads them."""
     for f in sorted(Path(directory).rglob(pattern)):
-        load_state(f)
+        load_state(f, allow)
 
 
 def read_meta(ckpt_dir: Path) -> dict[str, Any]:

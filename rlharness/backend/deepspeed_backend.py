@@ -210,7 +210,7 @@ class DeepSpeedWorker(TorchBackend):
                                     f"(not written by backend=deepspeed?)")
         # DeepSpeed's checkpoint engine unpickles with weights_only=False: read every file
         # with the data-only loader first, so a crafted file is refused before it can run.
-        check_state_files(src)
+        check_state_files(src, allow=deepspeed_state_classes())
         path, client = self.engine.load_checkpoint(str(src), tag=DS_TAG, load_optimizer_states=True,
                                                    load_lr_scheduler_states=False)
         if path is None:
@@ -218,6 +218,16 @@ class DeepSpeedWorker(TorchBackend):
         self.scheduler.load_state_dict(client["scheduler"])
         self.restore_lr_plan(client.get("lr_plan"))
         torch.set_rng_state(client["torch_rng"])
+
+
+def deepspeed_state_classes() -> tuple[type, ...]:
+    """The plain-data classes DeepSpeed's ZeRO optimizer files hold (an enum, a dataclass, the loss
+    scaler's attributes): allowed by name, nothing else is (stages 0-3, DeepSpeed 0.19)."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return (ZeroStageEnum, fragment_address, LossScaler)
 
 
 def start_deepspeed_backend(conf: DeepSpeedBackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int,
