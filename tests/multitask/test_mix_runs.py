@@ -23,13 +23,11 @@ ASYNC = ["strategy=async", "max_staleness=1", "strategy.over_sample_threshold=0.
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["sync", "async", "disagg"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
 def test_each_step_trains_its_allocation_and_no_prompt_is_lost_or_repeated(tmp_path, mode):
-    # disagg here: the manager's produce_loop runs concurrently with the trainer's get_batch, in
-    # one process (test_mix_disagg.py runs the same with Ray actors).
-    extra = {"sync": [], "async": ASYNC, "disagg": [*ASYNC, "mode=disagg", "timeout_s=120"]}[mode]
+    # Disaggregated mode (Ray actors): test_mix_disagg.py.
     run_dir = tmp_path / mode
-    last = run_in_process(run_dir, [*BASE, *extra])
+    last = run_in_process(run_dir, [*BASE, *(ASYNC if mode == "async" else [])])
     check_mix_ledger(run_dir, STEPS, BATCH, WEIGHTS, NUM_TRAIN)
     for t in WEIGHTS:
         assert f"rollout/{t}/reward_mean" in last and f"eval/{t}/accuracy" in last
