@@ -134,6 +134,10 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
     from rlharness.gc_tuning import tune_gc, untune_gc
     from rlharness.trainer.trainer import Trainer, seed_everything
 
+    if conf.engine.name == "vllm":  # before anything starts: say how to install it
+        from rlharness.engine.vllm import require_vllm
+
+        require_vllm()
     set_threads_from_env()
     os.environ.setdefault("WANDB_MODE", getattr(conf.logger, "mode", "disabled"))
     seed_everything(conf.seed)

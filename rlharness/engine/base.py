@@ -85,6 +85,10 @@ class RolloutEngine(abc.ABC):
     async def load_weights(self, state: dict[str, Any], version: int) -> None:
         """Swap weights between requests (no request sees a mix) and set `version`."""
 
+    async def sleep(self) -> None:  # noqa: B027 - optional hook
+        """Free the accelerator for training (engine=vllm with sleep_mode); the next request or
+        weight load wakes it. Others: nothing to do."""
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         pass
 

