@@ -42,6 +42,9 @@ class EngineRouter(RolloutEngine):
     async def load_weights(self, state: dict[str, Any], version: int) -> None:
         await asyncio.gather(*(e.load_weights(state, version) for e in self.engines))
 
+    async def sleep(self) -> None:
+        await asyncio.gather(*(e.sleep() for e in self.engines))
+
     async def close(self) -> None:
         await asyncio.gather(*(e.close() for e in self.engines))
 
