@@ -57,8 +57,7 @@ class Size:
 SIZES = [
     Size("2L h128", 2, 128, 4, 512),
     Size("4L h512", 4, 512, 8, 2048),
-    Size("8L h1024", 8, 1024, 16, 4096),
-    Size("12L h1536", 12, 1536, 16, 6144),
+    Size("8L h1024", 8, 1024, 16, 4096),  # ~0.5 GB fp32: the most a shared 24 GB box holds comfortably
 ]
 
 
