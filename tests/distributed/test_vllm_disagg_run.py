@@ -3,7 +3,6 @@ training rank 0 (a Ray actor) broadcasts each version to the vLLM worker of the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 
@@ -11,9 +10,7 @@ import pytest
 
 from tests.distributed.test_disagg_run import MAX_STALENESS, check_ledger, env, train_cmd
 
-pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.slow,
-              pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                 reason="vLLM lives in .venv-vllm (scripts/setup_vllm.sh)")]
+pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.slow]
 
 
 @pytest.mark.timeout(600)

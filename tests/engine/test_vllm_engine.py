@@ -1,7 +1,7 @@
 """engine=vllm against engine=hf and the trainer's own log-probs, on vLLM's CPU build or CUDA.
 
 These run in .venv-vllm (`bash scripts/setup_vllm.sh`; `.venv-vllm/bin/python -m pytest -m vllm`),
-where they never skip on CPU: one engine is built per module (~30 s on 2 cores) and every
+where they never skip on CPU (in a Python without vLLM, tests/conftest.py deselects them): one engine is built per module (~30 s on 2 cores) and every
 test uses it, in test order (weight versions go forward). In .venv (no vLLM) only the
 clear error is checked.
 
@@ -24,15 +24,14 @@ from rlharness.engine import build_engine
 from rlharness.engine.base import GenerateRequest, SamplingParams
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
-NO_VLLM = "vLLM is not installed here: it lives in .venv-vllm (scripts/setup_vllm.sh; run .venv-vllm/bin/python -m pytest -m vllm)"
 LOGPROB_TOL = 1e-4
 MAX_LONG = 120  # with ignore_eos: the tiny model holds 128 positions
 PROMPTS = ["1+2=", "123+456=", "77", "905+5="]
 
 
 def vllm_test(fn):
-    """A vLLM test: marked `vllm`, skipped only where vLLM is not installed (.venv)."""
-    return pytest.mark.vllm(pytest.mark.skipif(not HAVE_VLLM, reason=NO_VLLM)(pytest.mark.timeout(600)(fn)))
+    """A vLLM test (tests/conftest.py: run in .venv-vllm, deselected or skipped where vLLM is missing)."""
+    return pytest.mark.vllm(pytest.mark.timeout(600)(fn))
 
 
 @pytest.mark.skipif(HAVE_VLLM, reason="vllm is installed")
