@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# A real single-node Slurm (with munge) on this machine, for tests and trying cluster=slurm.
+# A real Slurm (with munge) of one or more compute nodes on this one machine, for tests and
+# trying cluster=slurm.
 #
-# Usage: scripts/slurm_local.sh up|down|status|env
+# Usage: scripts/slurm_local.sh up [--nodes N] [--gpus G] | down | status | env
 #   up      install Debian's slurmctld/slurmd/slurm-client/munge if missing (needs root),
-#           start munged, slurmctld and slurmd by hand (no systemd), wait until the node
-#           is idle, and write $SLURM_LOCAL_DIR/env.sh. Idempotent: "up" when up is fine.
-#   down    stop slurmd and slurmctld (and munged if this script started it).
-#   status  exit 0 and print the node state if the cluster answers, else exit 1.
+#           start munged, slurmctld (at 127.0.0.1) and one slurmd per node by hand (no
+#           systemd), wait until every node is idle, and write $SLURM_LOCAL_DIR/env.sh.
+#           Node i (1..N) is "rlh-node<i>" at 127.0.0.<i+1>, slurmd port 6817+i: its slurmd
+#           runs in a UTS namespace of its own (so `hostname` in its jobs says rlh-node<i>)
+#           and a mount namespace whose /etc/hosts also names every node (so a job can
+#           resolve the other nodes; the machine's /etc/hosts is not touched). Addresses
+#           are loopback ones (all of 127/8 reaches lo): no interface or route is created.
+#           Each node advertises G GPUs as a count-only GRES (no device behind it), so GPU
+#           requests are scheduled and shown by `scontrol show job`.
+#           Idempotent: "up" with the same N when up is fine; another N restarts it.
+#   down    stop every slurmd, slurmctld (and munged if this script started it); the
+#           namespaces go with their daemons; remove $SLURM_LOCAL_DIR.
+#   status  exit 0 and print the node states if the cluster answers, else exit 1.
 #   env     print the lines of env.sh (source them, or `eval "$(scripts/slurm_local.sh env)"`).
 #
 # Every Slurm client (sbatch, squeue, submitit) needs SLURM_CONF exported, and submitit
@@ -23,7 +33,10 @@ DIR=${SLURM_LOCAL_DIR:-/tmp/rlharness-slurm}
 CONF=$DIR/etc/slurm.conf
 ENV_FILE=$DIR/env.sh
 UP_TIMEOUT_S=${SLURM_LOCAL_UP_TIMEOUT_S:-60}
-NODE=$(hostname -s)
+CTLD_PORT=${SLURM_LOCAL_CTLD_PORT:-6817}
+NODE_PREFIX=rlh-node
+NODES=1
+GPUS=${SLURM_LOCAL_GPUS:-2}
 
 log() { echo "slurm_local: $*" >&2; }
 die() { log "error: $*"; exit 2; }
@@ -63,15 +76,20 @@ start_munge() {
   die "munged started but 'munge -n | unmunge' still fails; see /var/log/munge/munged.log"
 }
 
+node_name() { echo "$NODE_PREFIX$1"; }
+node_addr() { echo "127.0.0.$(($1 + 1))"; }
+node_list() { local i; for i in $(seq 1 "$NODES"); do printf '%s\n' "$(node_name "$i")"; done; }
+
 write_conf() {
-  local cpus mem_mb
+  local cpus mem_mb i gres_line=""
   cpus=$(nproc)
-  # RealMemory a bit under MemTotal, else slurmd registers the node as invalid.
-  mem_mb=$(awk '/MemTotal/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)
+  # RealMemory a bit under MemTotal (else slurmd registers the node as invalid), shared out.
+  mem_mb=$(awk -v n="$NODES" '/MemTotal/ {printf "%d", $2 / 1024 * 0.9 / n}' /proc/meminfo)
+  [ "$GPUS" -gt 0 ] && gres_line="Gres=gpu:$GPUS"
   cat >"$CONF.new" <<EOF
-# Written by scripts/slurm_local.sh: single node on localhost, no accounting, no cgroups.
+# Written by scripts/slurm_local.sh: $NODES node(s) on loopback addresses, no accounting, no cgroups.
 ClusterName=rlharness
-SlurmctldHost=$NODE(127.0.0.1)
+SlurmctldHost=$(hostname -s)(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -89,20 +107,36 @@ ReturnToService=2
 MinJobAge=300
 SchedulerType=sched/backfill
 JobRequeue=1
-SlurmctldPort=${SLURM_LOCAL_CTLD_PORT:-6817}
-SlurmdPort=${SLURM_LOCAL_SLURMD_PORT:-6818}
+GresTypes=gpu
+# GPUs appear in the jobs' TRES (scontrol show job), as on a cluster with accounting.
+AccountingStorageTRES=gres/gpu
+SlurmctldPort=$CTLD_PORT
 StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool
+SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/run/slurmctld.pid
-SlurmdPidFile=$DIR/run/slurmd.pid
+SlurmdPidFile=$DIR/run/slurmd-%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd.log
+SlurmdLogFile=$DIR/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
-PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
+  for i in $(seq 1 "$NODES"); do
+    echo "NodeName=$(node_name "$i") NodeAddr=$(node_addr "$i") Port=$((CTLD_PORT + i)) CPUs=$cpus RealMemory=$mem_mb $gres_line State=UNKNOWN"
+  done >>"$CONF.new"
+  echo "PartitionName=debug Nodes=$(node_list | paste -sd,) Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO" >>"$CONF.new"
   mv "$CONF.new" "$CONF"
+  # Count-only GPUs: Slurm 22.05 drops a gres/gpu without File=, so each "GPU" is an empty
+  # placeholder file under $DIR/dev (nothing opens it; no cgroup device rules here).
+  install -d "$DIR/dev"
+  : >"$DIR/etc/gres.conf"
+  if [ "$GPUS" -gt 0 ]; then
+    for i in $(seq 0 $((GPUS - 1))); do : >"$DIR/dev/gpu$i"; done
+    echo "Name=gpu File=$DIR/dev/gpu[0-$((GPUS - 1))]" >"$DIR/etc/gres.conf"
+  fi
+  # The nodes' /etc/hosts (bind-mounted in their mount namespaces): the machine's, plus every node.
+  { cat /etc/hosts; for i in $(seq 1 "$NODES"); do echo "$(node_addr "$i") $(node_name "$i")"; done; } >"$DIR/etc/hosts.new"
+  mv "$DIR/etc/hosts.new" "$DIR/etc/hosts"
+  echo "$NODES $GPUS" >"$DIR/etc/nodes"
 }
 
 write_env() {
@@ -115,36 +149,73 @@ EOF
 }
 
 pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+slurmd_pidfile() { echo "$DIR/run/slurmd-$(node_name "$1").pid"; }
 
-node_state() { SLURM_CONF=$CONF timeout 10 sinfo -h -n "$NODE" -o %T 2>/dev/null | head -1; }
+# One slurmd in new UTS and mount namespaces: hostname = node name, /etc/hosts = ours.
+start_slurmd() {
+  local name
+  name=$(node_name "$1")
+  install -d "$DIR/spool/$name"
+  # SLURM_CONF too: slurmd looks for gres.conf next to it, not next to -f.
+  SLURM_CONF=$CONF unshare --uts --mount --propagation private sh -c \
+    "hostname '$name' && mount --bind '$DIR/etc/hosts' /etc/hosts && exec slurmd -f '$CONF'" \
+    || die "starting slurmd for $name failed; see $DIR/log/slurmd-$name.log"
+}
+
+states() { SLURM_CONF=$CONF timeout 10 sinfo -h -N -o '%N %T' 2>/dev/null; }
+
+all_up() {
+  local out
+  out=$(states) || return 1
+  [ "$(echo "$out" | grep -cE ' (idle|mixed|allocated|completing)$')" -eq "$NODES" ]
+}
 
 cmd_up() {
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --nodes) NODES=${2:-}; shift 2 || shift ;;
+      --gpus) GPUS=${2:-}; shift 2 || shift ;;
+      *) die "unknown option '$1' (allowed: --nodes N, --gpus G)" ;;
+    esac
+  done
+  [[ "$NODES" =~ ^[0-9]+$ ]] && [ "$NODES" -ge 1 ] && [ "$NODES" -le 200 ] \
+    || die "--nodes '$NODES': must be 1..200 (node i gets address 127.0.0.<i+1>)"
+  [[ "$GPUS" =~ ^[0-9]+$ ]] || die "--gpus '$GPUS': must be a count >= 0"
   install -d "$DIR" "$DIR/etc" "$DIR/state" "$DIR/spool" "$DIR/log" "$DIR/run" "$DIR/bin"
   install_packages
   start_munge
   write_env
-  if pid_alive "$DIR/run/slurmctld.pid" && pid_alive "$DIR/run/slurmd.pid"; then
+  local running=0 i
+  pid_alive "$DIR/run/slurmctld.pid" && running=1
+  if [ $running = 1 ] && [ "$(cat "$DIR/etc/nodes" 2>/dev/null)" != "$NODES $GPUS" ]; then
+    log "up as '$(cat "$DIR/etc/nodes" 2>/dev/null)' (nodes gpus), asked for '$NODES $GPUS': restarting"
+    stop_daemons
+    running=0
+  fi
+  if [ $running = 1 ] && all_up; then
     log "already up"
   else
-    [ "$(id -u)" = 0 ] || die "starting slurmctld/slurmd here needs root (SlurmUser=root, no cgroups)"
-    write_conf
-    pid_alive "$DIR/run/slurmctld.pid" || slurmctld -f "$CONF"
-    pid_alive "$DIR/run/slurmd.pid" || slurmd -f "$CONF"
+    [ "$(id -u)" = 0 ] || die "starting slurmctld/slurmd here needs root (SlurmUser=root, no cgroups, unshare for the nodes' namespaces)"
+    command -v unshare >/dev/null || die "unshare (util-linux) is missing: it gives each node its own hostname"
+    [ $running = 1 ] || write_conf
+    # -c: a fresh controller state (the node set may have changed since the last run).
+    pid_alive "$DIR/run/slurmctld.pid" || slurmctld -c -f "$CONF"
+    for i in $(seq 1 "$NODES"); do
+      pid_alive "$(slurmd_pidfile "$i")" || start_slurmd "$i"
+    done
   fi
-  local state="" deadline=$((SECONDS + UP_TIMEOUT_S))
+  local deadline=$((SECONDS + UP_TIMEOUT_S)) node state
   while [ $SECONDS -lt $deadline ]; do
-    state=$(node_state || true)
-    case "$state" in
-      idle|mixed|allocated|completing) break ;;
-      down*|drain*|fail*) SLURM_CONF=$CONF scontrol update nodename="$NODE" state=resume 2>/dev/null || true ;;
-    esac
+    all_up && break
+    states | while read -r node state; do
+      case "$state" in
+        down*|drain*|fail*) SLURM_CONF=$CONF scontrol update nodename="$node" state=resume 2>/dev/null || true ;;
+      esac
+    done
     sleep 0.5
   done
-  case "$state" in
-    idle|mixed|allocated|completing) ;;
-    *) die "node $NODE is '${state:-not answering}' after ${UP_TIMEOUT_S}s; see $DIR/log/slurmctld.log and slurmd.log" ;;
-  esac
-  log "up: node $NODE $state; env in $ENV_FILE"
+  all_up || die "nodes not all idle after ${UP_TIMEOUT_S}s: $(states | xargs); see $DIR/log/slurmctld.log and slurmd-*.log"
+  log "up: $(states | xargs) ($GPUS GPU(s) per node); env in $ENV_FILE"
   cat "$ENV_FILE"
 }
 
@@ -160,21 +231,30 @@ stop_pidfile() {
   rm -f "$f"
 }
 
-cmd_down() {
-  stop_pidfile "$DIR/run/slurmd.pid" slurmd
+stop_daemons() {
+  local f
+  for f in "$DIR"/run/slurmd-*.pid "$DIR/run/slurmd.pid"; do
+    [ -e "$f" ] && stop_pidfile "$f" "slurmd ($(basename "$f" .pid))"
+  done
   stop_pidfile "$DIR/run/slurmctld.pid" slurmctld
+}
+
+cmd_down() {
+  stop_daemons
   if [ -e "$DIR/run/munged.started-by-us" ]; then
     stop_pidfile /run/munge/munged.pid munged
     rm -f "$DIR/run/munged.started-by-us"
   fi
+  # Everything else it made lives under $DIR (the namespaces ended with their slurmd).
+  case "$DIR" in /tmp/?*|/var/tmp/?*|"$HOME"/?*) rm -rf "$DIR" ;; *) log "left $DIR in place (not under /tmp)" ;; esac
   log "down"
 }
 
 cmd_status() {
-  local state
-  state=$(node_state || true)
-  if [ -n "$state" ]; then
-    echo "node $NODE: $state"
+  local out
+  out=$(states || true)
+  if [ -n "$out" ]; then
+    echo "$out"
     SLURM_CONF=$CONF squeue 2>/dev/null || true
     return 0
   fi
@@ -183,9 +263,9 @@ cmd_status() {
 }
 
 case "${1:-}" in
-  up) cmd_up ;;
+  up) shift; cmd_up "$@" ;;
   down) cmd_down ;;
   status) cmd_status ;;
   env) [ -s "$ENV_FILE" ] || die "no $ENV_FILE: run '$0 up' first"; cat "$ENV_FILE" ;;
-  *) echo "usage: $0 up|down|status|env" >&2; exit 64 ;;
+  *) echo "usage: $0 up [--nodes N] [--gpus G] | down | status | env" >&2; exit 64 ;;
 esac
