@@ -103,11 +103,21 @@ def is_refused_input(exc: BaseException) -> bool:
     return isinstance(exc, REFUSED_ERRORS) and getattr(exc, "refused_before_start", False)
 
 
+def uses_ray(conf: RunConf) -> bool:
+    """Engines or training workers run as Ray actors (else everything runs in this process)."""
+    return conf.cluster.name in ("local_ray", "slurm") and (conf.mode == "disagg" or conf.backend.name == "deepspeed")
+
+
 def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
     """Build, fit, close. SIGTERM/SIGINT stop it cleanly (rlharness/stopping.py): it then raises
     SystemExit(128 + signum) after the final checkpoint, W&B and the actors are done."""
     from rlharness.stopping import StopController
 
+    if int(os.environ.get("SLURM_NODEID") or 0) > 0 and conf.cluster.name == "slurm":
+        # Node k > 0 of a multi-node job: a Ray worker until the head (node 0, which trains) is gone.
+        from rlharness.launch.ray_cluster import serve_worker_node
+
+        return serve_worker_node(conf.cluster, uses_ray(conf))
     run_dir = Path(conf.run_dir)
     if conf.resume == "never" and any((run_dir / m).exists() for m in RUN_OUTPUTS):
         raise refused(ConfigError(f"resume=never with run directory {run_dir} is not allowed: it holds a run; "
@@ -143,7 +153,7 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
     seed_everything(conf.seed)
     engine = backend = components = trainer = None
     try:
-        if conf.cluster.name in ("local_ray", "slurm") and (conf.mode == "disagg" or conf.backend.name == "deepspeed"):
+        if uses_ray(conf):
             from rlharness.distributed import build_remote_components
 
             engine, backend = build_remote_components(conf)

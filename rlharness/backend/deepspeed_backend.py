@@ -231,7 +231,8 @@ def deepspeed_state_classes() -> tuple[type, ...]:
 
 
 def start_deepspeed_backend(conf: DeepSpeedBackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int,
-                            seed: int, *, cpus_per_worker: float = 1.0, timeout_s: float = 600.0):
+                            seed: int, *, cpus_per_worker: float = 1.0, timeout_s: float = 600.0,
+                            node_ranks: list[int] | None = None):
     """`conf.num_workers` `DeepSpeedWorker` ranks on Ray actors in one placement group.
 
     Returns a `rlharness.distributed.RemoteBackend` (the `TrainingBackend` interface).
@@ -254,4 +255,4 @@ def start_deepspeed_backend(conf: DeepSpeedBackendConf, model_conf: ModelConf, a
 
     gpus = 0.0 if conf.device == "cpu" else 1.0
     return spawn_train_workers(factory, conf.num_workers, cpus_per_worker, gpus, worker_env(conf.device),
-                               timeout_s, name="deepspeed")
+                               timeout_s, name="deepspeed", node_ranks=node_ranks)

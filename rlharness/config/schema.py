@@ -513,10 +513,27 @@ class SlurmClusterConf(ClusterConf):
     ray_port: int = 0
     # How long the head waits for every node to join, and a worker for the head.
     ray_timeout_s: float = 300.0
+    # Ray's object store on each node; 0 = Ray's default (30% of the node's memory).
+    object_store_memory_mb: int = 0
+    # Logical CPUs per engine actor and per training actor (fractions allowed).
+    engine_cpus: float = 1.0
+    trainer_cpus: float = 1.0
+    # mode=disagg on several nodes: the last `engine_nodes` nodes host the engine actors,
+    # the others the training actors (node 0 also runs the driver). 0 = auto: enough
+    # nodes for the engines' GPUs (at least one), the rest train. One node: all share it.
+    engine_nodes: int = 0
 
     def __post_init__(self) -> None:
         _check(self.nodes >= 1, "cluster.nodes", self.nodes, ">= 1")
         _check(self.cpus_per_task >= 1, "cluster.cpus_per_task", self.cpus_per_task, ">= 1")
+        _check(self.gpus_per_node >= 0, "cluster.gpus_per_node", self.gpus_per_node, ">= 0")
+        _check(self.object_store_memory_mb >= 0, "cluster.object_store_memory_mb", self.object_store_memory_mb,
+               ">= 0 (0 = Ray's default)")
+        _check(self.engine_cpus > 0, "cluster.engine_cpus", self.engine_cpus, "> 0")
+        _check(self.trainer_cpus > 0, "cluster.trainer_cpus", self.trainer_cpus, "> 0")
+        _check(self.engine_nodes == 0 or 1 <= self.engine_nodes < self.nodes, "cluster.engine_nodes",
+               self.engine_nodes, f"0 (auto) or 1..{self.nodes - 1} (cluster.nodes - 1: a node must stay "
+               f"for training)")
 
 
 # ----------------------------------------------------------------------------- logger
@@ -629,6 +646,10 @@ class RunConf:
                     f"cluster.engine_cpus={self.cluster.engine_cpus:g} + {workers} training worker(s) x "
                     f"cluster.trainer_cpus={self.cluster.trainer_cpus:g}, but cluster.num_cpus={self.cluster.num_cpus}"
                 )
+        if self.cluster.name == "slurm":
+            from rlharness.placement_plan import check_fits
+
+            check_fits(self)
         self._check_tasks()
         for name, entry in self.task_entries().items():
             key = f"tasks.{name}.task.num_eval" if self.tasks else "task.num_eval"

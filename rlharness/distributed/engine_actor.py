@@ -155,9 +155,11 @@ class EngineActor:
         self.needs_weights = False
 
     def info(self) -> dict[str, Any]:
+        from rlharness.distributed.placement import node_info
+
         return {"instance_id": self.instance_id, "version": self.engine.version,
                 "needs_weights": self.needs_weights, "versions_loaded": list(self.versions_loaded),
-                "pid": os.getpid()}
+                "pid": os.getpid(), "node": node_info()}
 
     def stats(self) -> dict[str, float]:
         return self.engine.stats()

@@ -11,21 +11,46 @@ import ray
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rlharness.launch.ray_cluster import node_resource
+
 log = logging.getLogger(__name__)
 
 
-def make_placement_group(name: str, count: int, cpus: float, gpus: float, timeout_s: float) -> Any:
-    """`count` bundles of {CPU: cpus, GPU: gpus}, packed; fails clearly if the cluster cannot hold them."""
+def make_placement_group(name: str, count: int, cpus: float, gpus: float, timeout_s: float,
+                         node_ranks: list[int] | None = None) -> Any:
+    """`count` bundles of {CPU: cpus, GPU: gpus}, packed; fails clearly if the cluster cannot hold them.
+
+    `node_ranks[i]` pins bundle i to that Slurm node (its `rlh_node_<rank>` resource).
+    """
     bundle: dict[str, float] = {"CPU": cpus}
     if gpus:
         bundle["GPU"] = gpus
-    pg = placement_group([dict(bundle) for _ in range(count)], strategy="PACK", name=name)
+    bundles = [dict(bundle) for _ in range(count)]
+    for b, rank in zip(bundles, node_ranks or []):
+        b[node_resource(rank)] = 1.0
+    pg = placement_group(bundles, strategy="PACK", name=name)
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
     if not ready:
         ray.util.remove_placement_group(pg)
-        raise RuntimeError(f"placement group {name!r} ({count} x {bundle}) could not be placed within "
+        raise RuntimeError(f"placement group {name!r} ({bundles}) could not be placed within "
                            f"{timeout_s:g} s; the cluster has {ray.available_resources()} available")
     return pg
+
+
+def node_info() -> dict[str, str]:
+    """Where the calling actor runs: hostname, Ray node address and id (actors report it)."""
+    import socket
+
+    ctx = ray.get_runtime_context()
+    return {"hostname": socket.gethostname(), "ip": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id()}
+
+
+def describe_node(node_id: str) -> tuple[str, bool]:
+    """("<hostname> (<ip>)", alive) of a Ray node, from the cluster's node table."""
+    for node in ray.nodes():
+        if node["NodeID"] == node_id:
+            return f"{node.get('NodeManagerHostname', '?')} ({node.get('NodeManagerAddress', '?')})", node["Alive"]
+    return f"node {node_id[:12]}", False
 
 
 def threads_for(cpus: float) -> int:

@@ -28,6 +28,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 
 from rlharness.distributed.collective import CollectiveWeights
 from rlharness.distributed.engine_actor import EngineNeedsWeights
+from rlharness.distributed.placement import describe_node
 from rlharness.distributed.request_batcher import RequestBatcher, result_or_abort
 from rlharness.distributed.weights import RemoteWeights, WeightSyncTimeout, to_object_ref
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
@@ -39,6 +40,8 @@ ACTOR_GONE = (RayActorError, ActorUnavailableError)
 # A restarted actor refusing to serve is re-synced and asked again at most this often per request.
 MAX_RESYNCS_PER_REQUEST = 3
 RESTART_POLL_S = 0.2
+# After an engine's node died: how long a restart on another node may take before the run stops.
+NODE_LOST_GRACE_S = 30.0
 # Requests made within this long of each other go to the actor in one call (see request_batcher).
 COALESCE_WINDOW_S = 0.002
 
@@ -66,6 +69,8 @@ class RemoteEngine(RolloutEngine):
         # Also waits until the engine is built (model load), which may take longer than a transfer.
         info = ray.get(actor.info.remote(), timeout=start_timeout_s or timeout_s)
         self._instance_id: str = info["instance_id"]
+        self.node: dict[str, str] = info["node"]  # where the actor runs (node_info)
+        log.info("placed %s on %s (%s)", name, self.node["hostname"], self.node["ip"])
         self._version: int = int(info["version"])
         self._target: tuple[Any, int] | None = None  # (ObjectRef, version) last pushed
         self._resync_needed = False
@@ -220,11 +225,21 @@ class RemoteEngine(RolloutEngine):
         """Wait for the actor to answer; if it is a new incarnation, count it and give it the weights."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
+        node_dead_deadline = None
         while True:
             try:
                 info = await asyncio.wait_for(self.actor.info.remote(), max(deadline - loop.time(), 0.01))
                 break
             except (asyncio.TimeoutError, *ACTOR_GONE) as exc:
+                node, alive = describe_node(self.node["node_id"])
+                if not alive and node_dead_deadline is None:  # a restart elsewhere gets a grace period
+                    node_dead_deadline = loop.time() + min(self.timeout_s, NODE_LOST_GRACE_S)
+                    log.warning("engine %s: its Ray node %s died; waiting up to %g s for a restart elsewhere",
+                                self.name, node, node_dead_deadline - loop.time())
+                if node_dead_deadline is not None and loop.time() >= node_dead_deadline:
+                    raise EngineLost(f"engine {self.name}: its Ray node {node} died and it did not restart on "
+                                     f"another node within {min(self.timeout_s, NODE_LOST_GRACE_S):g} s; "
+                                     f"resume the run from its last checkpoint") from exc
                 if loop.time() >= deadline:
                     raise EngineLost(f"engine {self.name}: actor did not come back within "
                                      f"timeout_s={self.timeout_s:g} ({exc!r})") from exc

@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 
 def spawn_engines(engine_conf: EngineConf, model_conf: ModelConf, seed: int, *, cpus: float, gpus: float,
                   timeout_s: float, max_restarts: int = 3, actor_cls: type = EngineActor,
-                  name: str = "engine", start_timeout_s: float | None = None) -> RolloutEngine:
+                  name: str = "engine", start_timeout_s: float | None = None,
+                  node_ranks: list[int] | None = None) -> RolloutEngine:
     """`engine_conf.num_engines` engine actors; one `RemoteEngine`, or a `RayEngineRouter` over several.
 
     Ray restarts a dead engine actor up to `max_restarts` times (the proxy then re-sends
@@ -27,7 +28,7 @@ def spawn_engines(engine_conf: EngineConf, model_conf: ModelConf, seed: int, *, 
     """
     count = engine_conf.num_engines
     start_timeout_s = start_timeout_s or timeout_s
-    pg = make_placement_group(f"{name}s", count, cpus, gpus, start_timeout_s)
+    pg = make_placement_group(f"{name}s", count, cpus, gpus, start_timeout_s, node_ranks)
     remote_cls = ray.remote(actor_cls)
     names = [f"{name}{i}" for i in range(count)]
     actors = [remote_cls.options(num_cpus=cpus, num_gpus=gpus, max_restarts=max_restarts, max_task_retries=0,

@@ -17,7 +17,6 @@ import asyncio
 import inspect
 import logging
 import os
-import socket
 import time
 from typing import Any, Callable
 
@@ -26,7 +25,9 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 
 from rlharness.backend.base import TrainingBackend
 from rlharness.distributed.collective import CollectiveWeights
-from rlharness.distributed.placement import in_bundle, make_placement_group, thread_env, threads_for, wait_all
+from rlharness.launch.ray_cluster import free_port
+from rlharness.distributed.placement import (describe_node, in_bundle, make_placement_group, node_info, thread_env,
+                                             threads_for, wait_all)
 from rlharness.distributed.weights import RemoteWeights
 from rlharness.types import TrainBatch
 
@@ -35,12 +36,6 @@ log = logging.getLogger(__name__)
 
 class TrainingWorkerDied(RuntimeError):
     """A training actor died; the run cannot continue (resume from the last checkpoint)."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 class TrainWorkerActor:
@@ -54,6 +49,9 @@ class TrainWorkerActor:
     def address(self) -> tuple[str, int]:
         """This node's IP and a free port (rank 0's become MASTER_ADDR/MASTER_PORT)."""
         return ray.util.get_node_ip_address(), free_port()
+
+    def node(self) -> dict[str, str]:
+        return node_info()
 
     def build(self, factory: Callable[[], Any]) -> None:
         self.backend = factory()
@@ -113,6 +111,7 @@ class RemoteBackend(TrainingBackend):
         self.weight_group: Any = None
         self.prefetch_weights = False
         self._prefetched: Any = None  # ObjectRef of the weights right after the last train_step
+        self.nodes: list[dict[str, str]] = []  # where each rank runs (node_info), set at start
 
     async def _on_all(self, method: str, *args: Any, put: bool = False) -> list[Any]:
         """Call the backend's `method` on every worker at once; results in rank order."""
@@ -131,7 +130,7 @@ class RemoteBackend(TrainingBackend):
             _cancel(tasks, refs)
             i, exc = (dead or failed)[0]
             if dead:
-                raise TrainingWorkerDied(f"training worker {self.names[i]} died during {method}: "
+                raise TrainingWorkerDied(f"training worker {self.names[i]}{self._where(i)} died during {method}: "
                                          f"{type(exc).__name__}: {exc}") from exc
             raise exc
         if pending:
@@ -140,6 +139,13 @@ class RemoteBackend(TrainingBackend):
             raise TimeoutError(f"training worker(s) {late}: {method} did not finish within "
                                f"timeout_s={self.timeout_s:g}")
         return [t.result() for t in tasks]
+
+    def _where(self, rank: int) -> str:
+        """" on node <host> (<ip>), which is dead" or "" when unknown."""
+        if rank >= len(self.nodes):
+            return ""
+        name, alive = describe_node(self.nodes[rank]["node_id"])
+        return f" on node {name}" + ("" if alive else ", which Ray reports dead,")
 
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
         ref = ray.put(batch)  # one copy for every rank
@@ -189,13 +195,14 @@ def _cancel(tasks: list[asyncio.Future], refs: list[Any]) -> None:
 
 
 def spawn_train_workers(factory: Callable[[int, str, int], Callable[[], Any]], count: int, cpus: float,
-                        gpus: float, env: dict[str, str], timeout_s: float, name: str) -> RemoteBackend:
+                        gpus: float, env: dict[str, str], timeout_s: float, name: str,
+                        node_ranks: list[int] | None = None) -> RemoteBackend:
     """`count` training actors in their own placement group, each hosting `factory(rank, addr, port)()`.
 
     `addr`/`port` are rank 0's node address and a free port there (the rendezvous of a
     process group). Training actors are never restarted (max_restarts=0).
     """
-    pg = make_placement_group(f"{name}-train", count, cpus, gpus, timeout_s)
+    pg = make_placement_group(f"{name}-train", count, cpus, gpus, timeout_s, node_ranks)
     names = [f"{name}-rank{i}" for i in range(count)]
     actor_cls = ray.remote(TrainWorkerActor)
     actors = [actor_cls.options(num_cpus=cpus, num_gpus=gpus, max_restarts=0, max_concurrency=1, name=None,
@@ -208,10 +215,14 @@ def spawn_train_workers(factory: Callable[[int, str, int], Callable[[], Any]], c
                               timeout_s)[0]
         wait_all([a.build.remote(factory(i, addr, port)) for i, a in enumerate(actors)], names,
                  f"building {name} training workers", timeout_s)
+        backend.nodes = wait_all([a.node.remote() for a in actors], names, f"locating {name} training workers",
+                                 timeout_s)
     except BaseException:
         _kill_all(actors, pg)
         raise
     log.info("%d %s training worker(s) up (rank 0 at %s:%d)", count, name, addr, port)
+    for n, node in zip(names, backend.nodes):
+        log.info("placed %s on %s (%s)", n, node["hostname"], node["ip"])
     return backend
 
 

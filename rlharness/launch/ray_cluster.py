@@ -11,7 +11,11 @@
   the process with status 0 (so only node 0 trains).
   Node names come from `scontrol show hostnames $SLURM_JOB_NODELIST`; the head's GCS
   port is `cluster.ray_port`, or 20000 + job id mod 10000 when that is 0, so that
-  every node computes the same address without a rendezvous file.
+  every node computes the same address without a rendezvous file. Every node starts
+  Ray with its own address (`--node-ip-address`, its name resolved) and a custom
+  resource `rlh_node_<rank>` (`node_resource`), which placement uses to put engines
+  and trainers on the nodes `cluster.engine_nodes` says. A worker whose Ray exits
+  while the head is still there exits with an error naming the node.
 
 Ray's daemons are started as our own child process groups and stopped by process
 group at exit, never with a blanket `ray stop` (which would kill other users' Ray).
@@ -21,6 +25,7 @@ group at exit, never with a blanket `ray stop` (which would kill other users' Ra
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import signal
@@ -30,7 +35,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from rlharness.config.schema import ClusterConf, ConfigError, LocalRayClusterConf, SlurmClusterConf
 
@@ -49,10 +54,12 @@ class SlurmRayLayout:
     node_rank: int
     hostnames: list[str]
     head_ip: str
+    node_ip: str
     port: int
     num_cpus: int
     num_gpus: int
     temp_dir: str
+    object_store_memory_mb: int = 0
 
     @property
     def address(self) -> str:
@@ -61,6 +68,36 @@ class SlurmRayLayout:
     @property
     def is_head(self) -> bool:
         return self.node_rank == 0
+
+    @property
+    def node_name(self) -> str:
+        return self.hostnames[self.node_rank]
+
+    def start_args(self) -> list[str]:
+        """`ray start` arguments every node shares: its address, resources and ports."""
+        return [f"--node-ip-address={self.node_ip}", f"--num-cpus={self.num_cpus}", f"--num-gpus={self.num_gpus}",
+                f"--resources={json.dumps({node_resource(self.node_rank): NODE_RESOURCE_UNITS})}",
+                f"--temp-dir={self.temp_dir}",
+                *([f"--object-store-memory={self.object_store_memory_mb * 2**20}"] if self.object_store_memory_mb
+                  else []),
+                # Fixed defaults (52365...) collide when two nodes share a host: free ones.
+                *[f"--{flag}={free_port()}" for flag in AGENT_PORT_FLAGS]]
+
+
+# A custom resource per node: a bundle asking for one unit lands on that node.
+NODE_RESOURCE_UNITS = 1000
+AGENT_PORT_FLAGS = ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
+                    "metrics-export-port")
+
+
+def node_resource(rank: int) -> str:
+    return f"rlh_node_{rank}"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
 
 
 def connect_ray(cluster: ClusterConf) -> None:
@@ -121,11 +158,22 @@ def slurm_layout(cluster: SlurmClusterConf, env: os._Environ | dict) -> SlurmRay
     cpus = int(env.get("SLURM_CPUS_PER_TASK") or env.get("SLURM_CPUS_ON_NODE") or cluster.cpus_per_task)
     return SlurmRayLayout(
         job_id=job_id, node_rank=node_rank, hostnames=hostnames,
-        head_ip=socket.gethostbyname(hostnames[0]), port=derive_port(job_id, cluster.ray_port),
-        num_cpus=cpus, num_gpus=cluster.gpus_per_node,
+        head_ip=_resolve(hostnames[0]), node_ip=_resolve(hostnames[node_rank]),
+        port=derive_port(job_id, cluster.ray_port),
+        # The GPUs Slurm gave this node (count-only GRES included), else what was asked for.
+        num_cpus=cpus, num_gpus=int(env.get("SLURM_GPUS_ON_NODE") or cluster.gpus_per_node),
+        object_store_memory_mb=cluster.object_store_memory_mb,
         # Short: Ray's unix socket paths must stay under ~107 characters.
         temp_dir=os.path.join(tempfile.gettempdir(), f"rlh-ray-{job_id}-{node_rank}"),
     )
+
+
+def _resolve(hostname: str) -> str:
+    try:
+        return socket.gethostbyname(hostname)
+    except OSError as exc:
+        raise RuntimeError(f"Slurm node {hostname!r} does not resolve to an address ({exc}); Ray needs "
+                           f"every node's name to resolve on every node") from exc
 
 
 # ----------------------------------------------------------------------------- processes
@@ -178,9 +226,8 @@ def start_head(layout: SlurmRayLayout, timeout_s: float) -> None:
 
     os.makedirs(layout.temp_dir, exist_ok=True)
     log_path = os.path.join(layout.temp_dir, "ray-start.log")
-    proc = _ray_start(["--head", f"--node-ip-address={layout.head_ip}", f"--port={layout.port}",
-                       f"--num-cpus={layout.num_cpus}", f"--num-gpus={layout.num_gpus}",
-                       f"--temp-dir={layout.temp_dir}", "--include-dashboard=false"], log_path)
+    proc = _ray_start(["--head", f"--port={layout.port}", "--include-dashboard=false", *layout.start_args()],
+                      log_path)
 
     def shutdown() -> None:
         if ray.is_initialized():
@@ -190,11 +237,23 @@ def start_head(layout: SlurmRayLayout, timeout_s: float) -> None:
     atexit.register(shutdown)
     _wait(f"Ray head {layout.address}", lambda: port_open(layout.head_ip, layout.port), timeout_s, proc,
           log_path)
-    ray.init(address=layout.address, log_to_driver=True)
+    # The driver attaches to this node's raylet (another node may share this host's IPs).
+    ray.init(address=layout.address, _node_ip_address=layout.node_ip, log_to_driver=True)
     want = len(layout.hostnames)
     _wait(f"Ray cluster of {want} node(s) {layout.hostnames}", lambda: alive_nodes() >= want, timeout_s,
           proc, log_path)
     log.info("Ray cluster up: head %s, %d node(s), %s", layout.address, want, ray.cluster_resources())
+
+
+def serve_worker_node(cluster: SlurmClusterConf, run_uses_ray: bool) -> dict[str, Any]:
+    """What node k > 0 of a multi-node job does in `launcher.run`: serve Ray, then return
+    normally (submitit then records a result for this node's task, as Hydra's launcher expects)."""
+    layout = slurm_layout(cluster, os.environ)
+    if run_uses_ray:
+        serve_as_worker(layout, cluster.ray_timeout_s)
+    else:
+        log.info("node %d (%s): this run does not use Ray; only node 0 works", layout.node_rank, layout.node_name)
+    return {"ray_worker_node": layout.node_rank}
 
 
 def alive_nodes() -> int:
@@ -203,20 +262,34 @@ def alive_nodes() -> int:
     return sum(1 for node in ray.nodes() if node["Alive"])
 
 
+class RayNodeDied(RuntimeError):
+    """This worker node's Ray exited while the head was still up."""
+
+
 def serve_as_worker(layout: SlurmRayLayout, timeout_s: float) -> None:
-    """Join the head's cluster and serve until the head goes away."""
+    """Join the head's cluster and serve until the head goes away.
+
+    Raises `RayNodeDied` if this node's Ray exits first (its processes were killed):
+    the job step fails with the node's name instead of exiting 0.
+    """
     os.makedirs(layout.temp_dir, exist_ok=True)
     log_path = os.path.join(layout.temp_dir, "ray-start.log")
     _wait(f"Ray head {layout.address} (from node {layout.node_rank})",
           lambda: port_open(layout.head_ip, layout.port), timeout_s, None, log_path)
-    proc = _ray_start([f"--address={layout.address}", f"--num-cpus={layout.num_cpus}",
-                       f"--num-gpus={layout.num_gpus}", f"--temp-dir={layout.temp_dir}"], log_path)
-    log.info("node %d joined Ray head %s", layout.node_rank, layout.address)
+    proc = _ray_start([f"--address={layout.address}", *layout.start_args()], log_path)
+    log.info("node %d (%s, %s) joined Ray head %s", layout.node_rank, layout.node_name, layout.node_ip,
+             layout.address)
     try:
         failures = 0
         while failures < HEAD_GONE_CHECKS and proc.poll() is None:
             failures = 0 if port_open(layout.head_ip, layout.port) else failures + 1
             time.sleep(2 * POLL_S)
+        status = proc.poll()
     finally:
         stop_process_group(proc)
+    if status is not None and port_open(layout.head_ip, layout.port):
+        message = (f"Ray on node {layout.node_name} ({layout.node_ip}, node {layout.node_rank} of job "
+                   f"{layout.job_id}) exited with status {status} while the head was up; see {log_path}")
+        log.error(message)
+        raise RayNodeDied(message)
     log.info("node %d: Ray head %s is gone; worker stopped", layout.node_rank, layout.address)

@@ -1,0 +1,180 @@
+"""train.py mode=disagg across the two nodes of the local Slurm (scripts/slurm_local.sh up --nodes 2):
+engines on one node, the trainer on the other, weights crossing between them; a requeued
+(preempted) two-node job resuming from its run directory; and a worker node whose Ray dies
+mid-run, stopping the run with an error naming the node and leaving a resumable checkpoint.
+
+Each node is a slurmd in its own UTS namespace (hostname rlh-node<i>) at 127.0.0.<i+1>, with
+two count-only GPUs. The model is the tiny one on CPU; actors ask for fractions of the
+two real cores (cluster.engine_cpus / trainer_cpus)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from .test_train_on_slurm import _job_id, _slurm, _steps, _wait
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_STALENESS = 1
+BATCH, K = 4, 4
+TWO_NODES = ["cluster=slurm", "cluster.nodes=2", "cluster.gpus_per_node=1", "cluster.cpus_per_task=1",
+             "cluster.mem_gb=2", "cluster.engine_cpus=0.5", "cluster.trainer_cpus=0.5",
+             "cluster.object_store_memory_mb=200", "cluster.ray_timeout_s=240",
+             "mode=disagg", "strategy=async", f"max_staleness={MAX_STALENESS}", "strategy.over_sample_threshold=0.5",
+             "strategy.enable_partial_rollout=true", f"batch_size={BATCH}", f"sampler.prompt_repeat_k={K}",
+             "eval_every=0", "eval.num_prompts=8", "logger=none", "save_every=2", "timeout_s=240"]
+RUN_TIMEOUT_S = 420
+
+
+def _train(sweep: Path, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), "-m", *TWO_NODES, *overrides,
+                             f"hydra.sweep.dir={sweep}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=sweep.parent)
+
+
+def _finish(proc: subprocess.Popen, timeout_s: float = RUN_TIMEOUT_S) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return out
+
+
+def placements(run_dir: Path) -> dict[str, tuple[str, str]]:
+    """actor name -> (hostname, address), as each actor reported it ("placed X on H (A)" log lines)."""
+    found = re.findall(r"placed (\S+) on (\S+) \((\S+)\)", (run_dir / "train.log").read_text())
+    return {name: (host, addr) for name, host, addr in found}
+
+
+def check_ledger(run_dir: Path, total_steps: int) -> None:
+    """Staleness bound per sample; every group trained once, none lost (the ledger and dropped.jsonl)."""
+    trained = [json.loads(line) for f in sorted((run_dir / "rollouts").glob("step_*.jsonl"))
+               for line in f.read_text().splitlines() if line.strip()]
+    dropped_file = run_dir / "rollouts" / "dropped.jsonl"
+    dropped = [json.loads(x) for x in dropped_file.read_text().splitlines()] if dropped_file.exists() else []
+    assert {r["train_step"] for r in trained} == set(range(1, total_steps + 1))
+    for r in trained:
+        assert r["status"] == "completed"
+        assert 0 <= r["train_step"] - r["min_policy_version"] - 1 <= MAX_STALENESS, r
+    groups = {r["group_id"]: (r["epoch"], r["prompt_index"]) for r in trained}
+    repeated = {k: n for k, n in Counter(groups.values()).items() if n > 1}
+    assert not repeated, f"prompts trained more than once: {repeated}"
+    assert len(groups) == BATCH * total_steps
+    assert not set(groups) & {r.get("group_id") for r in dropped}
+    assert set(Counter(r["group_id"] for r in trained).values()) == {K}
+
+
+def ray_processes(job_id: str, node_rank: int | None = None) -> list[int]:
+    """PIDs of the Ray processes this job started (their session dirs are /tmp/rlh-ray-<job>-<rank>)."""
+    pattern = f"rlh-ray-{job_id}-" + ("" if node_rank is None else f"{node_rank}([^0-9]|$)")
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def assert_nothing_left(job_id: str) -> None:
+    _wait(f"job {job_id}'s Ray processes to stop", lambda: not ray_processes(job_id), 60)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_disagg_run_across_two_nodes(slurm_env, tmp_path):
+    total = 6
+    sweep = tmp_path / "sweep"
+    proc = _train(sweep, f"total_steps={total}", "seed=5")
+    run_dir = sweep / "0"
+    _wait("the job to start", lambda: (run_dir / ".hydra" / "hydra.yaml").is_file(), 240)
+    job_id = _job_id(run_dir)
+    job = _slurm("scontrol", "show", "job", job_id)
+    assert "NumNodes=2" in job and "NodeList=rlh-node[1-2]" in job, job
+    assert re.search(r"TresPerNode=\S*gpu:1", job), job  # the GPUs the launcher asked for
+    out = _finish(proc)
+    assert proc.returncode == 0, out[-4000:]
+    log = (run_dir / "train.log").read_text()
+    # Ray spans both nodes and sees their GPUs; engines on node 2, the trainer on node 1.
+    assert re.search(r"Ray cluster up: head 127\.0\.0\.2:\d+, 2 node\(s\), .*'GPU': 2\.0", log), log[-3000:]
+    where = placements(run_dir)
+    assert where["engine0"] == ("rlh-node2", "127.0.0.3"), where
+    assert where["torch-rank0"] == ("rlh-node1", "127.0.0.2"), where
+    check_ledger(run_dir, total)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in (r for r in rows if r["step"] > 0):
+        assert r["staleness/max"] <= MAX_STALENESS
+        assert r["perf/engine_version"] == r["step"]  # every step's weights crossed to the engine node
+    assert (run_dir / "checkpoints" / f"step_{total:08d}" / "DONE").exists()
+    assert_nothing_left(job_id)
+
+
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S)
+def test_requeued_two_node_job_resumes_from_its_run_dir(slurm_env, tmp_path):
+    total = 10
+    sweep = tmp_path / "sweep"
+    run_dir = sweep / "0"
+    proc = _train(sweep, f"total_steps={total}", "seed=6")
+    try:
+        _wait("a checkpoint at step 4", lambda: (run_dir / "checkpoints" / "step_00000004" / "DONE").exists(), 300)
+        job_id = _job_id(run_dir)
+        # Preemption by hand: Slurm stops both nodes' tasks and queues the same job again.
+        _slurm("scontrol", "requeue", job_id)
+        _wait("the requeue", lambda: "Restarts=1" in _slurm("scontrol", "show", "job", job_id), 60)
+        _wait("the first attempt's Ray to stop", lambda: not ray_processes(job_id), 60)
+        # Slurm holds a requeued job back ~2 minutes (BeginTime); let it start now.
+        _wait("job pending again", lambda: "JobState=PENDING" in _slurm("scontrol", "show", "job", job_id), 60)
+        _slurm("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        out = _finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    log = (run_dir / "train.log").read_text()
+    resumed = re.findall(r"resumed from \S*checkpoints/step_(\d+)", log)
+    assert resumed and int(resumed[-1]) >= 4, "the requeued job did not resume"
+    steps = [s for s in _steps(run_dir) if s > 0]
+    assert sorted(set(steps)) == list(range(1, total + 1))
+    # Steps after the checkpoint ran twice (once per attempt): the ledger holds the last attempt's.
+    check_ledger(run_dir, total)
+    assert_nothing_left(job_id)
+
+
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S)
+def test_worker_node_dying_stops_the_run_naming_it_and_it_resumes(slurm_env, tmp_path):
+    sweep = tmp_path / "sweep"
+    run_dir = sweep / "0"
+    proc = _train(sweep, "total_steps=400", "seed=7")
+    try:
+        _wait("a checkpoint at step 2", lambda: (run_dir / "checkpoints" / "step_00000002" / "DONE").exists(), 300)
+        job_id = _job_id(run_dir)
+        victims = ray_processes(job_id, node_rank=1)
+        assert victims, "no Ray processes on node 2"
+        subprocess.run(["kill", "-9", *map(str, victims)], check=False)  # node 2's raylet, workers, engine
+        out = _finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, out[-3000:]
+    log = (run_dir / "train.log").read_text()
+    assert re.search(r"engine engine0: its Ray node rlh-node2 \(127\.0\.0\.3\) died", log), log[-4000:]
+    assert re.search(r"Ray on node rlh-node2 \(127\.0\.0\.3, node 1 of job \d+\) exited", log), log[-4000:]
+    assert_nothing_left(job_id)
+    saved = sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*")
+                   if (p / "DONE").exists())
+    assert saved, "no complete checkpoint left"
+    # The same command, run again, resumes from that checkpoint (resume=auto) and finishes.
+    total = saved[-1] + 2
+    again = _train(sweep, f"total_steps={total}", "seed=7")
+    out = _finish(again)
+    assert again.returncode == 0, out[-4000:]
+    log = (run_dir / "train.log").read_text()
+    assert re.search(rf"resumed from \S*checkpoints/step_{saved[-1]:08d}", log)
+    for f in (run_dir / "rollouts").glob("step_*.jsonl"):
+        if int(f.stem.split("_")[1]) > total:
+            f.unlink()  # trained by the first attempt after its last checkpoint, beyond this run's end
+    check_ledger(run_dir, total)
