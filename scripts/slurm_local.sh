@@ -85,7 +85,7 @@ write_conf() {
   cpus=$(nproc)
   # RealMemory a bit under MemTotal (else slurmd registers the node as invalid), shared out.
   mem_mb=$(awk -v n="$NODES" '/MemTotal/ {printf "%d", $2 / 1024 * 0.9 / n}' /proc/meminfo)
-  [ "$GPUS" -gt 0 ] && gres_line="Gres=gpu:$GPUS"
+  if [ "$GPUS" -gt 0 ]; then gres_line="Gres=gpu:$GPUS"; fi
   cat >"$CONF.new" <<EOF
 # Written by scripts/slurm_local.sh: $NODES node(s) on loopback addresses, no accounting, no cgroups.
 ClusterName=rlharness
@@ -108,8 +108,6 @@ MinJobAge=300
 SchedulerType=sched/backfill
 JobRequeue=1
 GresTypes=gpu
-# GPUs appear in the jobs' TRES (scontrol show job), as on a cluster with accounting.
-AccountingStorageTRES=gres/gpu
 SlurmctldPort=$CTLD_PORT
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool/%n
@@ -200,6 +198,9 @@ cmd_up() {
     [ $running = 1 ] || write_conf
     # -c: a fresh controller state (the node set may have changed since the last run).
     pid_alive "$DIR/run/slurmctld.pid" || slurmctld -c -f "$CONF"
+    sleep 0.5
+    pid_alive "$DIR/run/slurmctld.pid" \
+      || die "slurmctld exited at start: $(grep -h 'fatal' "$DIR/log/slurmctld.log" | tail -1)"
     for i in $(seq 1 "$NODES"); do
       pid_alive "$(slurmd_pidfile "$i")" || start_slurmd "$i"
     done
@@ -211,7 +212,7 @@ cmd_up() {
       case "$state" in
         down*|drain*|fail*) SLURM_CONF=$CONF scontrol update nodename="$node" state=resume 2>/dev/null || true ;;
       esac
-    done
+    done || true  # no answer yet
     sleep 0.5
   done
   all_up || die "nodes not all idle after ${UP_TIMEOUT_S}s: $(states | xargs); see $DIR/log/slurmctld.log and slurmd-*.log"
@@ -234,7 +235,7 @@ stop_pidfile() {
 stop_daemons() {
   local f
   for f in "$DIR"/run/slurmd-*.pid "$DIR/run/slurmd.pid"; do
-    [ -e "$f" ] && stop_pidfile "$f" "slurmd ($(basename "$f" .pid))"
+    if [ -e "$f" ]; then stop_pidfile "$f" "slurmd ($(basename "$f" .pid))"; fi
   done
   stop_pidfile "$DIR/run/slurmctld.pid" slurmctld
 }

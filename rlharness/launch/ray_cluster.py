@@ -44,6 +44,11 @@ log = logging.getLogger(__name__)
 POLL_S = 0.5
 HEAD_GONE_CHECKS = 3  # consecutive failed probes before a worker concludes the head is gone
 STOP_TIMEOUT_S = 15.0
+AGENT_REGISTER_TIMEOUT_MS = 120_000
+# `ray start` gives up if its raylet has not registered within 30 s (not configurable): on a
+# busy node it is tried again this many times in all.
+START_ATTEMPTS = 3
+STARTED_LINE = "Ray runtime started."
 
 
 @dataclass(frozen=True)
@@ -183,10 +188,38 @@ def _ray_start(args: list[str], log_path: str) -> subprocess.Popen:
     cmd = [ray_bin if os.path.exists(ray_bin) else "ray", "start", "--block", "--disable-usage-stats",
            *args]
     log.info("starting: %s", " ".join(cmd))
-    # No 30 s drain on SIGTERM (meant for Ray Serve on Kubernetes): the job is over.
-    env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+    # No 30 s drain on SIGTERM (meant for Ray Serve on Kubernetes): the job is over. The
+    # raylet waits for its dashboard agent (a Python process) to start; on a busy node that
+    # takes longer than Ray's default allows.
+    env = {"RAY_agent_register_timeout_ms": str(AGENT_REGISTER_TIMEOUT_MS), **os.environ,
+           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     with open(log_path, "ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+
+
+def _ray_start_retried(args: list[str], log_path: str, what: str, timeout_s: float) -> subprocess.Popen:
+    """`_ray_start` until it prints that Ray started (at most START_ATTEMPTS tries, `timeout_s` each)."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
+        proc = _ray_start(args, log_path)
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None and not _log_has(log_path, offset, STARTED_LINE):
+            if time.monotonic() > deadline:
+                stop_process_group(proc)
+                raise TimeoutError(f"{what}: `ray start` not up after {timeout_s:g} s (cluster.ray_timeout_s); "
+                                   f"see {log_path}")
+            time.sleep(POLL_S)
+        if proc.poll() is None:
+            return proc
+        log.warning("%s: `ray start` exited with status %s (attempt %d of %d); see %s", what, proc.returncode,
+                    attempt, START_ATTEMPTS, log_path)
+    raise RuntimeError(f"{what}: `ray start` failed {START_ATTEMPTS} times; see {log_path}")
+
+
+def _log_has(path: str, offset: int, text: str) -> bool:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return text.encode() in f.read()
 
 
 def stop_process_group(proc: subprocess.Popen) -> None:
@@ -226,8 +259,8 @@ def start_head(layout: SlurmRayLayout, timeout_s: float) -> None:
 
     os.makedirs(layout.temp_dir, exist_ok=True)
     log_path = os.path.join(layout.temp_dir, "ray-start.log")
-    proc = _ray_start(["--head", f"--port={layout.port}", "--include-dashboard=false", *layout.start_args()],
-                      log_path)
+    proc = _ray_start_retried(["--head", f"--port={layout.port}", "--include-dashboard=false",
+                               *layout.start_args()], log_path, f"Ray head {layout.address}", timeout_s)
 
     def shutdown() -> None:
         if ray.is_initialized():
@@ -276,7 +309,8 @@ def serve_as_worker(layout: SlurmRayLayout, timeout_s: float) -> None:
     log_path = os.path.join(layout.temp_dir, "ray-start.log")
     _wait(f"Ray head {layout.address} (from node {layout.node_rank})",
           lambda: port_open(layout.head_ip, layout.port), timeout_s, None, log_path)
-    proc = _ray_start([f"--address={layout.address}", *layout.start_args()], log_path)
+    proc = _ray_start_retried([f"--address={layout.address}", *layout.start_args()], log_path,
+                              f"Ray on node {layout.node_name} ({layout.node_ip})", timeout_s)
     log.info("node %d (%s, %s) joined Ray head %s", layout.node_rank, layout.node_name, layout.node_ip,
              layout.address)
     try:

@@ -1,6 +1,7 @@
-"""A real single-node Slurm for the `slurm` tests, brought up once per session by
-scripts/slurm_local.sh. Tests skip (with the script's reason) only when it cannot run
-here, e.g. no root to install or start the daemons."""
+"""A real two-node Slurm for the `slurm` tests (nodes rlh-node1 and rlh-node2, two
+count-only GPUs each), brought up once per session by `scripts/slurm_local.sh up --nodes 2`.
+Tests skip (with the script's reason) only when it cannot run here, e.g. no root to
+install or start the daemons."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "slurm_local.sh"
 UP_TIMEOUT_S = 300  # includes apt-get install on a fresh machine
+NODES = 2
+GPUS_PER_NODE = 2
 
 
 def _parse_env(text: str) -> dict[str, str]:
@@ -32,7 +35,7 @@ def slurm_env() -> dict[str, str]:
     if shutil.which("bash") is None:
         pytest.skip("scripts/slurm_local.sh needs bash")
     try:
-        out = subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, text=True, timeout=UP_TIMEOUT_S)
+        out = subprocess.run(["bash", str(SCRIPT), "up", "--nodes", str(NODES), "--gpus", str(GPUS_PER_NODE)], capture_output=True, text=True, timeout=UP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         pytest.fail(f"scripts/slurm_local.sh up did not finish in {UP_TIMEOUT_S} s")
     if out.returncode != 0:

@@ -50,6 +50,21 @@ def _finish(proc: subprocess.Popen, timeout_s: float = RUN_TIMEOUT_S) -> str:
     return out
 
 
+def wait_job_id(run_dir: Path, timeout_s: float = 240) -> str:
+    """The Slurm job id, once the job has written its Hydra config (both nodes write it: retry)."""
+    found: list[str] = []
+
+    def ready() -> bool:
+        try:
+            found.append(_job_id(run_dir))
+            return True
+        except (OSError, TypeError, KeyError):
+            return False
+
+    _wait("the job to start", ready, timeout_s)
+    return found[-1]
+
+
 def placements(run_dir: Path) -> dict[str, tuple[str, str]]:
     """actor name -> (hostname, address), as each actor reported it ("placed X on H (A)" log lines)."""
     found = re.findall(r"placed (\S+) on (\S+) \((\S+)\)", (run_dir / "train.log").read_text())
@@ -91,8 +106,7 @@ def test_disagg_run_across_two_nodes(slurm_env, tmp_path):
     sweep = tmp_path / "sweep"
     proc = _train(sweep, f"total_steps={total}", "seed=5")
     run_dir = sweep / "0"
-    _wait("the job to start", lambda: (run_dir / ".hydra" / "hydra.yaml").is_file(), 240)
-    job_id = _job_id(run_dir)
+    job_id = wait_job_id(run_dir)
     job = _slurm("scontrol", "show", "job", job_id)
     assert "NumNodes=2" in job and "NodeList=rlh-node[1-2]" in job, job
     assert re.search(r"TresPerNode=\S*gpu:1", job), job  # the GPUs the launcher asked for
@@ -121,7 +135,7 @@ def test_requeued_two_node_job_resumes_from_its_run_dir(slurm_env, tmp_path):
     proc = _train(sweep, f"total_steps={total}", "seed=6")
     try:
         _wait("a checkpoint at step 4", lambda: (run_dir / "checkpoints" / "step_00000004" / "DONE").exists(), 300)
-        job_id = _job_id(run_dir)
+        job_id = wait_job_id(run_dir)
         # Preemption by hand: Slurm stops both nodes' tasks and queues the same job again.
         _slurm("scontrol", "requeue", job_id)
         _wait("the requeue", lambda: "Restarts=1" in _slurm("scontrol", "show", "job", job_id), 60)
@@ -151,7 +165,7 @@ def test_worker_node_dying_stops_the_run_naming_it_and_it_resumes(slurm_env, tmp
     proc = _train(sweep, "total_steps=400", "seed=7")
     try:
         _wait("a checkpoint at step 2", lambda: (run_dir / "checkpoints" / "step_00000002" / "DONE").exists(), 300)
-        job_id = _job_id(run_dir)
+        job_id = wait_job_id(run_dir)
         victims = ray_processes(job_id, node_rank=1)
         assert victims, "no Ray processes on node 2"
         subprocess.run(["kill", "-9", *map(str, victims)], check=False)  # node 2's raylet, workers, engine
