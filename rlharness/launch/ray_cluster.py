@@ -47,7 +47,7 @@ STOP_TIMEOUT_S = 15.0
 AGENT_REGISTER_TIMEOUT_MS = 120_000
 # `ray start` gives up if its raylet has not registered within 30 s (not configurable): on a
 # busy node it is tried again this many times in all.
-START_ATTEMPTS = 3
+START_ATTEMPTS = 5
 STARTED_LINE = "Ray runtime started."
 
 
@@ -191,7 +191,8 @@ def _ray_start(args: list[str], log_path: str) -> subprocess.Popen:
     # No 30 s drain on SIGTERM (meant for Ray Serve on Kubernetes): the job is over. The
     # raylet waits for its dashboard agent (a Python process) to start; on a busy node that
     # takes longer than Ray's default allows.
-    env = {"RAY_agent_register_timeout_ms": str(AGENT_REGISTER_TIMEOUT_MS), **os.environ,
+    env = {"RAY_agent_register_timeout_ms": str(AGENT_REGISTER_TIMEOUT_MS),
+           "RAY_raylet_start_wait_time_s": str(AGENT_REGISTER_TIMEOUT_MS // 1000), **os.environ,
            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     with open(log_path, "ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
