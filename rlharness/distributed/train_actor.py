@@ -25,10 +25,10 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 
 from rlharness.backend.base import TrainingBackend
 from rlharness.distributed.collective import CollectiveWeights
-from rlharness.launch.ray_cluster import free_port
 from rlharness.distributed.placement import (describe_node, in_bundle, make_placement_group, node_info, thread_env,
                                              threads_for, wait_all)
 from rlharness.distributed.weights import RemoteWeights
+from rlharness.launch.ray_cluster import free_port
 from rlharness.types import TrainBatch
 
 log = logging.getLogger(__name__)
