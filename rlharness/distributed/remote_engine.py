@@ -42,6 +42,7 @@ MAX_RESYNCS_PER_REQUEST = 3
 RESTART_POLL_S = 0.2
 # After an engine's node died: how long a restart on another node may take before the run stops.
 NODE_LOST_GRACE_S = 30.0
+NODE_CHECK_S = 2.0
 # Requests made within this long of each other go to the actor in one call (see request_batcher).
 COALESCE_WINDOW_S = 0.002
 
@@ -228,7 +229,9 @@ class RemoteEngine(RolloutEngine):
         node_dead_deadline = None
         while True:
             try:
-                info = await asyncio.wait_for(self.actor.info.remote(), max(deadline - loop.time(), 0.01))
+                # Short waits: a call to an actor Ray is still restarting hangs until it is back.
+                wait_s = min(max(deadline - loop.time(), 0.01), NODE_CHECK_S)
+                info = await asyncio.wait_for(self.actor.info.remote(), wait_s)
                 break
             except (asyncio.TimeoutError, *ACTOR_GONE) as exc:
                 node, alive = describe_node(self.node["node_id"])
