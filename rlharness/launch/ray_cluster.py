@@ -78,15 +78,25 @@ class SlurmRayLayout:
     def node_name(self) -> str:
         return self.hostnames[self.node_rank]
 
+    @property
+    def head_agent_ports(self) -> tuple[int, int]:
+        """The head's dashboard agent and runtime-env agent ports, GCS port + 1 and + 2: the other
+        nodes start Ray once these answer (the head is then up; two Ray start-ups at once
+        can time out on a small, busy node)."""
+        return self.port + 1, self.port + 2
+
     def start_args(self) -> list[str]:
         """`ray start` arguments every node shares: its address, resources and ports."""
+        # Fixed defaults (52365...) collide when two nodes share a host: free ones (fixed on the head).
+        ports = {flag: free_port() for flag in AGENT_PORT_FLAGS}
+        if self.is_head:
+            ports["dashboard-agent-listen-port"], ports["runtime-env-agent-port"] = self.head_agent_ports
         return [f"--node-ip-address={self.node_ip}", f"--num-cpus={self.num_cpus}", f"--num-gpus={self.num_gpus}",
                 f"--resources={json.dumps({node_resource(self.node_rank): NODE_RESOURCE_UNITS})}",
                 f"--temp-dir={self.temp_dir}",
                 *([f"--object-store-memory={self.object_store_memory_mb * 2**20}"] if self.object_store_memory_mb
                   else []),
-                # Fixed defaults (52365...) collide when two nodes share a host: free ones.
-                *[f"--{flag}={free_port()}" for flag in AGENT_PORT_FLAGS]]
+                *[f"--{flag}={port}" for flag, port in ports.items()]]
 
 
 # A custom resource per node: a bundle asking for one unit lands on that node.
@@ -308,8 +318,9 @@ def serve_as_worker(layout: SlurmRayLayout, timeout_s: float) -> None:
     """
     os.makedirs(layout.temp_dir, exist_ok=True)
     log_path = os.path.join(layout.temp_dir, "ray-start.log")
-    _wait(f"Ray head {layout.address} (from node {layout.node_rank})",
-          lambda: port_open(layout.head_ip, layout.port), timeout_s, None, log_path)
+    _wait(f"Ray head {layout.address} and its agents (from node {layout.node_rank})",
+          lambda: all(port_open(layout.head_ip, p) for p in (layout.port, *layout.head_agent_ports)), timeout_s,
+          None, log_path)
     proc = _ray_start_retried([f"--address={layout.address}", *layout.start_args()], log_path,
                               f"Ray on node {layout.node_name} ({layout.node_ip})", timeout_s)
     log.info("node %d (%s, %s) joined Ray head %s", layout.node_rank, layout.node_name, layout.node_ip,
