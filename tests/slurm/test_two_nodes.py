@@ -28,11 +28,12 @@ MAX_STALENESS = 1
 BATCH, K = 4, 4
 TWO_NODES = ["cluster=slurm", "cluster.nodes=2", "cluster.gpus_per_node=1", "cluster.cpus_per_task=1",
              "cluster.mem_gb=2", "cluster.engine_cpus=0.5", "cluster.trainer_cpus=0.5",
-             "cluster.object_store_memory_mb=200", "cluster.ray_timeout_s=240",
+             "cluster.object_store_memory_mb=200", "cluster.ray_timeout_s=400",
              "mode=disagg", "strategy=async", f"max_staleness={MAX_STALENESS}", "strategy.over_sample_threshold=0.5",
              "strategy.enable_partial_rollout=true", f"batch_size={BATCH}", f"sampler.prompt_repeat_k={K}",
              "eval_every=0", "eval.num_prompts=8", "logger=none", "save_every=2", "timeout_s=240"]
-RUN_TIMEOUT_S = 420
+RUN_TIMEOUT_S = 600
+START_TIMEOUT_S = 420  # to the first checkpoints: Slurm, two Ray nodes, actors (minutes on a busy 2-core box)
 
 
 def _train(sweep: Path, *overrides: str) -> subprocess.Popen:
@@ -50,7 +51,7 @@ def _finish(proc: subprocess.Popen, timeout_s: float = RUN_TIMEOUT_S) -> str:
     return out
 
 
-def wait_job_id(run_dir: Path, timeout_s: float = 240) -> str:
+def wait_job_id(run_dir: Path, timeout_s: float = START_TIMEOUT_S) -> str:
     """The Slurm job id, once the job has written its Hydra config (both nodes write it: retry)."""
     found: list[str] = []
 
@@ -134,7 +135,8 @@ def test_requeued_two_node_job_resumes_from_its_run_dir(slurm_env, tmp_path):
     run_dir = sweep / "0"
     proc = _train(sweep, f"total_steps={total}", "seed=6")
     try:
-        _wait("a checkpoint at step 4", lambda: (run_dir / "checkpoints" / "step_00000004" / "DONE").exists(), 300)
+        _wait("a checkpoint at step 4", lambda: (run_dir / "checkpoints" / "step_00000004" / "DONE").exists(),
+              START_TIMEOUT_S)
         job_id = wait_job_id(run_dir)
         # Preemption by hand: Slurm stops both nodes' tasks and queues the same job again.
         _slurm("scontrol", "requeue", job_id)
@@ -162,9 +164,10 @@ def test_requeued_two_node_job_resumes_from_its_run_dir(slurm_env, tmp_path):
 def test_worker_node_dying_stops_the_run_naming_it_and_it_resumes(slurm_env, tmp_path):
     sweep = tmp_path / "sweep"
     run_dir = sweep / "0"
-    proc = _train(sweep, "total_steps=400", "seed=7")
+    proc = _train(sweep, "total_steps=2000", "seed=7")  # far more than it gets to: the node dies first
     try:
-        _wait("a checkpoint at step 2", lambda: (run_dir / "checkpoints" / "step_00000002" / "DONE").exists(), 300)
+        _wait("a checkpoint at step 2", lambda: (run_dir / "checkpoints" / "step_00000002" / "DONE").exists(),
+              START_TIMEOUT_S)
         job_id = wait_job_id(run_dir)
         victims = ray_processes(job_id, node_rank=1)
         assert victims, "no Ray processes on node 2"
