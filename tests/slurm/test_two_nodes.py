@@ -46,9 +46,20 @@ def _finish(proc: subprocess.Popen, timeout_s: float = RUN_TIMEOUT_S) -> str:
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        _stop(proc)
     return out
+
+
+def _stop(proc: subprocess.Popen, sweep: Path | None = None) -> None:
+    """The submitting process, and (a test that failed early) its Slurm job, which would go on without it."""
+    if proc.poll() is None:
+        proc.kill()
+    if sweep is not None:
+        for run in sweep.glob("*/.hydra/hydra.yaml"):
+            try:
+                subprocess.run(["scancel", _job_id(run.parent.parent)], capture_output=True, timeout=30)
+            except (OSError, TypeError, KeyError, subprocess.TimeoutExpired):
+                pass
 
 
 def wait_job_id(run_dir: Path, timeout_s: float = START_TIMEOUT_S) -> str:
@@ -107,11 +118,14 @@ def test_disagg_run_across_two_nodes(slurm_env, tmp_path):
     sweep = tmp_path / "sweep"
     proc = _train(sweep, f"total_steps={total}", "seed=5")
     run_dir = sweep / "0"
-    job_id = wait_job_id(run_dir)
-    job = _slurm("scontrol", "show", "job", job_id)
-    assert "NumNodes=2" in job and "NodeList=rlh-node[1-2]" in job, job
-    assert re.search(r"TresPerNode=\S*gpu:1", job), job  # the GPUs the launcher asked for
-    out = _finish(proc)
+    try:
+        job_id = wait_job_id(run_dir)
+        job = _slurm("scontrol", "show", "job", job_id)
+        assert "NumNodes=2" in job and "NodeList=rlh-node[1-2]" in job, job
+        assert re.search(r"TresPerNode=\S*gpu:1", job), job  # the GPUs the launcher asked for
+        out = _finish(proc)
+    finally:
+        _stop(proc, sweep)
     assert proc.returncode == 0, out[-4000:]
     log = (run_dir / "train.log").read_text()
     # Ray spans both nodes and sees their GPUs; engines on node 2, the trainer on node 1.
@@ -147,8 +161,7 @@ def test_requeued_two_node_job_resumes_from_its_run_dir(slurm_env, tmp_path):
         _slurm("scontrol", "update", f"JobId={job_id}", "StartTime=now")
         out = _finish(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        _stop(proc, sweep)
     assert proc.returncode == 0, out[-4000:]
     log = (run_dir / "train.log").read_text()
     resumed = re.findall(r"resumed from \S*checkpoints/step_(\d+)", log)
@@ -174,8 +187,7 @@ def test_worker_node_dying_stops_the_run_naming_it_and_it_resumes(slurm_env, tmp
         subprocess.run(["kill", "-9", *map(str, victims)], check=False)  # node 2's raylet, workers, engine
         out = _finish(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        _stop(proc, sweep)
     assert proc.returncode != 0, out[-3000:]
     log = (run_dir / "train.log").read_text()
     assert re.search(r"engine engine0: its Ray node rlh-node2 \(127\.0\.0\.3\) died", log), log[-4000:]
@@ -187,7 +199,10 @@ def test_worker_node_dying_stops_the_run_naming_it_and_it_resumes(slurm_env, tmp
     # The same command, run again, resumes from that checkpoint (resume=auto) and finishes.
     total = saved[-1] + 2
     again = _train(sweep, f"total_steps={total}", "seed=7")
-    out = _finish(again)
+    try:
+        out = _finish(again)
+    finally:
+        _stop(again, sweep)
     assert again.returncode == 0, out[-4000:]
     log = (run_dir / "train.log").read_text()
     assert re.search(rf"resumed from \S*checkpoints/step_{saved[-1]:08d}", log)
