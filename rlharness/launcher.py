@@ -125,8 +125,10 @@ def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
     stop = StopController(conf.stop_timeout_s).install()
     try:
         last, trainer = _build_and_fit(conf, config_dict, run_dir, stop)
-    except BaseException:
+    except BaseException as exc:
         stop.uninstall()
+        if isinstance(exc, Exception):  # why the run ended, in train.log too (not only on stderr)
+            log.error("run failed: %s: %s", type(exc).__name__, exc)
         raise
     if not stop.requested:
         stop.uninstall()

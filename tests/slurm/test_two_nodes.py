@@ -186,12 +186,16 @@ def test_worker_node_dying_stops_the_run_naming_it_and_it_resumes(slurm_env, tmp
         assert victims, "no Ray processes on node 2"
         subprocess.run(["kill", "-9", *map(str, victims)], check=False)  # node 2's raylet, workers, engine
         out = _finish(proc)
+        # The submitter stops at node 2's error; node 1 ends the job on its own once the engine is given up.
+        _wait(f"job {job_id} to end", lambda: "JobState=RUNNING" not in _slurm("scontrol", "show", "job", job_id),
+              180)
     finally:
         _stop(proc, sweep)
     assert proc.returncode != 0, out[-3000:]
+    assert re.search(r"Ray on node rlh-node2 \(127\.0\.0\.3, node 1 of job \d+\) exited", out), out[-4000:]
     log = (run_dir / "train.log").read_text()
-    assert re.search(r"engine engine0: its Ray node rlh-node2 \(127\.0\.0\.3\) died", log), log[-4000:]
-    assert re.search(r"Ray on node rlh-node2 \(127\.0\.0\.3, node 1 of job \d+\) exited", log), log[-4000:]
+    assert re.search(r"run failed: EngineLost: engine engine0: its Ray node rlh-node2 \(127\.0\.0\.3\) died and it "
+                     r"did not restart on another node", log), log[-4000:]
     assert_nothing_left(job_id)
     saved = sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*")
                    if (p / "DONE").exists())
