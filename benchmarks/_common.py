@@ -123,7 +123,8 @@ def build_stack(
     poll_interval_s: float = 0.5,
 ) -> Stack:
     """The project's producer (sampler, replay buffer, agent loop, manager, strategy) on sim engines."""
-    rb = ReplayBuffer(max_staleness=strategy.max_staleness, sync_weights_interval=1)
+    rb = ReplayBuffer(max_staleness=strategy.max_staleness, sync_weights_interval=1,
+                      staleness_mode=strategy.staleness_mode)
     sampler = Sampler(SamplerConf(prompt_repeat_k=group_size), TASK, make_rows(num_rows), encode_prompt, rb, seed)
     engines = [SimEngine(engine_conf, seed=seed * 1000 + i, vocab_size=VOCAB) for i in range(num_engines)]
     router = EngineRouter(engines)

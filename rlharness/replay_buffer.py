@@ -10,7 +10,9 @@ Staleness (DESIGN.md): a sample trained at `train_step` whose oldest token came 
 weight version v has staleness `train_step - v - 1`; a group expires once any sample
 reaches `(max_staleness + 1) * sync_weights_interval`. An expired group loses its
 responses and goes back to the sampler instead of being dropped, so slow prompts are
-not silently skipped (tinker-cookbook PR #822).
+not silently skipped (tinker-cookbook PR #822). With `staleness_mode="admission"` the
+bound is held where groups start (the producer's admission budget) and nothing kept
+here ever expires for staleness: a started group is continued, not thrown away.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import logging
 from collections import Counter, OrderedDict
 from typing import Any, Iterable
 
+from rlharness.config.schema import STALENESS_MODES
 from rlharness.types import Group, RolloutState, Status, group_status, oldest_version, stable_seed, staleness
 
 log = logging.getLogger(__name__)
@@ -71,10 +74,15 @@ def _expire(group: Group) -> int:
 
 
 class ReplayBuffer:
-    def __init__(self, max_staleness: int, sync_weights_interval: int = 1) -> None:
+    def __init__(self, max_staleness: int, sync_weights_interval: int = 1, staleness_mode: str = "token") -> None:
+        if staleness_mode not in STALENESS_MODES:
+            raise ValueError(f"staleness_mode={staleness_mode!r} is not one of {', '.join(STALENESS_MODES)}")
         self.max_staleness = max_staleness
         self.sync_weights_interval = sync_weights_interval
         self.stale_threshold = stale_threshold(max_staleness, sync_weights_interval)
+        self.staleness_mode = staleness_mode
+        # Admission mode: the bound is held by the producer's admission budget, never by expiry.
+        self.expires = staleness_mode == "token"
         # task -> status -> group_id -> group (insertion order = FIFO)
         self._pools: dict[str, dict[Status, OrderedDict[str, Group]]] = {}
         self._dropped: list[tuple[Group, str]] = []
@@ -170,7 +178,7 @@ class ReplayBuffer:
 
     def _too_stale(self, oldest: float, train_step: int) -> bool:
         """Whether a group whose oldest token has version `oldest` is past the bound at `train_step`."""
-        return staleness(oldest, train_step) >= self.stale_threshold
+        return self.expires and staleness(oldest, train_step) >= self.stale_threshold
 
     def _expire_into_pool(self, group: Group) -> None:
         self.counters["expired_tokens"] += _expire(group)
@@ -179,7 +187,7 @@ class ReplayBuffer:
 
     def refresh_staleness(self, train_step: int) -> int:
         """Expire every kept group that would be too stale at `train_step`; returns how many."""
-        if train_step <= self._checked_step:
+        if train_step <= self._checked_step or not self.expires:
             return 0
         self._checked_step = train_step
         expired = 0
@@ -240,6 +248,7 @@ class ReplayBuffer:
         return {
             "max_staleness": self.max_staleness,
             "sync_weights_interval": self.sync_weights_interval,
+            "staleness_mode": self.staleness_mode,
             "groups": groups,
             "dropped": [[[s.to_dict() for s in g], reason] for g, reason in self._dropped],
             "counters": dict(self.counters),

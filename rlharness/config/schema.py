@@ -33,6 +33,9 @@ def _one_of(key: str, value: Any, options: tuple) -> None:
 
 
 # ----------------------------------------------------------------------------- strategy
+STALENESS_MODES = ("token", "admission")
+
+
 @dataclass
 class StrategyConf:
     name: str = MISSING
@@ -42,10 +45,17 @@ class StrategyConf:
     group_filter: str = "none"
     # How long a pause (weight sync) waits for in-flight groups before aborting them.
     pause_timeout_s: float = 60.0
+    # What max_staleness bounds. token: every trained token's staleness (a group expires as
+    # soon as its oldest token is too stale). admission: a group may start only while the step
+    # it is admitted for is within max_staleness of the engines' weights (AReaL's
+    # max_head_offpolicyness); a started group never expires, and partial rollout continues it
+    # on newer weights (per-token versions; pair it with the decoupled objective, algo.proximal).
+    staleness_mode: str = "token"
 
     def __post_init__(self) -> None:
         _check(isinstance(self.max_staleness, int) and self.max_staleness >= 0,
                "strategy.max_staleness", self.max_staleness, "an integer >= 0")
+        _one_of("strategy.staleness_mode", self.staleness_mode, STALENESS_MODES)
         _one_of("strategy.group_filter", self.group_filter, ("none", "all_equal_reward"))
         _check(self.pause_timeout_s > 0, "strategy.pause_timeout_s", self.pause_timeout_s, "> 0")
 

@@ -5,12 +5,20 @@ from the shared ProduceProgress (absolute counts); the pause flag is the manager
 every finished, crashed or cancelled task goes through `collect`, which filters,
 stamps and puts the group into the replay buffer. Nothing taken from the sampler
 leaves the pending set without landing in the buffer (or its dropped ledger).
+
+Admission: every group that starts without tokens (fresh, expired, or restarted) is
+stamped with the engines' weight version and the step its place in the cumulative
+counts budgets it for (`extra["admit_version"]`, `extra["admit_step"]`); a continuation
+keeps its stamp. Staleness at admission is `admit_step - 1 - admit_version`; in
+admission mode (`strategy.staleness_mode=admission`) `admission_room` keeps it within
+the bound.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
@@ -116,6 +124,10 @@ class ProduceContext:
     on_put: Callable[[], None]  # tells waiting consumers the buffer changed
     # This task's async over-sampling (None = the strategy's over_sample_threshold).
     over_sample_threshold: float | None = None
+    # Staleness (in weight versions) at which a sample expires, or past which no group is admitted.
+    stale_threshold: int = 1
+    # This task's groups in the batch of a step (the manager's BatchAllocation); None: task_batch_size.
+    step_size: Callable[[int], int] | None = None
     # Per-batch window counters (groups_filtered, groups_failed, groups_aborted...), reset by the manager.
     window: Counter = field(default_factory=Counter)
     pending: _PendingTasks = field(default_factory=_PendingTasks)
@@ -142,6 +154,40 @@ class ProduceContext:
         """Groups produced so far that count toward the target: consumed + waiting COMPLETED."""
         return self.progress.consumed_samples[self.task] + self.replay_buffer.count(self.task, Status.COMPLETED)
 
+    def admission_room(self) -> int:
+        """The most groups that may be in flight now so that every group produced (consumed, waiting
+        COMPLETED or in flight) is budgeted for a step within the bound of the engines' version v:
+        the steps up to v + stale_threshold, from absolute counts (AReaL's max_head_offpolicyness)."""
+        p = self.progress
+        last = self.model_step() + self.stale_threshold
+        room = sum(self._step_size(s) for s in range(p.next_consumer_step, last + 1))
+        return p.consumed_samples[self.task] + room - self.available()
+
+    def _step_size(self, step: int) -> int:
+        return self.task_batch_size if self.step_size is None else self.step_size(step)
+
+    def _stamp_admission(self, group: Group) -> None:
+        """Stamp a group that starts without tokens with its admission (module docstring)."""
+        for s in group:
+            if s.response_ids and "admit_version" in s.extra:
+                return  # a continuation keeps the admission it started with
+        p = self.progress
+        # Its place among the groups produced or in flight beyond consumption (this one included; it is
+        # not in the pending set yet), counted in the batches of the steps from the consumer's next one.
+        ahead = self.available() - p.consumed_samples[self.task] + self.pending.count() + 1
+        step = p.next_consumer_step
+        if self.step_size is None:
+            step += math.ceil(ahead / self.task_batch_size) - 1
+        else:  # per-step sizes vary (several tasks); a task that left the mix has none: stop looking
+            budget = self._step_size(step)
+            while budget < ahead and step < p.next_consumer_step + ahead:
+                step += 1
+                budget += self._step_size(step)
+        version = self.model_step()
+        for s in group:
+            s.extra["admit_version"] = version
+            s.extra["admit_step"] = step
+
     def expired_count(self) -> int:
         return self.replay_buffer.count(self.task, Status.EXPIRED)
 
@@ -166,8 +212,12 @@ class ProduceContext:
 
     def _make_generate_fn(self, enable_partial_rollout: bool):
         # The agent loop's coroutine itself is the task (no wrapper frame per group); read
-        # `self.agent_loop` at each call, so a replaced loop takes effect.
-        return lambda group: self.agent_loop.generate_group(group, enable_partial_rollout)
+        # `self.agent_loop` at each call, so a replaced loop takes effect. Called after the
+        # pending set recorded the group as started, so the stamp is undone with a restore.
+        def generate(group: Group):
+            self._stamp_admission(group)
+            return self.agent_loop.generate_group(group, enable_partial_rollout)
+        return generate
 
     def _task_done(self, task: asyncio.Task) -> bool:
         """Done-callback of every generation task: a COMPLETED group goes into the buffer right
@@ -191,6 +241,9 @@ class ProduceContext:
 
     async def wait_and_collect(self, timeout_s: float) -> int:
         """Wait for some task to finish (or a wake-up) and put whatever finished; returns groups put."""
+        if not self.pending.count():  # nothing may start now (admission room): wait for new weights
+            await self.producer_wake.wait(timeout_s)
+            return 0
         done = await self.pending.wait_any(timeout_s, wake=self.producer_wake)
         return self.collect(self.pending.claim(done))
 

@@ -6,9 +6,10 @@ to the buffer as ABORTED) and takes the batch.
 
 Disaggregated (`produce_loop` + `get_batch`): the loop produces ahead of the consumer
 while staying within the staleness bound; `get_batch` blocks until a full batch is
-ready; `pause`/`resume` bracket a weight sync. The bound itself is enforced by the
-replay buffer at take time (`refresh_staleness(train_step)`), the loop only avoids
-producing what would expire on arrival.
+ready; `pause`/`resume` bracket a weight sync. In token mode the bound itself is
+enforced by the replay buffer at take time (`refresh_staleness(train_step)`), the loop
+only avoids producing what would expire on arrival; in admission mode the strategy
+holds it where groups start (`ProduceContext.admission_room`) and nothing expires.
 
 The manager receives its collaborators ready-built and a few scalars; it never reads
 the run config. `state_dict`/`load_state_dict` are synchronous (callable from inside
@@ -71,6 +72,9 @@ class AgentLoopManager:
                 f"the replay buffer's (max_staleness={replay_buffer.max_staleness}, "
                 f"sync_weights_interval={replay_buffer.sync_weights_interval})"
             )
+        if strategy.staleness_mode != replay_buffer.staleness_mode:
+            raise ValueError(f"strategy.staleness_mode={strategy.staleness_mode!r} disagrees with the replay "
+                             f"buffer's ({replay_buffer.staleness_mode!r})")
         for name, (sampler, _) in tasks.items():
             if sampler.task != name:
                 raise ValueError(f"tasks[{name!r}] holds a sampler for task {sampler.task!r}")
@@ -114,6 +118,9 @@ class AgentLoopManager:
                 model_step=lambda: self._model_step,
                 producer_wake=self._producer_wake,
                 on_put=self._on_put,
+                stale_threshold=threshold,
+                # One task: every step's batch is `batch_size` (task_batch_size), no per-step lookup.
+                step_size=None if len(tasks) == 1 else (lambda step, name=name: self.allocation.sizes(step)[name]),
             )
             for name, (sampler, loop) in tasks.items()
         }
@@ -367,13 +374,19 @@ class AgentLoopManager:
         samples = rewarded = tokens = version_sum = 0
         reward_sum = 0.0
         oldest: int | None = None
+        versions: Counter = Counter()  # tokens per weight version (counted in C), for the histogram
+        admitted: list[int] = []  # staleness at admission, per group
         for g in groups:
             samples += len(g)
+            extra = g[0].extra
+            if "admit_step" in extra:
+                admitted.append(extra["admit_step"] - 1 - extra["admit_version"])
             for s in g:
                 steps = s.response_model_steps
                 if steps:
                     tokens += len(steps)
                     version_sum += sum(steps)
+                    versions.update(steps)
                     low = min(steps)
                     if oldest is None or low < oldest:
                         oldest = low
@@ -382,6 +395,7 @@ class AgentLoopManager:
                     rewarded += 1
         mean_stale = staleness(version_sum / tokens, train_step) if tokens else 0.0
         max_stale = staleness(oldest, train_step) if oldest is not None else 0
+        hist = {f"staleness/tokens_at_{int(staleness(v, train_step))}": float(n) for v, n in sorted(versions.items())}
         return {
             "rollout/groups_filtered": float(window["groups_filtered"]),
             "rollout/groups_failed": float(window["groups_failed"]),
@@ -395,6 +409,10 @@ class AgentLoopManager:
             "buffer/expired": float(now["expired"] - before["expired"]),
             "staleness/mean": float(mean_stale),
             "staleness/max": float(max_stale),
+            # Bounded by max_staleness in admission mode (a slow group may be trained later than that).
+            "staleness/admission_mean": sum(admitted) / len(admitted) if admitted else 0.0,
+            "staleness/admission_max": float(max(admitted, default=0)),
+            **hist,
             "perf/rollout_s": float(produce_s),
             **per_task,
         }

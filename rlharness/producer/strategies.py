@@ -13,6 +13,10 @@ input groups of the cancelled tasks back as ABORTED. Nothing is ever lost.
   mode). Partial rollout continues interrupted samples. Tail-batch mode (once
   `tail_batch_trigger_size` EXPIRED groups wait) stops over-sampling and refills from
   the EXPIRED pool first.
+
+With `staleness_mode="admission"` both keep what is produced or in flight within the
+admission room (`ProduceContext.admission_room`): no group starts for a step past the
+bound of the engines' weights, and the buffer never expires a started one.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ class ProduceStrategy(abc.ABC):
         self.pause_timeout_s = conf.pause_timeout_s
         self.group_filter_name = conf.group_filter
         self.group_filter = build_group_filter(conf.group_filter)
+        self.staleness_mode = conf.staleness_mode
+        self.admission = conf.staleness_mode == "admission"
 
     @abc.abstractmethod
     async def produce(self, ctx: ProduceContext) -> ProduceStatus: ...
@@ -72,6 +78,8 @@ class ProduceStrategy(abc.ABC):
                 f"{ctx.model_step()}, consumer step {ctx.progress.next_consumer_step}); production cannot make "
                 f"progress. Are the engines' weights synced (set_model_step)?"
             )
+        if self.admission:  # the bound held where groups start (pending also counts continuations)
+            max_pending = min(max_pending, ctx.admission_room())
         try:
             while ctx.schedule_one(
                 max_pending=max_pending,

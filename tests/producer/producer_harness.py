@@ -66,12 +66,14 @@ def decode(ids: list[int]) -> str:
 
 
 def strategy_conf(name: str, *, max_staleness: int = 0, group_filter: str = "none", pause_timeout_s: float = 5.0,
-                  **async_kw: Any):
+                  staleness_mode: str = "token", **async_kw: Any):
     if name == "sync":
+        if async_kw:
+            raise TypeError(f"strategy_conf('sync') takes no async options: {sorted(async_kw)}")
         return SyncStrategyConf(max_staleness=max_staleness, group_filter=group_filter,
-                                pause_timeout_s=pause_timeout_s)
+                                pause_timeout_s=pause_timeout_s, staleness_mode=staleness_mode)
     return AsyncStrategyConf(max_staleness=max_staleness, group_filter=group_filter,
-                             pause_timeout_s=pause_timeout_s, **async_kw)
+                             pause_timeout_s=pause_timeout_s, staleness_mode=staleness_mode, **async_kw)
 
 
 @dataclass
@@ -81,6 +83,7 @@ class Harness:
     rb: ReplayBuffer
     sampler: Sampler
     max_staleness: int
+    staleness_mode: str = "token"
     trained: list[tuple[int, Group]] = field(default_factory=list)  # (train_step, group)
     dropped: list[tuple[Group, str]] = field(default_factory=list)
 
@@ -99,7 +102,7 @@ def build(
     max_tokens: int = 16,
 ) -> Harness:
     max_staleness = strategy.max_staleness
-    rb = ReplayBuffer(max_staleness=max_staleness, sync_weights_interval=1)
+    rb = ReplayBuffer(max_staleness=max_staleness, sync_weights_interval=1, staleness_mode=strategy.staleness_mode)
     sampler = Sampler(SamplerConf(prompt_repeat_k=k, allow_epoch_rollover=rollover), TASK, make_rows(n_rows),
                       encode, rb, seed)
     if engine is None:
@@ -110,19 +113,33 @@ def build(
     mgr = AgentLoopManager(tasks={TASK: (sampler, loop)}, strategy=build_strategy(strategy), replay_buffer=rb,
                            batch_size=batch_size, max_staleness=max_staleness, sync_weights_interval=1,
                            poll_interval_s=0.05)
-    return Harness(mgr, engine, rb, sampler, max_staleness)
+    return Harness(mgr, engine, rb, sampler, max_staleness, strategy.staleness_mode)
 
 
 def check_batch(h: Harness, batch: ProducedBatch, step: int) -> None:
+    """The batch is complete and within the bound: every token's staleness (token mode), or every
+    group's staleness at admission (admission mode: budgeted for a step at most max_staleness past
+    its start version, and trained no earlier than that step's turn allows)."""
     assert len(batch.groups) == h.mgr.batch_size
     for g in batch.groups:
+        admit_step, admit_version = g[0].extra["admit_step"], g[0].extra["admit_version"]
+        assert 0 <= admit_step - 1 - admit_version
+        if h.staleness_mode == "admission":
+            assert admit_step - 1 - admit_version <= h.max_staleness, (step, admit_step, admit_version)
         for s in g:
+            assert (s.extra["admit_step"], s.extra["admit_version"]) == (admit_step, admit_version)
             assert s.status.value == "completed"
             assert s.response_ids and len(s.response_ids) == len(s.response_logprobs) == len(s.response_model_steps)
             staleness = step - 1 - min(s.response_model_steps)
-            assert 0 <= staleness <= h.max_staleness, (step, s.response_model_steps)
+            assert 0 <= staleness, (step, s.response_model_steps)
+            if h.staleness_mode == "token":
+                assert staleness <= h.max_staleness, (step, s.response_model_steps)
+            assert min(s.response_model_steps) >= admit_version  # no token older than the admission
             assert s.response_model_steps == sorted(s.response_model_steps)  # continuations only append newer
-    assert batch.stats["staleness/max"] <= h.max_staleness
+    if h.staleness_mode == "token":
+        assert batch.stats["staleness/max"] <= h.max_staleness
+    else:
+        assert batch.stats["staleness/admission_max"] <= h.max_staleness
     h.trained.extend((step, g) for g in batch.groups)
     h.dropped.extend(h.mgr.pop_dropped())
 
