@@ -307,3 +307,44 @@ def rejection_mask(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, m
     rejected = m & ((ratio < low) | (ratio > high))
     keep = (~rejected).to(old_logprobs.dtype)
     return keep.detach(), {"rejected_sum": rejected.sum().to(old_logprobs.dtype)}
+# ----------------------------------------------------------------------------- decoupled objective
+PROXIMAL_METHODS = ("recompute", "loglinear", "behaviour")
+
+
+def proximal_logprobs(method: str, *, current: torch.Tensor, behaviour: torch.Tensor, model_steps: torch.Tensor,
+                      train_step: int, updates_done: int, updates_per_step: int,
+                      start_of_step: torch.Tensor | None = None) -> torch.Tensor:
+    """Log-probs of the proximal policy of the decoupled PPO objective (AReaL, Fu et al. 2025), detached.
+
+    Three policies meet in the loss: the behaviour policy (whatever weight version made each
+    token: `behaviour`, the rollout's log-probs), the proximal policy (the weights at the start
+    of this training step) and the one being trained (`current`). The clip is taken against the
+    proximal policy, so the trust region is the same for fresh and stale tokens, and the
+    behaviour/proximal ratio becomes a (truncated) importance weight (`tis_weights` with the
+    proximal log-probs as `old`).
+
+    recompute: the start-of-step weights' own log-probs: `start_of_step` (a no-grad forward
+      before the first update) or, before any update of this step, `current` itself.
+    loglinear: AReaL's approximation without that forward: in update units (a version is
+      `updates_per_step` optimizer updates), a token of version v_b, the proximal policy at
+      (t-1)U and the current one at (t-1)U + u give alpha = ((t-1)U - v_b U) / ((t-1)U + u - v_b U)
+      and log p_prox ~ log p_b + alpha (log p_current - log p_b). Exact at both ends: alpha = 1
+      before the first update (current = proximal) and alpha = 0 for on-policy tokens once the
+      weights moved (proximal = behaviour); interpolated in between.
+    behaviour: the coupled objective: the proximal policy is the behaviour policy (clip against
+      the rollout log-probs, importance weight 1), what PPO does without a proximal policy.
+    """
+    if method == "behaviour":
+        return behaviour.detach()
+    if method == "recompute":
+        if start_of_step is not None:
+            return start_of_step.detach()
+        if updates_done != 0:
+            raise ValueError("proximal=recompute after an update needs the start-of-step log-probs")
+        return current.detach()
+    if method == "loglinear":
+        behind = (train_step - 1 - model_steps).clamp(min=0).to(current.dtype) * updates_per_step
+        denominator = behind + updates_done
+        alpha = torch.where(denominator > 0, behind / denominator.clamp(min=1e-9), torch.ones_like(behind))
+        return (behaviour + alpha * (current - behaviour)).detach()
+    raise ValueError(f"algo.proximal={method!r} is not allowed: expected one of {PROXIMAL_METHODS}")

@@ -6,7 +6,10 @@ One `train_step(batch)`:
    correction (`algo.tis_*`, `algo.rejection*`) weighs each token by how far they are
    from the engine's rollout log-probs. With one optimizer step per training
    step (ppo_epochs = mini_batches = 1) they equal the detached log-probs of the
-   training forward, so that forward is reused instead of run twice.
+   training forward, so that forward is reused instead of run twice. These are the
+   proximal policy of the decoupled objective (`algo.proximal`, `losses.proximal_logprobs`):
+   `loglinear` approximates them from the tokens' versions instead, `behaviour` uses the
+   rollout's log-probs (the coupled objective).
 2. for each of `ppo_epochs` x `mini_batches` (contiguous slices, no shuffling):
    micro-batches of `micro_batch_size` samples, gradient accumulation with the loss
    divided by the *mini-batch's* token/sequence count (so gradients do not depend on
@@ -35,6 +38,7 @@ from rlharness.algo.losses import (
     loss_denominator,
     masked,
     rejection_mask,
+    proximal_logprobs,
     tis_weights,
     token_entropy,
     token_logprobs,
@@ -68,6 +72,7 @@ class _Sums:
 class TorchBackend(TrainingBackend):
     def __init__(self, conf: TorchBackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int, seed: int):
         self.conf, self.algo, self.total_steps = conf, algo, total_steps
+        self._updates_done = 0  # optimizer updates so far in the current training step (proximal policy)
         self.device = torch.device(conf.device)
         torch.manual_seed(seed)
         self.tokenizer = load_tokenizer(model_conf)
@@ -127,7 +132,7 @@ class TorchBackend(TrainingBackend):
         tensors = {
             "input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
             "response_mask": batch.response_mask.float(), "advantages": batch.advantages.float(),
-            "rollout_logprobs": batch.rollout_logprobs.float(),
+            "rollout_logprobs": batch.rollout_logprobs.float(), "model_steps": batch.model_steps,
         }
         tensors = {k: v.to(self.device) for k, v in tensors.items()}
         num_rows = tensors["input_ids"].shape[0]
@@ -135,8 +140,9 @@ class TorchBackend(TrainingBackend):
             raise ValueError(f"train_step {batch.train_step}: the batch has no response tokens to train on")
         max_len = batch.max_response_len or int(tensors["response_mask"].sum(-1).max())
         updates = algo.ppo_epochs * algo.mini_batches
-        if updates > 1:
+        if updates > 1 and algo.proximal == "recompute":
             tensors["old_logprobs"] = self._logprobs_no_grad(self.model, tensors, batch.temperature)
+        self._updates_done = 0
         lr = self.optimizer.param_groups[0]["lr"]
 
         sums = _Sums()
@@ -149,10 +155,12 @@ class TorchBackend(TrainingBackend):
                 step_loss = step_pg = 0.0
                 for idx in self._micro_slices(mini):
                     loss, pg = self._micro_step(self._rows(tensors, idx), batch.temperature, den, max_len,
-                                                sums, first_epoch=epoch == 0)
+                                                sums, first_epoch=epoch == 0, train_step=batch.train_step,
+                                                updates=updates)
                     step_loss += loss
                     step_pg += pg
                 grad_norm = self._optimizer_step(batch.train_step)
+                self._updates_done += 1
                 sums.add("grad_norm", grad_norm)
                 sums.add("loss", step_loss)
                 sums.add("pg_loss", step_pg)
@@ -195,12 +203,16 @@ class TorchBackend(TrainingBackend):
         """Combine the metric sums of data-parallel processes (one process here: nothing to do)."""
 
     def _micro_step(self, mb: dict[str, torch.Tensor], temperature: float, denominator: float, max_len: int,
-                    sums: _Sums, first_epoch: bool) -> tuple[float, float]:
+                    sums: _Sums, first_epoch: bool, train_step: int = 0, updates: int = 1) -> tuple[float, float]:
         """Forward + backward of one micro-batch; returns its share of (loss, pg_loss)."""
         algo, mask = self.algo, mb["response_mask"]
         logits = self._forward_logits(self.model, mb["input_ids"], mb["attention_mask"])
         logprobs = token_logprobs(logits, mb["input_ids"], temperature)
-        old = mb["old_logprobs"] if "old_logprobs" in mb else logprobs.detach()
+        # The proximal policy: the clip is taken against it, the TIS weight is its ratio to the rollout's.
+        old = proximal_logprobs(algo.proximal, current=logprobs, behaviour=mb["rollout_logprobs"],
+                                model_steps=mb["model_steps"], train_step=train_step,
+                                updates_done=self._updates_done, updates_per_step=updates,
+                                start_of_step=mb.get("old_logprobs"))
 
         # Off-policy correction (rollout vs trainer log-probs): a detached per-token weight.
         weights, tis = tis_weights(old, mb["rollout_logprobs"], mask, algo.tis_cap, algo.tis_level)

@@ -356,6 +356,12 @@ class AlgoConf:
     overlong_buffer_len: int = 0
     overlong_penalty_factor: float = 1.0
     mask_truncated: bool = False
+    # Decoupled PPO objective (AReaL): the proximal policy the clip is taken against, the
+    # behaviour/proximal ratio weighted by the truncated importance weight above.
+    # recompute: the weights at the start of the step (exact; free with one update per step,
+    # one no-grad forward otherwise); loglinear: AReaL's approximation from the tokens'
+    # versions (no extra forward); behaviour: the rollout policy (the coupled objective).
+    proximal: str = "recompute"
     lr: float = 3e-4
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
@@ -378,6 +384,7 @@ class AlgoConf:
                 f"algo.policy_loss=gspo with algo.loss_agg={self.loss_agg!r} is not allowed: GSPO's objective is "
                 f"a mean over sequences; set algo.loss_agg=seq_mean_token_mean (or use algo=gspo)")
         _one_of("algo.kl_estimator", self.kl_estimator, ("k1", "k3"))
+        _one_of("algo.proximal", self.proximal, ("recompute", "loglinear", "behaviour"))
         _one_of("algo.lr_schedule", self.lr_schedule, ("constant", "cosine", "linear"))
         _one_of("algo.tis_level", self.tis_level, ("token", "sequence"))
         _one_of("algo.rejection", self.rejection, ("none", "token", "sequence"))
