@@ -136,6 +136,7 @@ def build_stack(
     return Stack(manager, engines, router, rb, sampler)
 
 
-def async_conf(max_staleness: int, *, partial: bool, over_sample: float = 0.0) -> AsyncStrategyConf:
+def async_conf(max_staleness: int, *, partial: bool, over_sample: float = 0.0,
+               staleness_mode: str = "token") -> AsyncStrategyConf:
     return AsyncStrategyConf(max_staleness=max_staleness, enable_partial_rollout=partial,
-                             over_sample_threshold=over_sample)
+                             over_sample_threshold=over_sample, staleness_mode=staleness_mode)

@@ -35,9 +35,14 @@ would share devices in a real colocated run; the time costs here are the same).
 Metrics per configuration, over steps warmup+1..N (steady state):
 throughput (trained samples per simulated second), its ratio to X*, engine busy
 fraction (busy slot-seconds / (E*S*window)), trainer idle fraction (time waiting for
-a batch / window), token staleness mean and max, tokens wasted (expired or discarded
+a batch / window), token staleness mean and max, staleness at admission mean and max
+(what `strategy.staleness_mode=admission` bounds), tokens wasted (expired or discarded
 on restart) as a share of tokens generated, and the mean trained response length
 (against E[len]: expiry re-draws long samples, a bias to watch).
+
+Modes named `admission ...` run `strategy.staleness_mode=admission` (groups start only
+within the admission room, nothing expires); the others the token rule. Each async mode
+is compared with the ceiling of its own rule (STALENESS_CEILING / ADMISSION_CEILING).
 
     python benchmarks/producer_efficiency.py            # full run -> benchmarks/results/
     python benchmarks/producer_efficiency.py --quick    # seconds; used by the tests
@@ -60,6 +65,7 @@ from aiotools import VirtualClock
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import Stack, async_conf, build_stack, capped_length_mean, length_pmf  # noqa: E402
+
 
 from rlharness.backend.sim import SimBackend  # noqa: E402
 from rlharness.config.schema import AlgoConf, SimBackendConf, SimEngineConf, StrategyConf, SyncStrategyConf  # noqa: E402
@@ -143,6 +149,33 @@ never queueing, and dropping a group that cannot fit at W (members run at most W
 The ceiling is the largest F meeting this (bisection); no schedule under that rule exceeds it."""
 
 
+ADMISSION_FORMULA = """\
+Ceiling of admission mode (strategy.staleness_mode=admission) under max_staleness=s: a group starts only
+while the groups produced beyond consumption fit the steps up to v+s+1 (v: the engines' weights), so the
+room is s*B groups for T_busy = T_train + T_sync after each batch is taken (the old weights still serve)
+and (s+1)*B for the rest of the step T = B*K/F (T >= T_busy below X*). Nothing expires; every admitted
+group stays admitted at least as long as its slowest member generates, G = prefill + max_k(n_k)*t_tok
+(members started together, never queued, never paused). Little's law on the admitted groups:
+  (F/K) * E[G] <= B * (s + 1 - T_busy/T)   =>   F <= (s+1)*B*K / (E[G] + T_busy)
+  E[max_k n_k] = sum_n n * (P(len <= n)^K - P(len <= n-1)^K)        (exact sum over the CDF)
+The ceiling is min(X*, that); no schedule under the admission rule exceeds it."""
+
+
+def admission_ceiling(c: Case, max_staleness: int) -> float:
+    """Samples/s (ADMISSION_FORMULA): the most any producer trains under the admission rule."""
+    pmf = length_pmf(c.mean_len, c.cv, c.cap)
+    below = 0.0
+    max_len_mean = 0.0
+    for n, p in enumerate(pmf):
+        cdf = below + p
+        max_len_mean += n * (cdf ** c.group_size - below ** c.group_size)
+        below = cdf
+    bound = ideal_bound(c)
+    group_s = c.prefill_s + max_len_mean * c.time_per_token_s
+    busy_s = bound.train_s + c.weight_sync_s
+    return min(bound.ideal, (max_staleness + 1) * c.batch_size * c.group_size / (group_s + busy_s))
+
+
 def staleness_ceiling(c: Case, max_staleness: int) -> float:
     """Samples/s (CEILING_FORMULA): the most any non-clairvoyant producer trains under the bound."""
     pmf = length_pmf(c.mean_len, c.cv, c.cap)
@@ -186,6 +219,7 @@ class Mode:
     max_staleness: int
     partial: bool
     over_sample: float
+    staleness_mode: str = "token"
 
 
 def modes() -> list[Mode]:
@@ -199,6 +233,12 @@ def modes() -> list[Mode]:
                     True, 0.25))
     out.append(Mode("over-sample 0.5 s=0", False, async_conf(0, partial=False, over_sample=0.5), 0, False, 0.5))
     out.append(Mode("colocate over-sample 0.5", True, async_conf(0, partial=False, over_sample=0.5), 0, False, 0.5))
+    # Admission mode: the bound held where groups start; nothing expires (over-sampling has no room there).
+    for s in (0, 1, 2, 4):
+        out.append(Mode(f"admission s={s} partial", False, async_conf(s, partial=True, staleness_mode="admission"),
+                        s, True, 0.0, "admission"))
+    out.append(Mode("admission s=2", False, async_conf(2, partial=False, staleness_mode="admission"), 2, False, 0.0,
+                    "admission"))
     return out
 
 
@@ -214,6 +254,9 @@ class StepRecord:
     tokens: int
     staleness_mean: float
     staleness_max: float
+    admission_mean: float
+    admission_max: float
+    token_hist: dict[int, float]  # trained tokens per staleness
     tokens_wasted: float
     busy_slot_s: float  # cumulative, all engines, at t_end
     tokens_generated: float  # cumulative, all engines, at t_end
@@ -237,11 +280,15 @@ class Result:
     trainer_idle: float
     staleness_mean: float
     staleness_max: float
+    admission_staleness_mean: float
+    admission_staleness_max: float
     wasted_frac: float
     tokens_wasted: float
     trained_len_mean: float
     expected_len: float
-    ceiling: float = float("nan")  # staleness_ceiling (async + partial rollout modes only)
+    ceiling: float = float("nan")  # the ceiling of the mode's rule (async + partial rollout modes only)
+    staleness_mode: str = "token"
+    token_hist: dict[int, float] = field(default_factory=dict)  # trained tokens per staleness, steady state
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -278,6 +325,8 @@ async def _train_steps(stack: Stack, backend: SimBackend, case: Case, colocate: 
             step=step, t_start=t0, t_batch=t1, t_trained=t2, t_end=t3, samples=produced.num_samples,
             tokens=sum(len(s.response_ids) for g in produced.groups for s in g),
             staleness_mean=st["staleness/mean"], staleness_max=st["staleness/max"],
+            admission_mean=st["staleness/admission_mean"], admission_max=st["staleness/admission_max"],
+            token_hist={int(k.rsplit("_", 1)[1]): v for k, v in st.items() if k.startswith("staleness/tokens_at_")},
             tokens_wasted=st["rollout/tokens_wasted"],
             busy_slot_s=sum(e.busy_slot_s(t3) for e in stack.engines),
             tokens_generated=sum(e.stats()["tokens"] for e in stack.engines)))
@@ -318,6 +367,14 @@ def summarise(case_name: str, case: Case, mode: Mode, records: list[StepRecord],
     wasted = sum(r.tokens_wasted for r in window)
     bound = ideal_bound(case)
     throughput = samples / span
+    hist: dict[int, float] = {}
+    for r in window:
+        for k, v in r.token_hist.items():
+            hist[k] = hist.get(k, 0.0) + v
+    ceiling = float("nan")
+    if mode.partial and not mode.colocate:
+        rule = admission_ceiling if mode.staleness_mode == "admission" else staleness_ceiling
+        ceiling = rule(case, mode.max_staleness)
     return Result(
         case=case_name, cv=case.cv, mode=mode.name, colocate=mode.colocate, max_staleness=mode.max_staleness,
         partial=mode.partial, over_sample=mode.over_sample, steps=len(window), sim_s=span,
@@ -326,10 +383,38 @@ def summarise(case_name: str, case: Case, mode: Mode, records: list[StepRecord],
         trainer_idle=sum(r.t_batch - r.t_start for r in window) / span,
         staleness_mean=sum(r.staleness_mean * r.tokens for r in window) / max(tokens, 1),
         staleness_max=max(r.staleness_max for r in window),
+        admission_staleness_mean=sum(r.admission_mean * r.samples for r in window) / max(samples, 1),
+        admission_staleness_max=max(r.admission_max for r in window),
         wasted_frac=wasted / max(generated, 1.0), tokens_wasted=wasted,
         trained_len_mean=tokens / max(samples, 1), expected_len=bound.mean_len,
-        ceiling=staleness_ceiling(case, mode.max_staleness) if mode.partial and not mode.colocate else float("nan"),
-        extra=extra)
+        ceiling=ceiling, staleness_mode=mode.staleness_mode, token_hist=dict(sorted(hist.items())), extra=extra)
+
+
+def read_results(path: Path, steps: int) -> dict[tuple[str, float, str], Result]:
+    """Rows of a results CSV (seed 0) with `steps` steady-state steps, as Results keyed by (case, cv, mode).
+    Columns an older CSV lacks are NaN (admission staleness) or empty (histogram)."""
+    out = {}
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            if int(row["steps"]) != steps:
+                continue
+            mode = next((m for m in modes() if m.name == row["mode"]), None)
+            if mode is None:
+                continue
+            num = lambda key: float(row[key]) if row.get(key) not in (None, "") else float("nan")  # noqa: E731
+            hist = {int(k): float(v) for k, v in (kv.split(":") for kv in (row.get("token_hist") or "").split())}
+            out[(row["case"], float(row["cv"]), row["mode"])] = Result(
+                case=row["case"], cv=float(row["cv"]), mode=row["mode"], colocate=mode.colocate,
+                max_staleness=mode.max_staleness, partial=mode.partial, over_sample=mode.over_sample,
+                steps=int(row["steps"]), sim_s=num("sim_s"), throughput=num("throughput"), ideal=num("ideal"),
+                ratio=num("ratio"), engine_busy=num("engine_busy"), trainer_idle=num("trainer_idle"),
+                staleness_mean=num("staleness_mean"), staleness_max=num("staleness_max"),
+                admission_staleness_mean=num("admission_staleness_mean"),
+                admission_staleness_max=num("admission_staleness_max"), wasted_frac=num("wasted_frac"),
+                tokens_wasted=float("nan"), trained_len_mean=num("trained_len_mean"),
+                expected_len=num("expected_len"), ceiling=num("ceiling"), staleness_mode=mode.staleness_mode,
+                token_hist=hist, extra={"reused": str(path)})
+    return out
 
 
 def run_one(case_name: str, case: Case, mode: Mode, steps: int, warmup: int, seed: int = 0) -> Result:
@@ -338,9 +423,10 @@ def run_one(case_name: str, case: Case, mode: Mode, steps: int, warmup: int, see
 
 
 # ----------------------------------------------------------------------------- output
-COLUMNS = ["case", "cv", "mode", "max_staleness", "partial", "over_sample", "steps", "sim_s", "throughput", "ideal",
-           "ratio", "speedup_vs_sync", "engine_busy", "trainer_idle", "staleness_mean", "staleness_max",
-           "wasted_frac", "trained_len_mean", "expected_len", "ceiling"]
+COLUMNS = ["case", "cv", "mode", "staleness_mode", "max_staleness", "partial", "over_sample", "steps", "sim_s",
+           "throughput", "ideal", "ratio", "speedup_vs_sync", "engine_busy", "trainer_idle", "staleness_mean",
+           "staleness_max", "admission_staleness_mean", "admission_staleness_max", "wasted_frac", "trained_len_mean",
+           "expected_len", "ceiling", "token_hist"]
 
 
 def rows_with_speedup(results: list[Result]) -> list[dict[str, Any]]:
@@ -349,6 +435,7 @@ def rows_with_speedup(results: list[Result]) -> list[dict[str, Any]]:
     for r in results:
         d = asdict(r)
         d.pop("extra")
+        d["token_hist"] = " ".join(f"{k}:{v:g}" for k, v in r.token_hist.items())
         d["speedup_vs_sync"] = r.throughput / sync[(r.case, r.cv)] if (r.case, r.cv) in sync else float("nan")
         rows.append({k: d[k] for k in COLUMNS})
     return rows
@@ -363,16 +450,19 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    head = ("| case | cv | mode | samples/s | X* | % of X* | staleness ceiling (% of X*) | x sync | engine busy | "
-            "trainer idle | staleness mean / max | wasted tokens | trained len / E[len] |")
-    lines = [head, "|" + " --- |" * 13]
+    head = ("| case | cv | mode | samples/s | X* | % of X* | ceiling of its rule (% of X*) | x sync | engine busy | "
+            "trainer idle | token staleness mean / max | staleness at admission mean / max | wasted tokens | "
+            "trained len / E[len] |")
+    lines = [head, "|" + " --- |" * 14]
     for r in rows:
         ceiling = "" if r["ceiling"] != r["ceiling"] else f"{100 * r['ceiling'] / r['ideal']:.1f}%"
+        admitted = ("n/a" if r["admission_staleness_mean"] != r["admission_staleness_mean"]  # a reused older row
+                    else f"{r['admission_staleness_mean']:.2f} / {r['admission_staleness_max']:g}")
         lines.append(
             f"| {r['case']} | {r['cv']:g} | {r['mode']} | {r['throughput']:.3f} | {r['ideal']:.3f} | "
             f"{100 * r['ratio']:.1f}% | {ceiling} | {r['speedup_vs_sync']:.2f} | {100 * r['engine_busy']:.1f}% | "
             f"{100 * r['trainer_idle']:.1f}% | {r['staleness_mean']:.2f} / {r['staleness_max']:g} | "
-            f"{100 * r['wasted_frac']:.1f}% | {r['trained_len_mean']:.0f} / {r['expected_len']:.0f} |")
+            f"{admitted} | {100 * r['wasted_frac']:.1f}% | {r['trained_len_mean']:.0f} / {r['expected_len']:.0f} |")
     return "\n".join(lines)
 
 
@@ -383,15 +473,34 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     cases = sorted({(r["case"], r["cv"]) for r in rows})
-    fig, axes = plt.subplots(1, len(cases), figsize=(4.2 * len(cases), 3.6), squeeze=False)
-    for ax, (case, cv) in zip(axes[0], cases):
+    fig, axes = plt.subplots(2, len(cases), figsize=(4.2 * len(cases), 6.8), squeeze=False)
+    for ax, hax, (case, cv) in zip(axes[0], axes[1], cases):
         sub = [r for r in rows if r["case"] == case and r["cv"] == cv]
         for partial, style in ((False, "o--"), (True, "s-")):
             pts = sorted((r["max_staleness"], r["throughput"]) for r in sub
                          if r["mode"].startswith("async") and r["partial"] == partial and r["over_sample"] == 0)
             if pts:
                 ax.plot(*zip(*pts), style, label="async" + (" + partial" if partial else ""))
+        pts = sorted((r["max_staleness"], r["throughput"]) for r in sub
+                     if r["staleness_mode"] == "admission" and r["partial"])
+        if pts:
+            ax.plot(*zip(*pts), "D-", color="tab:orange", label="admission + partial")
+        # Per-token staleness of what was trained, at max_staleness=2 with partial rollout, under each rule.
+        for name, color in (("async s=2 partial", "tab:blue"), ("admission s=2 partial", "tab:orange")):
+            row = next((r for r in sub if r["mode"] == name and r["token_hist"]), None)
+            if row is None:
+                continue
+            hist = dict((int(k), float(v)) for k, v in (kv.split(":") for kv in row["token_hist"].split()))
+            total = sum(hist.values())
+            offset = -0.2 if color == "tab:blue" else 0.2
+            hax.bar([k + offset for k in hist], [v / total for v in hist.values()], width=0.4, color=color,
+                    label=f"{name} (mean {row['staleness_mean']:.2f})")
+        hax.set_xlabel("per-token staleness of trained tokens")
+        hax.set_ylabel("share of trained tokens")
+        hax.legend(fontsize=7)
         for r in sub:
+            if r["staleness_mode"] == "admission":
+                continue
             if r["mode"].startswith("async") and r["over_sample"] > 0:
                 ax.plot([r["max_staleness"]], [r["throughput"]], "*", ms=9, color="tab:purple",
                         label=f"async + partial + over-sample {r['over_sample']:g}")
@@ -435,7 +544,9 @@ def describe(name: str, c: Case) -> str:
             f"(with sync {b.gen_rate_synced:.3f}/s) T_train={b.train_s:.2f}s train-bound={b.train_rate:.3f}/s "
             f"-> X*={b.ideal:.3f} samples/s\n"
             f"  staleness ceiling (async + partial): "
-            + ", ".join(f"s={s} {100 * staleness_ceiling(c, s) / b.ideal:.1f}%" for s in (1, 2, 4)) + " of X*")
+            + ", ".join(f"s={s} {100 * staleness_ceiling(c, s) / b.ideal:.1f}%" for s in (1, 2, 4)) + " of X*\n"
+            f"  admission ceiling (admission + partial): "
+            + ", ".join(f"s={s} {100 * admission_ceiling(c, s) / b.ideal:.1f}%" for s in (1, 2, 4)) + " of X*")
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -449,11 +560,17 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
+    ap.add_argument("--reuse", type=Path, default=None,
+                    help="a results CSV: rows of the same case, cv and mode measured with the same --steps, "
+                         "--warmup and --seed are taken from it instead of re-run (the clock is virtual, so a "
+                         "re-run of unchanged code gives the same numbers); the rest are run")
     args = ap.parse_args(argv)
     if not 0 <= args.warmup < args.steps:  # checked before anything runs, not after the last case
         ap.error(f"--steps={args.steps} must exceed --warmup={args.warmup} (>= 0): the steady state is steps after warm-up")
     if any(cv < 0 for cv in args.cvs):
         ap.error(f"--cvs={args.cvs}: a coefficient of variation is >= 0")
+    if args.reuse is not None and not args.reuse.is_file():
+        ap.error(f"--reuse={args.reuse}: no such file")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
     steps, warmup = args.steps, args.warmup
@@ -470,14 +587,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     prefix = "producer_efficiency_quick" if args.quick else "producer_efficiency"
 
     header = [f"# Producer efficiency ({'quick' if args.quick else 'full'} run)", "", "```", FORMULA, "```", "",
-              "```", CEILING_FORMULA, "```", ""]
+              "```", CEILING_FORMULA, "```", "", "```", ADMISSION_FORMULA, "```", ""]
     results: list[Result] = []
+    reused = read_results(args.reuse, steps - warmup) if args.reuse is not None and args.seed == 0 else {}
     wall0 = time.perf_counter()
     for name, cv, chosen in plan:
         case = replace(cases[name], cv=cv)
         header += ["```", describe(f"{name} cv={cv:g}", case), "```"]
         for mode in chosen:
             t = time.perf_counter()
+            if (name, cv, mode.name) in reused:
+                results.append(reused[(name, cv, mode.name)])
+                continue
             r = run_one(name, case, mode, steps, warmup, seed=args.seed)
             results.append(r)
             print(f"{name} cv={cv:g} {mode.name:26s} {r.throughput:8.3f}/s  {100 * r.ratio:5.1f}% of X*  "

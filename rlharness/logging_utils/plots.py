@@ -14,7 +14,8 @@ PLOTS = {
     "eval_accuracy": ("Eval accuracy (greedy pass@1)", ["eval/accuracy", "eval/*/accuracy", "eval/pass@k"]),
     "response_len": ("Response length (tokens)", ["rollout/response_len_mean"]),
     "throughput": ("Throughput (tokens/s)", ["perf/tokens_per_s"]),
-    "staleness": ("Staleness (weight versions)", ["staleness/mean", "staleness/max"]),
+    "staleness": ("Staleness (weight versions)", ["staleness/mean", "staleness/max", "staleness/admission_mean",
+                                                  "staleness/admission_max"]),
     "loss": ("Training loss", ["train/loss", "train/kl"]),
     "step_time": ("Time per step (s)", ["perf/step_s", "perf/rollout_s", "perf/train_s", "perf/weight_sync_s"]),
 }
@@ -50,4 +51,33 @@ def write_plots(run_dir: str | Path) -> list[Path]:
         fig.savefig(path)
         plt.close(fig)
         written.append(path)
+    hist = staleness_histogram(rows)
+    if hist:
+        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+        total = sum(hist.values())
+        ax.bar(list(hist), [n / total for n in hist.values()])
+        ax.set_title("Per-token staleness of trained tokens (whole run)")
+        ax.set_xlabel("staleness (weight versions)")
+        ax.set_ylabel("share of trained tokens")
+        ax.set_xticks(list(hist))
+        ax.grid(alpha=0.3, axis="y")
+        fig.tight_layout()
+        path = out_dir / "staleness_hist.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
     return written
+
+
+HIST_PREFIX = "staleness/tokens_at_"
+
+
+def staleness_histogram(rows: list[dict]) -> dict[int, float]:
+    """Trained tokens per staleness over the run, from the steps' `staleness/tokens_at_<k>` counts."""
+    hist: dict[int, float] = {}
+    for r in rows:
+        for key, value in r.items():
+            if key.startswith(HIST_PREFIX) and value is not None:
+                k = int(key[len(HIST_PREFIX):])
+                hist[k] = hist.get(k, 0.0) + float(value)
+    return dict(sorted(hist.items()))

@@ -49,11 +49,16 @@ def test_producer_efficiency_quick_runs_reports_and_holds_the_sim_invariants(pe,
     md = (tmp_path / "producer_efficiency_quick.md").read_text()
     assert "X*      = B*K / (T_sync + max(T_train, B*K / R_gen))" in md and "| sync |" in md
     assert "W(F) = (s+1)*T - T_busy" in md and "staleness ceiling" in md
+    assert "F <= (s+1)*B*K / (E[G] + T_busy)" in md and "admission ceiling" in md
     with open(tmp_path / "producer_efficiency_quick.csv") as f:
         assert len(list(csv.DictReader(f))) == len(rows) == len(pe.modes())
     by = {r["mode"]: r for r in rows}
     for r in rows:
-        assert r["staleness_max"] <= r["max_staleness"], r  # the bound holds in every mode
+        if r["staleness_mode"] == "token":
+            assert r["staleness_max"] <= r["max_staleness"], r  # the bound holds in every mode: per token,
+        else:
+            assert r["admission_staleness_max"] <= r["max_staleness"], r  # or at admission
+            assert r["wasted_frac"] == 0 or not r["partial"], r  # nothing expires; partial rollout keeps all
         assert 0 < r["throughput"] and 0 <= r["engine_busy"] <= 1 and 0 <= r["trainer_idle"] <= 1
         assert 0 <= r["wasted_frac"] < 1
     # On-policy modes: nothing is stale; without partial rollout nothing is wasted in sync.
@@ -64,6 +69,24 @@ def test_producer_efficiency_quick_runs_reports_and_holds_the_sim_invariants(pe,
     again = pe.main(["--quick", "--out", str(tmp_path / "again"), "--modes", "async s=2 partial"])
     assert again[0]["throughput"] == by["async s=2 partial"]["throughput"]
     assert again[0]["sim_s"] == by["async s=2 partial"]["sim_s"]
+
+
+def test_admission_ceiling_hand_values(pe):
+    from dataclasses import replace
+
+    # Fixed lengths (cv 0): every group's slowest member is a mean one, G = prefill + n*t_tok = 5.32 s;
+    # T_busy = T_train + T_sync = 5.32 + 1 s. F <= (s+1) * 256 / (5.32 + 6.32) = 21.99 (s=0), 43.98 (s=1) -> X*.
+    fixed = replace(pe.WHOLE_BATCH, cv=0.0)
+    b = pe.ideal_bound(fixed)
+    group_s = fixed.prefill_s + 128 * fixed.time_per_token_s
+    assert pe.admission_ceiling(fixed, 0) == pytest.approx(256 / (group_s + b.train_s + fixed.weight_sync_s))
+    assert pe.admission_ceiling(fixed, 1) == pytest.approx(b.ideal)
+    # The long tail: the slowest of 8 members decides, E[max] > E[len]; a looser bound never lowers it.
+    c = replace(pe.WHOLE_BATCH, cv=1.0)
+    ceilings = [pe.admission_ceiling(c, s) for s in (0, 1, 2, 4, 16)]
+    assert all(a <= b + 1e-9 for a, b in zip(ceilings, ceilings[1:]))
+    assert ceilings[-1] == pytest.approx(pe.ideal_bound(c).ideal)
+    assert ceilings[2] > pe.staleness_ceiling(c, 2)  # at s=2 the admission rule allows more than expiry does
 
 
 def test_ideal_bound_formula_and_capped_lognormal_mean(pe):

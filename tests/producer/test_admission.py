@@ -121,3 +121,38 @@ def test_the_buffer_in_admission_mode_never_expires_a_group():
         AgentLoopManager(tasks={TASK: (h.sampler, h.mgr.contexts[TASK].agent_loop)},
                          strategy=build_strategy(strategy_conf("sync", staleness_mode="admission")),
                          replay_buffer=h.rb, batch_size=4, max_staleness=0)
+
+
+def test_step_stats_report_both_measures_and_the_histogram_plot_sums_them(tmp_path):
+    import json
+
+    from rlharness.logging_utils.plots import staleness_histogram, write_plots
+
+    h = build(strategy_conf("async", max_staleness=2, staleness_mode="admission", over_sample_threshold=1.0,
+                            enable_partial_rollout=True), engine_conf=TAIL, batch_size=4, max_tokens=64)
+    rows = []
+
+    async def main():
+        loop_task = asyncio.create_task(h.mgr.produce_loop())
+        for step in range(1, 7):
+            batch = await h.mgr.get_batch(step, timeout_s=30)
+            tokens = [step - 1 - v for g in batch.groups for s in g for v in s.response_model_steps]
+            hist = {int(k.rsplit("_", 1)[1]): v for k, v in batch.stats.items() if k.startswith("staleness/tokens_at_")}
+            assert hist == {k: float(tokens.count(k)) for k in set(tokens)}
+            assert batch.stats["staleness/max"] == max(tokens)
+            admitted = [g[0].extra["admit_step"] - 1 - g[0].extra["admit_version"] for g in batch.groups]
+            assert batch.stats["staleness/admission_max"] == max(admitted) <= 2
+            assert batch.stats["staleness/admission_mean"] == pytest.approx(sum(admitted) / len(admitted))
+            rows.append({"step": step, **batch.stats})
+            await h.mgr.pause()
+            await h.engine.load_weights({}, step)
+            h.mgr.set_model_step(step)
+            h.mgr.resume()
+        await h.mgr.close()
+        await asyncio.wait_for(loop_task, timeout=10)
+
+    asyncio.run(main())
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    total = staleness_histogram(rows)
+    assert sum(total.values()) == sum(r["rollout/response_len_mean"] * 4 * 2 for r in rows)  # 4 groups of 2
+    assert (tmp_path / "plots" / "staleness_hist.png") in write_plots(tmp_path)
