@@ -11,6 +11,7 @@ import asyncio
 import random
 
 import pytest
+from aiotools import VirtualClock
 
 from producer_harness import TASK, build, check_nothing_lost, run_colocate, run_disagg, strategy_conf
 from rlharness.config.schema import AsyncStrategyConf, ConfigError, SimEngineConf
@@ -46,7 +47,12 @@ def test_a_started_group_continues_on_new_weights_past_the_token_bound():
     def run(mode):
         h = build(strategy_conf("async", max_staleness=1, staleness_mode=mode, over_sample_threshold=0.25,
                                 enable_partial_rollout=True), engine_conf=TAIL, batch_size=4, max_tokens=64)
-        asyncio.run(run_disagg(h, 12, train_s=0.004))
+
+        async def main():  # on a virtual clock: the same schedule however loaded the machine is
+            with VirtualClock().patch_loop():
+                await run_disagg(h, 12, train_s=0.004)
+
+        asyncio.run(main())
         check_nothing_lost(h)
         stale = [step - 1 - min(s.response_model_steps) for step, g in h.trained for s in g]
         mixed = sum(len(set(s.response_model_steps)) > 1 for _, g in h.trained for s in g)
