@@ -32,6 +32,18 @@ def _correct(group: Group) -> list[bool]:
     return [s.status == Status.COMPLETED and s.reward is not None and s.reward["score"] >= 1.0 for s in group]
 
 
+def tool_metrics(samples: list) -> dict[str, float]:
+    """For a multi-turn tool loop (samples carry `extra["turns"]`): the share of samples that
+    ran a tool, and the share where a tool output is exactly the gold answer (the tool was
+    asked the right question). Empty for single-turn loops."""
+    if not samples or not all("turns" in s.extra for s in samples):
+        return {}
+    used = sum(s.extra.get("tool_calls", 0) > 0 for s in samples)
+    right = sum(any(t["role"] == "tool" and t["text"].strip() == str(s.label.get("answer", "")).strip()
+                    for t in s.extra["turns"]) for s in samples)
+    return {"eval/tool_use_frac": used / len(samples), "eval/tool_answer_frac": right / len(samples)}
+
+
 class Evaluator:
     def __init__(self, conf: EvalConf, task: str, rows: list[PromptRow], encode: Callable[[str], list[int]],
                  greedy_loop: AgentLoop, sampled_loop: AgentLoop | None, seed: int):
@@ -43,18 +55,22 @@ class Evaluator:
         self.sampled_loop = sampled_loop
         self.seed = seed
 
-    async def _run(self, loop: AgentLoop, k: int) -> list[list[bool]]:
+    async def _groups(self, loop: AgentLoop, k: int) -> list[Group]:
         groups = [
             make_group(task=self.task, prompt_index=row.index, epoch=-1, prompt_text=row.prompt_text,
                        prompt_ids=ids, label=row.label, k=k, seed=self.seed)
             for row, ids in zip(self.rows, self.prompt_ids)
         ]
-        done = await asyncio.gather(*(loop.generate_group(g, enable_partial_rollout=False) for g in groups))
-        return [_correct(g) for g in done]
+        return list(await asyncio.gather(*(loop.generate_group(g, enable_partial_rollout=False) for g in groups)))
+
+    async def _run(self, loop: AgentLoop, k: int) -> list[list[bool]]:
+        return [_correct(g) for g in await self._groups(loop, k)]
 
     async def evaluate(self) -> dict[str, float]:
-        greedy = await self._run(self.greedy_loop, 1)
+        greedy_groups = await self._groups(self.greedy_loop, 1)
+        greedy = [_correct(g) for g in greedy_groups]
         metrics = {"eval/accuracy": sum(c[0] for c in greedy) / len(greedy)}
+        metrics.update(tool_metrics([g[0] for g in greedy_groups]))
         if self.sampled_loop is not None and self.conf.pass_k > 1:
             k = self.conf.pass_k
             sampled = await self._run(self.sampled_loop, k)

@@ -103,9 +103,24 @@ class MultiTurnToolAgentLoop(SingleTurnAgentLoop):
     def _finish(self, s: RolloutState, status: Status, reason: str) -> None:
         s.status, s.finish_reason = status, reason
         s.response_text = self.decode(s.response_ids)
-        s.extra["tool_calls"] = current_turn(s.response_ids, s.loss_mask())[1]
+        mask = s.loss_mask()
+        s.extra["tool_calls"] = current_turn(s.response_ids, mask)[1]
+        s.extra["turns"] = self._turns(s.response_ids, mask)
         if status == Status.ABORTED:
             s.num_aborts += 1
+
+    def _turns(self, ids: list[int], mask: list[int]) -> list[dict[str, str]]:
+        """The response as turns, for the rollouts/ ledger and eval metrics: the model's text
+        ("assistant") and each tool output ("tool", its markers stripped), decoded from the tokens."""
+        turns, start = [], 0
+        for i in range(1, len(ids) + 1):
+            if i == len(ids) or mask[i] != mask[start]:
+                text = self.decode(ids[start:i])
+                if mask[start] == 0:
+                    text = text.removeprefix(self.conf.tool_output_start).removesuffix(self.conf.tool_output_end)
+                turns.append({"role": "assistant" if mask[start] else "tool", "text": text})
+                start = i
+        return turns
 
     async def _generate_member(self, s: RolloutState) -> None:
         conf, epoch = self.conf, self._pause_epoch

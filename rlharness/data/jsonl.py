@@ -11,6 +11,9 @@ Files are read with the `datasets` library. JSONL lines are first checked one by
 with `json.loads`, so a malformed row is reported as `path:line` (the `datasets`
 error would name neither); Parquet rows are reported by row index.
 
+Relative paths resolve against the current directory first, then the project root
+(as `model.path`), so the data shipped in `assets/` works from any directory.
+
 Split: eval = all of `eval_path` when given, else the last `num_eval` rows of `path`
 (train = the rest).
 """
@@ -25,6 +28,7 @@ from typing import Any
 
 from rlharness.config.schema import ConfigError, JsonlTaskConf
 from rlharness.data.base import PromptRow, TaskData
+from rlharness.model import PROJECT_ROOT
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +89,8 @@ def _check_row(row: dict[str, Any], required: list[str], where: str) -> None:
 def read_rows(path_str: str, required: list[str], key: str = "task.path") -> list[dict[str, Any]]:
     """The rows of a JSONL or Parquet file as dicts, each checked for the required fields."""
     path = Path(path_str).expanduser()
+    if not path.is_file() and not path.is_absolute() and (PROJECT_ROOT / path).is_file():
+        path = PROJECT_ROOT / path  # like model.path: shipped data (assets/...) from any directory
     if not path.is_file():
         raise ConfigError(f"{key}={path_str!r}: no such file ({path.resolve()})")
     fmt = _file_format(path, key)

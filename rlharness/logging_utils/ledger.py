@@ -2,7 +2,8 @@
 
 `rollouts/step_XXXXXXXX.jsonl` holds one row per sample trained at that step;
 `rollouts/dropped.jsonl` one row per sample of a group that was filtered, failed or
-dropped. Together with the checkpoint's buffer they account for every prompt drawn.
+dropped. A multi-turn sample also carries `tool_calls` and `turns` (the model's text and
+each tool output in order). Together with the checkpoint's buffer they account for every prompt drawn.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from rlharness.types import Group, RolloutState
 
 
 def sample_row(s: RolloutState, train_step: int) -> dict[str, Any]:
-    return {
+    row = {
         "uid": s.uid,
         "group_id": s.group_id,
         "task": s.task,
@@ -32,6 +33,10 @@ def sample_row(s: RolloutState, train_step: int) -> dict[str, Any]:
         "prompt": s.prompt_text,
         "response": s.response_text,
     }
+    if "turns" in s.extra:  # multi-turn loops: the model's turns and the tool outputs, readable
+        row["tool_calls"] = s.extra.get("tool_calls", 0)
+        row["turns"] = s.extra["turns"]
+    return row
 
 
 class RolloutLedger:
