@@ -1,0 +1,70 @@
+"""Learning curve of a chat run (`python train.py experiment=chat_tools` / `chat_math`), from
+its run directory: eval accuracy and tool use by step with the elapsed time, the mean step
+time, and one trajectory from the ledger before (step 1) and after (last step) training.
+
+    python benchmarks/chat_tools_curve.py outputs/2026-11-22/16-20-00
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rlharness.logging_utils.ledger import read_ledger
+from rlharness.logging_utils.metrics import read_metrics
+
+
+def curve(rows: list[dict]) -> list[dict]:
+    """One row per evaluation: step, elapsed seconds (steps + evals so far), eval figures, and the
+    mean training reward of that step."""
+    out, elapsed = [], 0.0
+    for r in rows:
+        elapsed += r.get("perf/step_s", 0.0) + r.get("perf/eval_s", 0.0)
+        if "eval/accuracy" in r:
+            out.append({"step": r["step"], "elapsed_s": elapsed, "accuracy": r["eval/accuracy"],
+                        "tool_use": r.get("eval/tool_use_frac"), "tool_answer": r.get("eval/tool_answer_frac"),
+                        "reward": r.get("rollout/reward_mean")})
+    return out
+
+
+def pick(trained: list[dict], step: int) -> dict | None:
+    """A sample of `step`: one that called a tool and was right if any, else any."""
+    rows = [r for r in trained if r["train_step"] == step]
+    best = sorted(rows, key=lambda r: (-((r.get("tool_calls") or 0) > 0), -(r["reward"] or 0)))
+    return best[0] if best else None
+
+
+def pct(x: float | None) -> str:
+    return "" if x is None else f"{100 * x:.1f}%"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir")
+    args = parser.parse_args(argv)
+    run = Path(args.run_dir)
+    if not (run / "metrics.jsonl").is_file():
+        parser.error(f"run_dir={args.run_dir!r}: no metrics.jsonl there")
+    rows = read_metrics(run / "metrics.jsonl")
+    steps = [r["perf/step_s"] for r in rows if "perf/step_s" in r]
+    print("| step | elapsed | eval accuracy | tool called | tool output = answer | train reward |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for c in curve(rows):
+        reward = "" if c["reward"] is None else f"{c['reward']:.3f}"
+        print(f"| {c['step']} | {c['elapsed_s'] / 60:.1f} min | {pct(c['accuracy'])} | {pct(c['tool_use'])} | "
+              f"{pct(c['tool_answer'])} | {reward} |")
+    if steps:
+        print(f"\n{len(steps)} steps, mean {sum(steps) / len(steps):.2f} s/step "
+              f"(median {sorted(steps)[len(steps) // 2]:.2f} s)")
+    trained, _ = read_ledger(run)
+    if trained:
+        for label, step in (("before (step 1)", 1), (f"after (step {trained[-1]['train_step']})",
+                                                     trained[-1]["train_step"])):
+            row = pick(trained, step)
+            print(f"\n{label}: reward {row['reward']}\n" + json.dumps(
+                {k: row.get(k) for k in ("prompt", "response", "tool_calls", "turns")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
