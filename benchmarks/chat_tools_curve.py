@@ -1,6 +1,6 @@
 """Learning curve of a chat run (`python train.py experiment=chat_tools` / `chat_math`), from
 its run directory: eval accuracy and tool use by step with the elapsed time, the mean step
-time, and one trajectory from the ledger before (step 1) and after (last step) training.
+time, and the first trajectory of the ledger's first and last steps (before and after training).
 
     python benchmarks/chat_tools_curve.py outputs/2026-11-22/16-20-00
 """
@@ -28,11 +28,13 @@ def curve(rows: list[dict]) -> list[dict]:
     return out
 
 
-def pick(trained: list[dict], step: int) -> dict | None:
-    """A sample of `step`: one that called a tool and was right if any, else any."""
+def step_summary(trained: list[dict], step: int) -> tuple[dict, str]:
+    """The step's first sample (not picked for its outcome) and the step's share of tool use
+    and reward."""
     rows = [r for r in trained if r["train_step"] == step]
-    best = sorted(rows, key=lambda r: (-((r.get("tool_calls") or 0) > 0), -(r["reward"] or 0)))
-    return best[0] if best else None
+    used = sum((r.get("tool_calls") or 0) > 0 for r in rows)
+    reward = sum(r["reward"] or 0 for r in rows) / len(rows)
+    return rows[0], f"{used}/{len(rows)} samples called the tool, mean reward {reward:.3f}"
 
 
 def pct(x: float | None) -> str:
@@ -61,8 +63,8 @@ def main(argv=None) -> None:
     if trained:
         for label, step in (("before (step 1)", 1), (f"after (step {trained[-1]['train_step']})",
                                                      trained[-1]["train_step"])):
-            row = pick(trained, step)
-            print(f"\n{label}: reward {row['reward']}\n" + json.dumps(
+            row, summary = step_summary(trained, step)
+            print(f"\n{label}: {summary}; its first sample (reward {row['reward']}):\n" + json.dumps(
                 {k: row.get(k) for k in ("prompt", "response", "tool_calls", "turns")}, indent=1))
 
 
