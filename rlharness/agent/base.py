@@ -11,12 +11,33 @@ come back ABORTED with the tokens generated so far.
 from __future__ import annotations
 
 import abc
-from typing import Callable
+import asyncio
+from typing import Awaitable, Callable, Iterable, TypeVar
 
 from rlharness.config.schema import AgentConf
 from rlharness.engine.base import RolloutEngine, SamplingParams
 from rlharness.judger.base import Judger
 from rlharness.types import Group
+
+T = TypeVar("T")
+
+
+async def gather_or_cancel(aws: Iterable[Awaitable[T]]) -> list[T]:
+    """Like `asyncio.gather`, but when one fails (or this is cancelled) the others are
+    cancelled and awaited before the error propagates.
+
+    Members of a group write into their states in place: a sibling left running after a
+    crash would keep appending tokens to a group the producer has already restored and
+    returned to the buffer.
+    """
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 class AgentLoop(abc.ABC):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from rlharness.agent.base import AgentLoop
+from rlharness.agent.base import AgentLoop, gather_or_cancel
 from rlharness.engine.base import GenerateRequest, GenerateResult, new_request_id
 from rlharness.types import Group, RolloutState, Status
 
@@ -51,8 +51,9 @@ class SingleTurnAgentLoop(AgentLoop):
 
     async def _generate_members(self, todo: list[RolloutState]) -> None:
         if type(self)._generate_member is not SingleTurnAgentLoop._generate_member:
-            # A subclass with its own per-member loop (several engine calls, tools): run those concurrently.
-            await asyncio.gather(*(self._generate_member(s) for s in todo))
+            # A subclass with its own per-member loop (several engine calls, tools): run those concurrently;
+            # a member that crashes takes its siblings down with it (they write into the group in place).
+            await gather_or_cancel(self._generate_member(s) for s in todo)
             return
         request_for = self._request  # bound once: this runs for every member of every group
         members, requests = [], []

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from rlharness.agent import build_agent_loop
+from rlharness.agent.single_turn import SingleTurnAgentLoop
 from rlharness.config.schema import AgentConf, SamplingConf, SimEngineConf, SingleTurnAgentConf
 from rlharness.engine.sim import SimEngine
 from rlharness.judger.base import Judger
@@ -135,3 +136,35 @@ def test_a_judger_that_raises_marks_the_group_failed():
 def test_unknown_agent_name_is_refused():
     with pytest.raises(ValueError, match="agent.name='nope'"):
         build_agent_loop(AgentConf(name="nope"), None, FirstTokenParity(), decode)
+
+
+class _CrashingMember(SingleTurnAgentLoop):
+    """Per-member loop (as multi_turn_tool's): member 0 crashes, the others finish later."""
+
+    async def _generate_member(self, s):
+        if s.uid.endswith("-0"):
+            await asyncio.sleep(0.01)
+            raise RuntimeError("member 0 crashed")
+        await asyncio.sleep(0.2)
+        s.append_tokens([7, 8], [-0.1, -0.2], [0, 0])
+        s.status, s.finish_reason = Status.COMPLETED, "stop"
+
+
+def test_a_crashed_member_cancels_its_siblings_and_leaves_the_restored_group_alone():
+    from rlharness.producer.pending import Started
+    from rlharness.replay_buffer import mark_aborted
+
+    loop = _CrashingMember(SingleTurnAgentConf(), None, FirstTokenParity(), decode)
+    group = make_group(task="t", prompt_index=0, epoch=0, prompt_text="p", prompt_ids=[5, 6], label={}, k=3)
+
+    async def main():
+        started = Started(group)  # what the producer keeps to give the group back
+        with pytest.raises(RuntimeError, match="member 0 crashed"):
+            await loop.generate_group(group, enable_partial_rollout=False)
+        restored = mark_aborted(started.restore())  # the producer's crash path
+        await asyncio.sleep(0.4)  # longer than the siblings would have run
+        return restored
+
+    restored = asyncio.run(main())
+    assert [s.status for s in restored] == [Status.ABORTED] * 3
+    assert all(s.response_ids == [] and s.finish_reason is None for s in restored)
