@@ -146,6 +146,7 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
         weights={name: e.weight for name, e in entries.items()},
         over_sample_thresholds={name: e.over_sample_threshold for name, e in entries.items()
                                 if e.over_sample_threshold is not None},
+        last_step=conf.total_steps,
     )
     evaluators = {}
     for name, entry in entries.items():

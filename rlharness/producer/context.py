@@ -135,6 +135,8 @@ class ProduceContext:
     # Generated groups filtered, failed or expired on arrival since the last one kept COMPLETED
     # (a run that cannot make progress stops with an error instead of spinning).
     dropped_in_a_row: int = 0
+    # The last fill found nothing left to draw (allow_epoch_rollover=false), see strategies._fill.
+    data_exhausted: bool = False
     # Tail-batch bookkeeping, for metrics and tests.
     tail_rounds: int = 0
     last_round_tail: bool = False
@@ -288,8 +290,15 @@ class ProduceContext:
                     s.status = Status.FILTERED
                     s.extra["filter_reason"] = reason
                 status = Status.FILTERED
-        self.window["groups_generated"] += 1
-        self.window["tokens_generated"] += sum(len(s.response_ids) for s in group)
+        window = self.window
+        window["groups_generated"] += 1
+        window["samples_generated"] += len(group)
+        window["tokens_generated"] += sum(len(s.response_ids) for s in group)
+        if status in (Status.COMPLETED, Status.FILTERED):  # judged: rewards before any filter (seeds' raw_rewards)
+            scores = [s.reward["score"] for s in group if s.reward is not None and "score" in s.reward]
+            window["raw_reward_sum"] += sum(scores)
+            window["raw_reward_sq_sum"] += sum(x * x for x in scores)
+            window["raw_reward_count"] += len(scores)
         if status == Status.FILTERED:
             self.window["groups_filtered"] += 1
         elif status == Status.FAILED:

@@ -10,6 +10,12 @@ ready; `pause`/`resume` bracket a weight sync. In token mode the bound itself is
 enforced by the replay buffer at take time (`refresh_staleness(train_step)`), the loop
 only avoids producing what would expire on arrival; in admission mode the strategy
 holds it where groups start (`ProduceContext.admission_room`) and nothing expires.
+never produces for steps past `last_step`.
+
+End of data (`sampler.allow_epoch_rollover=false`): when a batch cannot be completed
+because nothing is left to draw or retry and nothing is in flight, `produce_batch` and
+`get_batch` raise `DataExhausted` (the trainer stops there with a checkpoint); the
+drawn prompts stay in the buffer.
 
 The manager receives its collaborators ready-built and a few scalars; it never reads
 the run config. `state_dict`/`load_state_dict` are synchronous (callable from inside
@@ -60,6 +66,7 @@ class AgentLoopManager:
         poll_interval_s: float = 0.5,
         weights: dict[str, float] | None = None,
         over_sample_thresholds: dict[str, float] | None = None,
+        last_step: int = 0,
     ) -> None:
         """`weights` split every step's batch over the tasks (largest remainder carried across
         steps; None = equal); `over_sample_thresholds` replace the async strategy's per task."""
@@ -102,6 +109,7 @@ class AgentLoopManager:
         self.may_leave = {name for name, (sampler, _) in tasks.items()
                           if len(tasks) > 1 and not sampler.conf.allow_epoch_rollover}
         self.progress = ProduceProgress.build(list(tasks))
+        self.progress.last_step = last_step  # 0 = unbounded
         self._model_step = 0
         self._producer_wake = Signal()
         self._consumer_wake = Signal()
@@ -128,6 +136,8 @@ class AgentLoopManager:
         self._closed = False
         self._loop_task: asyncio.Task | None = None
         self._loop_error: BaseException | None = None
+        self._exhausted = False  # the produce loop's last round ran out of data with nothing in flight
+        self._produce_s = 0.0  # seconds spent producing (strategies running) since the last batch was taken
         self._consumer_waiting_step = 0
         self._window_marks = self._marks()
 
@@ -177,19 +187,28 @@ class AgentLoopManager:
             self.replay_buffer.refresh_staleness(train_step)
             if self.replay_buffer.ready(self.allocation.sizes(train_step)):
                 return self._take(train_step, loop.time() - start_s)
+            if ProduceStatus.EXHAUSTED in statuses and not self._retry_waiting():
+                raise DataExhausted(self._exhausted_message(train_step))
             if ProduceStatus.PAUSED in statuses:
                 raise RuntimeError(f"produce_batch(train_step={train_step}) was paused or closed mid-way")
             log.info("train step %d: groups expired or a task left the mix; producing the gap", train_step)
 
     async def _produce_all(self) -> list[ProduceStatus]:
+        loop = asyncio.get_running_loop()
+        start_s = loop.time()
         contexts = list(self.contexts.values())
-        results = await asyncio.gather(*(self.strategy.produce(c) for c in contexts), return_exceptions=True)
+        try:
+            results = await asyncio.gather(*(self.strategy.produce(c) for c in contexts), return_exceptions=True)
+        finally:
+            self._produce_s += loop.time() - start_s
+        statuses = []
         for c, r in zip(contexts, results):
-            if isinstance(r, DataExhausted) and c.task in self.may_leave and self._leave(c.task):
-                continue
+            if r is ProduceStatus.EXHAUSTED and c.task in self.may_leave and self._leave(c.task):
+                continue  # the task left the mix; the others go on
             if isinstance(r, BaseException):
                 raise r
-        return [r for r in results if not isinstance(r, BaseException)]  # type: ignore[misc]
+            statuses.append(r)
+        return statuses
 
     def _leave(self, task: str) -> bool:
         """`task`'s data ran out (no roll-over): from the first step it cannot fill, it leaves the
@@ -241,6 +260,11 @@ class AgentLoopManager:
                 statuses = await self._produce_all()
                 if self._closed or ProduceStatus.PAUSED in statuses:
                     continue
+                self._exhausted = ProduceStatus.EXHAUSTED in statuses
+                if self._exhausted:  # nothing to do until a group comes back (expiry) or the run ends
+                    self._consumer_wake.set()
+                    await self._producer_wake.wait(self.poll_interval_s)
+                    continue
                 if self._may_produce_for(self.progress.target_upto_future_step + 1):
                     continue  # the weights moved on while producing: raise the targets again
                 await self._producer_wake.wait(self.poll_interval_s)
@@ -266,6 +290,8 @@ class AgentLoopManager:
         A consumer already waiting for that step is always served (the buffer still
         enforces the bound), so a trainer that never calls set_model_step cannot deadlock.
         """
+        if 0 < self.progress.last_step < future_step:
+            return False
         if future_step <= self._consumer_waiting_step:
             return True
         return future_step - 1 - self._model_step < self.stale_threshold
@@ -288,18 +314,33 @@ class AgentLoopManager:
         try:
             while True:
                 self._consumer_wake.clear()
-                if self._loop_error is not None:
-                    raise RuntimeError(f"produce_loop failed: {self._loop_error!r}") from self._loop_error
                 if self.replay_buffer.refresh_staleness(train_step):
+                    self._exhausted = False  # expired groups are work to redo
                     self._producer_wake.set()  # expired groups leave a gap to refill
+                # A ready batch first: a producer that failed (or ran out) after it was complete
+                # must not cost the step.
                 if self.replay_buffer.ready(self.allocation.sizes(train_step)):
                     return self._take(train_step, loop.time() - start_s)
+                if self._loop_error is not None:
+                    raise RuntimeError(f"produce_loop failed: {self._loop_error!r}") from self._loop_error
+                if self._exhausted and not self.in_flight() and not self._retry_waiting():
+                    raise DataExhausted(self._exhausted_message(train_step))
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise TimeoutError(self._timeout_message(train_step, timeout_s))
                 await self._consumer_wake.wait(min(remaining, self.poll_interval_s))
         finally:
             self._consumer_waiting_step = 0
+
+    def _retry_waiting(self) -> bool:
+        """Some ABORTED or EXPIRED group waits in the buffer to be produced again."""
+        return any(self.replay_buffer.count(t, st) for t in self.allocation.tasks
+                   for st in (Status.ABORTED, Status.EXPIRED))
+
+    def _exhausted_message(self, train_step: int) -> str:
+        have = {t: self.replay_buffer.count(t, Status.COMPLETED) for t in self.allocation.tasks}
+        return (f"train step {train_step}: the data ran out (sampler.allow_epoch_rollover=False) with {have} of "
+                f"{self.allocation.sizes(train_step)} groups ready and nothing left to draw or retry")
 
     def _timeout_message(self, train_step: int, timeout_s: float) -> str:
         running = self._loop_task is not None and not self._loop_task.done()
@@ -317,6 +358,7 @@ class AgentLoopManager:
         then cancels the rest; their input groups still go back to the buffer.
         """
         self._paused = True
+        self._exhausted = False  # what the drain returns to the buffer is work to resume
         for c in self.contexts.values():
             c.paused = True
         self._producer_wake.set()
@@ -393,6 +435,10 @@ class AgentLoopManager:
                 if s.reward is not None and "score" in s.reward:
                     reward_sum += s.reward["score"]
                     rewarded += 1
+        raw_n = window["raw_reward_count"]
+        raw_mean = window["raw_reward_sum"] / raw_n if raw_n else 0.0
+        raw_var = window["raw_reward_sq_sum"] / raw_n - raw_mean * raw_mean if raw_n else 0.0
+        produce_s, self._produce_s = self._produce_s, 0.0
         mean_stale = staleness(version_sum / tokens, train_step) if tokens else 0.0
         max_stale = staleness(oldest, train_step) if oldest is not None else 0
         hist = {f"staleness/tokens_at_{int(staleness(v, train_step))}": float(n) for v, n in sorted(versions.items())}
@@ -405,6 +451,13 @@ class AgentLoopManager:
             "rollout/tokens_wasted": float(now["expired_tokens"] - before["expired_tokens"]
                                            + now["discarded_tokens"] - before["discarded_tokens"]),
             "rollout/reward_mean": reward_sum / rewarded if rewarded else 0.0,
+            # Every judged group generated since the last batch, before filtering (a filter such as
+            # all_equal_reward makes the trained batch's reward mean say nothing about the policy).
+            "rollout/raw_reward_mean": raw_mean,
+            "rollout/raw_reward_std": max(raw_var, 0.0) ** 0.5,
+            "rollout/raw_samples_judged": float(raw_n),
+            "rollout/samples_generated": float(window["samples_generated"]),
+            "perf/produce_s": produce_s,
             "rollout/response_len_mean": tokens / max(samples, 1),  # per-token lists have equal lengths
             "buffer/expired": float(now["expired"] - before["expired"]),
             "staleness/mean": float(mean_stale),

@@ -10,6 +10,8 @@ strategies read it live through the produce context, never copy it across awaits
 - target_samples[task]: groups that must have been produced (consumed + waiting
   COMPLETED) once the producer reaches `target_upto_future_step`.
 - consumed_samples[task]: groups the consumer has taken.
+- last_step: the run's final training step (0 = unbounded). Set by the manager, not
+  checkpointed (a resumed run passes it again): nothing is produced for later steps.
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ class ProduceProgress:
     target_upto_future_step: int = 0
     consumed_samples: dict[str, int] = field(default_factory=dict)
     target_samples: dict[str, int] = field(default_factory=dict)
+    last_step: int = 0
 
     @classmethod
     def build(cls, tasks: list[str]) -> "ProduceProgress":
@@ -138,6 +141,10 @@ class ProduceProgress:
             self.target_upto_future_step += 1
             for task, n in allocation.sizes(self.target_upto_future_step).items():
                 self.target_samples[task] += n
+
+    def at_last_step(self) -> bool:
+        """The targets already cover the run's last step (so over-sampling would draw for nothing)."""
+        return 0 < self.last_step <= self.target_upto_future_step
 
     def set_local_target(self, train_step: int, task_sizes: dict[str, int]) -> None:
         """Colocated mode: the target is exactly one batch beyond what was consumed."""

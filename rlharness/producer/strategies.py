@@ -47,6 +47,7 @@ DROPPED_IN_A_ROW_PER_GROUP = 20
 class ProduceStatus(Enum):
     DONE = "done"  # the cumulative target is met
     PAUSED = "paused"  # a pause was requested; in-flight work is left to `drain`
+    EXHAUSTED = "exhausted"  # short of the target, nothing in flight, and the data ran out
 
 
 class ProduceStrategy(abc.ABC):
@@ -69,7 +70,8 @@ class ProduceStrategy(abc.ABC):
         return ctx.target() - ctx.progress.consumed_samples[ctx.task]
 
     def _fill(self, ctx: ProduceContext, max_pending: int, from_expired_only: bool) -> None:
-        """Start groups until `max_pending` are in flight; stop quietly when the data run out."""
+        """Start groups until `max_pending` are in flight; stop quietly when the data run out
+        (`ctx.data_exhausted`: the sampler had nothing left, not even a group to retry)."""
         limit = max(MIN_DROPPED_IN_A_ROW, DROPPED_IN_A_ROW_PER_GROUP * ctx.task_batch_size)
         if ctx.dropped_in_a_row >= limit:
             raise RuntimeError(
@@ -80,6 +82,7 @@ class ProduceStrategy(abc.ABC):
             )
         if self.admission:  # the bound held where groups start (pending also counts continuations)
             max_pending = min(max_pending, ctx.admission_room())
+        ctx.data_exhausted = False
         try:
             while ctx.schedule_one(
                 max_pending=max_pending,
@@ -88,9 +91,14 @@ class ProduceStrategy(abc.ABC):
             ):
                 pass
         except DataExhausted:
-            if ctx.pending.count() == 0:
-                raise
-            log.info("task %s: data exhausted; finishing the %d group(s) in flight", ctx.task, ctx.pending.count())
+            ctx.data_exhausted = True
+            if ctx.pending.count():
+                log.info("task %s: data exhausted; finishing the %d group(s) in flight", ctx.task, ctx.pending.count())
+
+    @staticmethod
+    def _exhausted(ctx: ProduceContext) -> bool:
+        """Short of the target with nothing in flight and nothing left to draw: the caller decides."""
+        return ctx.data_exhausted and ctx.pending.count() == 0
 
     async def drain(self, ctx: ProduceContext, timeout_s: float) -> None:
         if ctx.pending.count() == 0:
@@ -139,6 +147,8 @@ class SyncProduceStrategy(ProduceStrategy):
             if gap <= 0:
                 return ProduceStatus.DONE
             self._fill(ctx, max_pending=gap, from_expired_only=False)
+            if self._exhausted(ctx):
+                return ProduceStatus.EXHAUSTED
             await ctx.wait_and_collect(_POLL_S)
 
 
@@ -168,8 +178,9 @@ class AsyncProduceStrategy(ProduceStrategy):
             ctx.tail_rounds += 1
             log.info("task %s: %d EXPIRED groups >= tail_batch_trigger_size=%d: tail-batch round",
                      ctx.task, ctx.expired_count(), self.tail_batch_trigger_size)
-        # Fixed for this round: tail mode refills only what is missing, from EXPIRED first.
-        oversample = 0 if tail else self.oversample(ctx)
+        # Fixed for this round: tail mode refills only what is missing, from EXPIRED first; once the
+        # targets reach the run's last step there is nothing left to over-sample for.
+        oversample = 0 if tail or ctx.progress.at_last_step() else self.oversample(ctx)
         while True:
             ctx.producer_wake.clear()
             if ctx.should_stop():
@@ -179,6 +190,8 @@ class AsyncProduceStrategy(ProduceStrategy):
             if available >= ctx.target():
                 return ProduceStatus.DONE
             self._fill(ctx, max_pending=ctx.target() + oversample - available, from_expired_only=tail)
+            if self._exhausted(ctx):
+                return ProduceStatus.EXHAUSTED
             await ctx.wait_and_collect(_POLL_S)
 
 

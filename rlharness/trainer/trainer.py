@@ -34,6 +34,7 @@ from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, format_step_line
 from rlharness.logging_utils.plots import write_plots
 from rlharness.logging_utils.wandb_logger import WandbLogger
+from rlharness.sampler import DataExhausted
 from rlharness.stopping import StopController
 from rlharness.trainer.batch import build_train_batch
 
@@ -73,6 +74,7 @@ class Trainer:
         self.wandb_run_id = self.wandb.run_id
         last: dict[str, Any] = {}
         producer = None
+        data_ended = False
         try:
             if self.step == 0 and not self.stop.requested:
                 self._log_row({"step": 0, **await self.c.evaluator.evaluate()})
@@ -82,7 +84,12 @@ class Trainer:
                 for step in range(self.step + 1, conf.total_steps + 1):
                     if self.stop.requested:
                         break
-                    row = await self._train_one_step(step, producer, stop_event)
+                    try:
+                        row = await self._train_one_step(step, producer, stop_event)
+                    except DataExhausted as exc:  # allow_epoch_rollover=false: a clean end, not a crash
+                        log.warning("stopping after step %d of %d: %s", self.step, conf.total_steps, exc)
+                        data_ended = True
+                        break
                     if row is None:  # stopped while producing: this step is not trained
                         break
                     last = row
@@ -95,7 +102,7 @@ class Trainer:
                 await self.c.manager.close()
             if self.stop.requested:
                 await self._save_on_stop()
-            elif self.step == conf.total_steps and not latest_checkpoint_is(self.run_dir, self.step):
+            elif (self.step == conf.total_steps or data_ended) and not latest_checkpoint_is(self.run_dir, self.step):
                 await self._save()
             self.metrics.close()
             write_plots(self.run_dir)

@@ -100,6 +100,7 @@ def build(
     engine_conf: SimEngineConf | None = None,
     engine: SimEngine | None = None,
     max_tokens: int = 16,
+    last_step: int = 0,
 ) -> Harness:
     max_staleness = strategy.max_staleness
     rb = ReplayBuffer(max_staleness=max_staleness, sync_weights_interval=1, staleness_mode=strategy.staleness_mode)
@@ -112,7 +113,7 @@ def build(
                             judger or ParityJudger(), decode)
     mgr = AgentLoopManager(tasks={TASK: (sampler, loop)}, strategy=build_strategy(strategy), replay_buffer=rb,
                            batch_size=batch_size, max_staleness=max_staleness, sync_weights_interval=1,
-                           poll_interval_s=0.05)
+                           poll_interval_s=0.05, last_step=last_step)
     return Harness(mgr, engine, rb, sampler, max_staleness, strategy.staleness_mode)
 
 

@@ -1,0 +1,57 @@
+"""The end of the data (sampler.allow_epoch_rollover=false) ends production cleanly, in both modes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from producer_harness import build, check_batch, check_nothing_lost, run_colocate, run_disagg, strategy_conf
+
+from rlharness.sampler import DataExhausted
+
+pytestmark = pytest.mark.timeout(120)
+STEPS, BATCH = 5, 4
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_disaggregated_run_over_exactly_the_data_trains_every_step_and_draws_nothing_more(seed):
+    # Over-sampling and a staleness window made the producer target steps past the last one,
+    # run out of data and fail; get_batch then raised that error before seeing its batch ready.
+    h = build(strategy_conf("async", max_staleness=1, over_sample_threshold=0.5), n_rows=STEPS * BATCH,
+              batch_size=BATCH, rollover=False, seed=seed, last_step=STEPS)
+    asyncio.run(run_disagg(h, STEPS))
+    assert len(h.trained) == STEPS * BATCH
+    assert h.sampler.drawn == STEPS * BATCH  # nothing drawn for steps after the last
+    check_nothing_lost(h)
+
+
+def test_consumer_past_the_data_gets_data_exhausted_not_a_timeout():
+    h = build(strategy_conf("async", max_staleness=1), n_rows=2 * BATCH, batch_size=BATCH, rollover=False)
+
+    async def main():
+        loop_task = asyncio.create_task(h.mgr.produce_loop())
+        try:
+            for step in (1, 2):
+                check_batch(h, await h.mgr.get_batch(step, timeout_s=30), step)
+                await h.mgr.pause()
+                h.mgr.set_model_step(step)
+                h.mgr.resume()
+            with pytest.raises(DataExhausted, match=r"train step 3: the data ran out .*allow_epoch_rollover=False"):
+                await h.mgr.get_batch(3, timeout_s=30)
+        finally:
+            await h.mgr.close()
+            await asyncio.wait_for(loop_task, timeout=10)
+        assert loop_task.exception() is None  # the producer did not fail
+
+    asyncio.run(main())
+    check_nothing_lost(h)
+
+
+def test_colocated_run_over_exactly_the_data_then_data_exhausted():
+    h = build(strategy_conf("async", max_staleness=1, over_sample_threshold=0.5), n_rows=STEPS * BATCH,
+              batch_size=BATCH, rollover=False, last_step=STEPS)
+    asyncio.run(run_colocate(h, STEPS))
+    assert h.sampler.drawn == STEPS * BATCH
+    with pytest.raises(DataExhausted, match="train step 6"):
+        asyncio.run(h.mgr.produce_batch(STEPS + 1))
+    check_nothing_lost(h)
