@@ -8,7 +8,7 @@ differ; with one update per batch every loss has the plain policy gradient (see
 tests/algo/test_policy_losses.py). Results: benchmarks/results/policy_losses.{json,md}.
 
     python benchmarks/policy_losses.py --steps 100 --out-dir /tmp/losses
-    python benchmarks/policy_losses.py --only ppo,cispo
+    python benchmarks/policy_losses.py --only ppo,cispo --merge   # re-run two, keep the others' results
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ def to_markdown(results: list[dict], steps: int, seed: int) -> str:
     lines = [f"| case | overrides | eval acc step 0 -> {steps} | all finite | clip frac | rejected | TIS truncated | staleness |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
+        if r["acc_end"] is None:
+            lines.append(f"| {r['case']} | `{' '.join(r['overrides'])}` | failed (rc {r['rc']}) | | | | | |")
+            continue
         lines.append(
             f"| {r['case']} | `{' '.join(r['overrides'])}` | {r['acc_start']:.3f} -> {r['acc_end']:.3f} | "
             f"{'yes' if r['all_finite'] else 'NO'} | {r['clip_frac_mean']:.4f} | {r['rejected_frac_mean']:.4f} | "
@@ -74,6 +77,7 @@ def main() -> int:
     p.add_argument("--out-dir", default="/tmp/rlharness-policy-losses", help="where the run directories go")
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "policy_losses"),
                    help="path prefix of the .json and .md results")
+    p.add_argument("--merge", action="store_true", help="keep the results file's other cases, replace those run")
     args = p.parse_args()
     if args.steps < 1:
         p.error(f"--steps={args.steps}: expected >= 1")
@@ -95,7 +99,12 @@ def main() -> int:
         rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
         results.append(summarise(name, CASES[name], rows, wall_s, proc.returncode))
         print(json.dumps(results[-1]), flush=True)
-    Path(args.results + ".json").write_text(json.dumps(results, indent=1) + "\n")
+    json_path = Path(args.results + ".json")
+    if args.merge and json_path.exists():
+        fresh = {r["case"]: r for r in results}
+        kept = {r["case"]: r for r in json.loads(json_path.read_text()) if r["case"] not in fresh}
+        results = [({**kept, **fresh})[n] for n in CASES if n in kept or n in fresh]
+    json_path.write_text(json.dumps(results, indent=1) + "\n")
     Path(args.results + ".md").write_text(to_markdown(results, args.steps, args.seed))
     return 0 if all(r["rc"] == 0 and r["all_finite"] for r in results) else 1
 

@@ -154,7 +154,7 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
         evaluators[name] = Evaluator(
             conf.eval, name, task_data[name].eval, encode,
             greedy_loop=agent_loop_with(name, temperature=0.0, max_tokens=eval_tokens),
-            sampled_loop=agent_loop_with(name, conf.eval.temperature, eval_tokens) if conf.eval.pass_k > 1 else None,
+            sampled_loop=agent_loop_with(name, conf.eval.temperature, eval_tokens) if conf.eval.n > 1 else None,
             seed=conf.seed)
     evaluator = evaluators[next(iter(evaluators))] if not conf.tasks else MultiTaskEvaluator(
         evaluators, {name: e.weight for name, e in entries.items()})

@@ -1,4 +1,10 @@
-"""Evaluation on the task's held-out split: greedy pass@1, and pass@k when asked.
+"""Evaluation on the task's held-out split: greedy pass@1, and avg@n / pass@k when asked.
+
+With `eval.num_samples` = n (or `eval.pass_k` = k alone, n = k) each prompt gets n samples
+at `eval.temperature`: eval/avg@n is their mean accuracy (the unbiased sampled pass@1)
+and eval/pass@k the unbiased estimator 1 - C(n - c, k) / C(n, k) with c correct
+(Chen et al. 2021), averaged over prompts. (verl's best@k, a bootstrap maximum, is
+biased low; with n = k this estimator is the plain "any of the k correct".)
 
 It runs the same agent loop as training (so a multi-turn tool agent uses its tools
 in eval too), with greedy sampling for pass@1 and `eval.temperature` for pass@k,
@@ -71,11 +77,11 @@ class Evaluator:
         greedy = [_correct(g) for g in greedy_groups]
         metrics = {"eval/accuracy": sum(c[0] for c in greedy) / len(greedy)}
         metrics.update(tool_metrics([g[0] for g in greedy_groups]))
-        if self.sampled_loop is not None and self.conf.pass_k > 1:
-            k = self.conf.pass_k
-            sampled = await self._run(self.sampled_loop, k)
-            metrics["eval/pass@k"] = sum(pass_at_k(k, sum(c), k) for c in sampled) / len(sampled)
-            metrics["eval/pass@1_sampled"] = sum(pass_at_k(k, sum(c), 1) for c in sampled) / len(sampled)
+        n, k = self.conf.n, self.conf.pass_k
+        if self.sampled_loop is not None and n > 1:
+            sampled = await self._run(self.sampled_loop, n)
+            metrics["eval/avg@n"] = sum(sum(c) / n for c in sampled) / len(sampled)
+            metrics["eval/pass@k"] = sum(pass_at_k(n, sum(c), k) for c in sampled) / len(sampled)
         return metrics
 
 

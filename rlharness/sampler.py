@@ -65,12 +65,17 @@ class Sampler:
         return len(self.rows)
 
     def check_batch_size(self, batch_size: int) -> None:
-        """Refuse, before anything starts, a batch that one epoch cannot fill without roll-over."""
-        if not self.conf.allow_epoch_rollover and batch_size > len(self.rows):
+        """Refuse, before anything starts, a batch that one epoch cannot fill without roll-over;
+        warn when roll-over will put some prompts into one batch more than once."""
+        if batch_size <= len(self.rows):
+            return
+        if not self.conf.allow_epoch_rollover:
             raise ValueError(
                 f"task {self.task!r}: batch_size={batch_size} groups per step exceeds the dataset's "
                 f"{len(self.rows)} prompts and sampler.allow_epoch_rollover=False"
             )
+        log.warning("task %s: batch_size=%d groups per step exceeds the dataset's %d prompts: every batch holds "
+                    "some prompts more than once (from consecutive epochs)", self.task, batch_size, len(self.rows))
 
     # ------------------------------------------------------------------ sampling
     def sample(self, from_expired_only: bool = False) -> Group:

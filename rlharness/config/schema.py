@@ -51,11 +51,16 @@ class StrategyConf:
     # max_head_offpolicyness); a started group never expires, and partial rollout continues it
     # on newer weights (per-token versions; pair it with the decoupled objective, algo.proximal).
     staleness_mode: str = "token"
+    # Without partial rollout an interrupted group restarts from scratch, with the same seeds: one
+    # longer than the time between syncs never finishes. After this many interruptions it is
+    # FAILED (reason in rollouts/dropped.jsonl, counted in rollout/groups_abort_capped); 0 = never.
+    max_aborts: int = 8
 
     def __post_init__(self) -> None:
         _check(isinstance(self.max_staleness, int) and self.max_staleness >= 0,
                "strategy.max_staleness", self.max_staleness, "an integer >= 0")
         _one_of("strategy.staleness_mode", self.staleness_mode, STALENESS_MODES)
+        _check(self.max_aborts >= 0, "strategy.max_aborts", self.max_aborts, ">= 0 (0 = never)")
         _one_of("strategy.group_filter", self.group_filter, ("none", "all_equal_reward"))
         _check(self.pause_timeout_s > 0, "strategy.pause_timeout_s", self.pause_timeout_s, "> 0")
 
@@ -580,13 +585,23 @@ class NoneLoggerConf(LoggerConf):
 @dataclass
 class EvalConf:
     num_prompts: int = 200  # prompts from the eval split (<= task.num_eval)
-    pass_k: int = 1  # > 1 adds eval/pass@k with k samples at temperature
-    temperature: float = 1.0  # for pass@k samples; pass@1 is greedy
+    # n samples per prompt at `temperature` (0 = pass_k): eval/avg@n (mean accuracy of the samples)
+    # and the unbiased eval/pass@k from n >= k samples (Chen et al. 2021). eval/accuracy stays greedy.
+    num_samples: int = 0
+    pass_k: int = 1
+    temperature: float = 1.0  # for the n samples; eval/accuracy is greedy
     max_tokens: int = 0  # 0 = agent.sampling.max_tokens
 
     def __post_init__(self) -> None:
         _check(self.num_prompts >= 1, "eval.num_prompts", self.num_prompts, ">= 1")
         _check(self.pass_k >= 1, "eval.pass_k", self.pass_k, ">= 1")
+        _check(self.num_samples == 0 or self.num_samples >= self.pass_k, "eval.num_samples", self.num_samples,
+               f"0 (= pass_k) or >= eval.pass_k={self.pass_k} (pass@k needs n >= k samples)")
+
+    @property
+    def n(self) -> int:
+        """Samples per prompt for avg@n and pass@k (1 = no sampled eval)."""
+        return self.num_samples or self.pass_k
 
 
 # ----------------------------------------------------------------------------- run
@@ -689,8 +704,9 @@ class RunConf:
                 f"strategy.max_staleness={self.strategy.max_staleness} differs from max_staleness="
                 f"{self.max_staleness}: they are one setting (strategy.max_staleness follows max_staleness); "
                 f"set one of them")
-        if self.eval.pass_k > 1 and self.eval.temperature <= 0:
-            raise ConfigError("eval.pass_k > 1 needs eval.temperature > 0 (greedy samples are identical)")
+        if self.eval.n > 1 and self.eval.temperature <= 0:
+            raise ConfigError(f"eval.pass_k/num_samples > 1 needs eval.temperature > 0, got {self.eval.temperature} "
+                              f"(greedy samples are identical)")
 
     def _check_tasks(self) -> None:
         """Names usable as metric keys, weights > 0, one batch slot per task at least, one scoring temperature."""

@@ -135,6 +135,8 @@ class ProduceContext:
     # Generated groups filtered, failed or expired on arrival since the last one kept COMPLETED
     # (a run that cannot make progress stops with an error instead of spinning).
     dropped_in_a_row: int = 0
+    # Interruptions after which a group is FAILED instead of restarted (0 = never; strategy.abort_cap()).
+    abort_cap: int = 0
     # The last fill found nothing left to draw (allow_epoch_rollover=false), see strategies._fill.
     data_exhausted: bool = False
     # Tail-batch bookkeeping, for metrics and tests.
@@ -279,10 +281,24 @@ class ProduceContext:
             return mark_aborted(input_group)
         return task.result()
 
+    def _cap_aborts(self, group: Group) -> Status:
+        aborts = max(s.num_aborts for s in group)
+        if aborts < self.abort_cap:
+            return Status.ABORTED
+        reason = (f"interrupted {aborts} times without partial rollout (strategy.max_aborts={self.abort_cap}): "
+                  f"longer than the time between weight syncs? strategy.enable_partial_rollout=true keeps its tokens")
+        for s in group:
+            s.status = Status.FAILED
+            s.extra["fail_reason"] = reason
+        self.window["groups_abort_capped"] += 1
+        return Status.FAILED
+
     def _put(self, group: Group, known_kept: bool = False) -> Status:
         """Filter, count and store one returned group; returns the status it was stored under.
         `known_kept`: the caller found it COMPLETED and not filtered (no second check)."""
         status = Status.COMPLETED if known_kept else group_status(group)
+        if status == Status.ABORTED and self.abort_cap:
+            status = self._cap_aborts(group)
         if status == Status.COMPLETED and not known_kept:
             reason = self.group_filter(group)
             if reason is not None:

@@ -9,7 +9,7 @@ while staying within the staleness bound; `get_batch` blocks until a full batch 
 ready; `pause`/`resume` bracket a weight sync. In token mode the bound itself is
 enforced by the replay buffer at take time (`refresh_staleness(train_step)`), the loop
 only avoids producing what would expire on arrival; in admission mode the strategy
-holds it where groups start (`ProduceContext.admission_room`) and nothing expires.
+holds it where groups start (`ProduceContext.admission_room`) and nothing expires. It
 never produces for steps past `last_step`.
 
 End of data (`sampler.allow_epoch_rollover=false`): when a batch cannot be completed
@@ -129,6 +129,7 @@ class AgentLoopManager:
                 stale_threshold=threshold,
                 # One task: every step's batch is `batch_size` (task_batch_size), no per-step lookup.
                 step_size=None if len(tasks) == 1 else (lambda step, name=name: self.allocation.sizes(step)[name]),
+                abort_cap=strategy.abort_cap(),
             )
             for name, (sampler, loop) in tasks.items()
         }
@@ -447,6 +448,7 @@ class AgentLoopManager:
             "rollout/groups_failed": float(window["groups_failed"]),
             "rollout/groups_aborted": float(window["groups_aborted"]),
             "rollout/groups_cancelled": float(window["groups_cancelled"]),
+            "rollout/groups_abort_capped": float(window["groups_abort_capped"]),
             "rollout/tokens_generated": float(window["tokens_generated"]),
             "rollout/tokens_wasted": float(now["expired_tokens"] - before["expired_tokens"]
                                            + now["discarded_tokens"] - before["discarded_tokens"]),

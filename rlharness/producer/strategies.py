@@ -61,6 +61,11 @@ class ProduceStrategy(abc.ABC):
         self.group_filter = build_group_filter(conf.group_filter)
         self.staleness_mode = conf.staleness_mode
         self.admission = conf.staleness_mode == "admission"
+        self.max_aborts = conf.max_aborts
+
+    def abort_cap(self) -> int:
+        """Interruptions after which a group is FAILED (0 = never): only when it restarts from scratch."""
+        return 0 if self.enable_partial_rollout else self.max_aborts
 
     @abc.abstractmethod
     async def produce(self, ctx: ProduceContext) -> ProduceStatus: ...
@@ -160,6 +165,12 @@ class AsyncProduceStrategy(ProduceStrategy):
         self.over_sample_threshold = conf.over_sample_threshold
         self.enable_partial_rollout = conf.enable_partial_rollout
         self.tail_batch_trigger_size = conf.tail_batch_trigger_size
+        if not conf.enable_partial_rollout and conf.max_staleness > 0:
+            log.warning(
+                "strategy.enable_partial_rollout=false with max_staleness=%d: groups interrupted by a weight sync "
+                "restart from scratch, so long responses may be retried again and again (failed after "
+                "strategy.max_aborts=%d interruptions); partial rollout keeps their tokens",
+                conf.max_staleness, conf.max_aborts)
 
     def oversample(self, ctx: ProduceContext) -> int:
         threshold = self.over_sample_threshold if ctx.over_sample_threshold is None else ctx.over_sample_threshold

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from producer_harness import build, check_batch, check_nothing_lost, run_colocate, run_disagg, strategy_conf
@@ -55,3 +56,19 @@ def test_colocated_run_over_exactly_the_data_then_data_exhausted():
     with pytest.raises(DataExhausted, match="train step 6"):
         asyncio.run(h.mgr.produce_batch(STEPS + 1))
     check_nothing_lost(h)
+
+
+def test_a_batch_larger_than_the_dataset_is_refused_or_warned(caplog):
+    with pytest.raises(ValueError, match=r"batch_size=5 .* 4 prompts .*allow_epoch_rollover=False"):
+        build(strategy_conf("sync"), n_rows=4, batch_size=5, rollover=False)
+    with caplog.at_level(logging.WARNING):
+        h = build(strategy_conf("sync"), n_rows=4, batch_size=5, rollover=True)
+    warned = [r.getMessage() for r in caplog.records if "exceeds the dataset" in r.getMessage()]
+    assert warned == ["task t: batch_size=5 groups per step exceeds the dataset's 4 prompts: every batch holds "
+                      "some prompts more than once (from consecutive epochs)"]
+    batch = asyncio.run(h.mgr.produce_batch(1))  # it does: 5 groups from 4 prompts
+    assert len({g[0].prompt_index for g in batch.groups}) == 4
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        build(strategy_conf("sync"), n_rows=5, batch_size=5, rollover=True)
+    assert not caplog.records
