@@ -439,7 +439,7 @@ class AgentLoopManager:
         raw_n = window["raw_reward_count"]
         raw_mean = window["raw_reward_sum"] / raw_n if raw_n else 0.0
         raw_var = window["raw_reward_sq_sum"] / raw_n - raw_mean * raw_mean if raw_n else 0.0
-        produce_s, self._produce_s = self._produce_s, 0.0
+        producing_s, self._produce_s = self._produce_s, 0.0
         mean_stale = staleness(version_sum / tokens, train_step) if tokens else 0.0
         max_stale = staleness(oldest, train_step) if oldest is not None else 0
         hist = {f"staleness/tokens_at_{int(staleness(v, train_step))}": float(n) for v, n in sorted(versions.items())}
@@ -459,7 +459,7 @@ class AgentLoopManager:
             "rollout/raw_reward_std": max(raw_var, 0.0) ** 0.5,
             "rollout/raw_samples_judged": float(raw_n),
             "rollout/samples_generated": float(window["samples_generated"]),
-            "perf/produce_s": produce_s,
+            "perf/produce_s": producing_s,
             "rollout/response_len_mean": tokens / max(samples, 1),  # per-token lists have equal lengths
             "buffer/expired": float(now["expired"] - before["expired"]),
             "staleness/mean": float(mean_stale),
@@ -484,6 +484,8 @@ class AgentLoopManager:
                 f"rollout/{name}/reward_mean": sum(scores) / len(scores) if scores else 0.0,
                 f"rollout/{name}/response_len_mean":
                     sum(len(s.response_ids) for s in samples) / len(samples) if samples else 0.0,
+                f"rollout/{name}/raw_reward_mean":
+                    c.window["raw_reward_sum"] / c.window["raw_reward_count"] if c.window["raw_reward_count"] else 0.0,
                 f"rollout/{name}/groups_filtered": float(c.window["groups_filtered"]),
                 f"rollout/{name}/groups_failed": float(c.window["groups_failed"]),
                 f"rollout/{name}/groups_aborted": float(c.window["groups_aborted"]),
