@@ -55,17 +55,17 @@ def summarise(name: str, overrides: list[str], rows: list[dict], wall_s: float, 
 
 
 def to_markdown(results: list[dict], steps: int, seed: int) -> str:
-    lines = [f"| case | overrides | eval acc step 0 -> {steps} | all finite | clip frac | rejected | TIS truncated | staleness |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| case | overrides | steps | eval acc first -> last | all finite | clip frac | rejected | TIS truncated | staleness |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         if r["acc_end"] is None:
-            lines.append(f"| {r['case']} | `{' '.join(r['overrides'])}` | failed (rc {r['rc']}) | | | | | |")
+            lines.append(f"| {r['case']} | `{' '.join(r['overrides'])}` | {r['steps']} | failed (rc {r['rc']}) | | | | | |")
             continue
         lines.append(
-            f"| {r['case']} | `{' '.join(r['overrides'])}` | {r['acc_start']:.3f} -> {r['acc_end']:.3f} | "
+            f"| {r['case']} | `{' '.join(r['overrides'])}` | {r['steps']} | {r['acc_start']:.3f} -> {r['acc_end']:.3f} | "
             f"{'yes' if r['all_finite'] else 'NO'} | {r['clip_frac_mean']:.4f} | {r['rejected_frac_mean']:.4f} | "
             f"{r['tis_truncated_frac_mean']:.4f} | {r['staleness_mean']:.2f} |")
-    lines.append(f"\nseed={seed}, {steps} steps, `{' '.join(COMMON)}`; eval = greedy accuracy on 200 held-out problems.")
+    lines.append(f"\nseed={seed}, `{' '.join(COMMON)}`; eval = greedy accuracy on 200 held-out problems.")
     return "\n".join(lines) + "\n"
 
 
