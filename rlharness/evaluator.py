@@ -9,7 +9,10 @@ biased low; with n = k this estimator is the plain "any of the k correct".)
 It runs the same agent loop as training (so a multi-turn tool agent uses its tools
 in eval too), with greedy sampling for pass@1 and `eval.temperature` for pass@k,
 but never touches the producer or the replay buffer. A response counts as correct
-when its score is at least 1 (a FAILED judgement counts as wrong).
+when its score is at least 1. A failed judgement (judger error, timeout, remote
+judger down) is never counted as a wrong answer: it is left out of the accuracy and
+counted in `eval/judge_failed`; when nothing could be judged, `eval/accuracy` is
+absent from the row rather than 0.
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
 
 
-def _correct(group: Group) -> list[bool]:
-    return [s.status == Status.COMPLETED and s.reward is not None and s.reward["score"] >= 1.0 for s in group]
+def _correct(group: Group) -> list[bool | None]:
+    """Per member: correct or not; None where the judgement failed (neither right nor wrong)."""
+    return [None if s.status == Status.FAILED else
+            (s.status == Status.COMPLETED and s.reward is not None and s.reward["score"] >= 1.0) for s in group]
 
 
 def tool_metrics(samples: list) -> dict[str, float]:
@@ -69,19 +74,33 @@ class Evaluator:
         ]
         return list(await asyncio.gather(*(loop.generate_group(g, enable_partial_rollout=False) for g in groups)))
 
-    async def _run(self, loop: AgentLoop, k: int) -> list[list[bool]]:
+    async def _run(self, loop: AgentLoop, k: int) -> list[list[bool | None]]:
         return [_correct(g) for g in await self._groups(loop, k)]
 
     async def evaluate(self) -> dict[str, float]:
         greedy_groups = await self._groups(self.greedy_loop, 1)
-        greedy = [_correct(g) for g in greedy_groups]
-        metrics = {"eval/accuracy": sum(c[0] for c in greedy) / len(greedy)}
+        greedy = [_correct(g)[0] for g in greedy_groups]
+        judged = [c for c in greedy if c is not None]
+        failed = len(greedy) - len(judged)
+        metrics: dict[str, float] = {}
+        if judged:
+            metrics["eval/accuracy"] = sum(judged) / len(judged)
         metrics.update(tool_metrics([g[0] for g in greedy_groups]))
         n, k = self.conf.n, self.conf.pass_k
         if self.sampled_loop is not None and n > 1:
             sampled = await self._run(self.sampled_loop, n)
-            metrics["eval/avg@n"] = sum(sum(c) / n for c in sampled) / len(sampled)
-            metrics["eval/pass@k"] = sum(pass_at_k(n, sum(c), k) for c in sampled) / len(sampled)
+            failed += sum(c.count(None) for c in sampled)
+            # Over the samples that were judged: avg over prompts with any, pass@k over those with >= k.
+            judged_sets = [[bool(x) for x in c if x is not None] for c in sampled]
+            some = [c for c in judged_sets if c]
+            if some:
+                metrics["eval/avg@n"] = sum(sum(c) / len(c) for c in some) / len(some)
+            enough = [c for c in judged_sets if len(c) >= k]
+            if enough:
+                metrics["eval/pass@k"] = sum(pass_at_k(len(c), sum(c), k) for c in enough) / len(enough)
+        metrics["eval/judge_failed"] = float(failed)
+        if failed:
+            log.warning("eval: %d judgement(s) failed; left out of the accuracy (see eval/judge_failed)", failed)
         return metrics
 
 

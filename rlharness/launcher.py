@@ -177,15 +177,19 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
     finally:
         # Engines and training workers (Ray actors too) are shut down however the run ended.
         if components is not None:
-            asyncio.run(_close(components.engine, components.backend))
+            asyncio.run(_close(components.engine, components.backend, [components.judger]))
         elif engine is not None or backend is not None:
             asyncio.run(_close(engine, backend))
 
 
-async def _close(engine, backend) -> None:
+async def _close(engine, backend, judgers=()) -> None:
     try:
-        if engine is not None:
-            await engine.close()
+        for judger in judgers:
+            await judger.close()  # its judging processes
     finally:
-        if backend is not None:
-            await backend.close()
+        try:
+            if engine is not None:
+                await engine.close()
+        finally:
+            if backend is not None:
+                await backend.close()

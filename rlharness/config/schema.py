@@ -122,8 +122,12 @@ class SamplingConf:
 class AgentConf:
     name: str = MISSING
     sampling: SamplingConf = field(default_factory=SamplingConf)
-    # Judge each group with this timeout; past it the group is FAILED and the run goes on.
+    # The most one member's judging may take (a rule judger's worker process is killed
+    # then; a remote judger's attempts and back-offs all fit in it); see judger.on_timeout.
     judge_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        _check(self.judge_timeout_s > 0, "agent.judge_timeout_s", self.judge_timeout_s, "> 0")
 
 
 @dataclass
@@ -149,6 +153,7 @@ class MultiTurnToolAgentConf(AgentConf):
     tool_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check(self.max_turns >= 1, "agent.max_turns", self.max_turns, ">= 1")
         _check(len(self.tools) >= 1, "agent.tools", self.tools, "at least one tool name")
         _check(bool(self.tool_call_start), "agent.tool_call_start", self.tool_call_start, "a non-empty string")
@@ -166,34 +171,54 @@ class JudgerConf:
     name: str = MISSING
 
 
+
 @dataclass
-class AutoJudgerConf(JudgerConf):
-    """The task's own judger (`task.default_judger`) with its default settings."""
+class RuleJudgerConf(JudgerConf):
+    """A judger whose slow scoring (math-verify) runs in worker processes that can be killed.
+
+    Each member's slow scoring may take `agent.judge_timeout_s`; past it (or past the
+    memory limit) its worker process is killed and replaced, and the member is handled
+    as `on_timeout` says: "fail" marks the group FAILED, "zero" scores the member 0.
+    """
+
+    num_workers: int = 2  # judging processes (not threads: a stuck one must be killable)
+    worker_memory_mb: int = 2048  # address-space limit of each judging process
+    on_timeout: str = "fail"  # fail | zero
+
+    def __post_init__(self) -> None:
+        _check(self.num_workers >= 1, "judger.num_workers", self.num_workers, ">= 1")
+        _check(self.worker_memory_mb >= 256, "judger.worker_memory_mb", self.worker_memory_mb, ">= 256")
+        _one_of("judger.on_timeout", self.on_timeout, ("fail", "zero"))
+
+
+@dataclass
+class AutoJudgerConf(RuleJudgerConf):
+    """The task's own judger (`task.default_judger`): its defaults, with these process settings."""
 
     name: str = "auto"
 
 
 @dataclass
-class MathJudgerConf(JudgerConf):
+class MathJudgerConf(RuleJudgerConf):
     name: str = "math"
     # Without '####' or \boxed{}, take the last number in the response (else score 0).
     fallback_last_number: bool = True
 
 
 @dataclass
-class CountdownJudgerConf(JudgerConf):
+class CountdownJudgerConf(RuleJudgerConf):
     name: str = "countdown"
 
 
 @dataclass
-class FormatJudgerConf(JudgerConf):
+class FormatJudgerConf(RuleJudgerConf):
     name: str = "format"
     # The response must match this regular expression (full match) to score 1.
     pattern: str = r"(?s).*\S.*"
 
 
 @dataclass
-class RouterJudgerConf(JudgerConf):
+class RouterJudgerConf(RuleJudgerConf):
     name: str = "router"
     # judger name -> weight; the score is the weighted sum of their scores.
     weights: dict[str, float] = field(default_factory=lambda: {"math": 1.0, "format": 0.1})
@@ -204,7 +229,28 @@ class RouterJudgerConf(JudgerConf):
 class RemoteJudgerConf(JudgerConf):
     name: str = "remote"
     url: str = "http://127.0.0.1:8008/judge"
-    timeout_s: float = 10.0
+    # When set, a whole group is judged in one POST {"items": [{"response", "label"}, ...]}
+    # answered by {"results": [{"score": ...}, ...]} (same order); else one POST per member.
+    batch_url: Optional[str] = None
+    timeout_s: float = 10.0  # per HTTP request (each attempt)
+    max_concurrent_requests: int = 64  # requests in flight at once, all groups together
+    # Connection errors, timeouts, HTTP 429 and 5xx are retried this many times, waiting
+    # backoff_s, 2 x backoff_s, ... (at most backoff_max_s, with jitter) in between.
+    max_retries: int = 3
+    backoff_s: float = 0.5
+    backoff_max_s: float = 8.0
+
+    def __post_init__(self) -> None:
+        _check(self.url.startswith(("http://", "https://")), "judger.url", self.url, "an http:// or https:// URL")
+        _check(self.batch_url is None or self.batch_url.startswith(("http://", "https://")), "judger.batch_url",
+               self.batch_url, "null or an http:// or https:// URL")
+        _check(self.timeout_s > 0, "judger.timeout_s", self.timeout_s, "> 0")
+        _check(self.max_concurrent_requests >= 1, "judger.max_concurrent_requests", self.max_concurrent_requests,
+               ">= 1")
+        _check(self.max_retries >= 0, "judger.max_retries", self.max_retries, ">= 0")
+        _check(self.backoff_s >= 0, "judger.backoff_s", self.backoff_s, ">= 0")
+        _check(self.backoff_max_s >= self.backoff_s, "judger.backoff_max_s", self.backoff_max_s,
+               f">= judger.backoff_s ({self.backoff_s})")
 
 
 # ----------------------------------------------------------------------------- model
@@ -742,7 +788,11 @@ class RunConf:
 
         judger = entry.judger
         if judger is None or judger.name == "auto":
-            return SCHEMAS["judger"][entry.task.default_judger]()
+            schema = SCHEMAS["judger"][entry.task.default_judger]
+            if isinstance(judger, RuleJudgerConf) and issubclass(schema, RuleJudgerConf):  # judger=auto's settings
+                return schema(num_workers=judger.num_workers, worker_memory_mb=judger.worker_memory_mb,
+                              on_timeout=judger.on_timeout)
+            return schema()
         return judger
 
     def agent_for(self, entry: TaskEntryConf) -> AgentConf:

@@ -2,18 +2,26 @@
 
 A rule judger implements `score(response_text, label) -> dict` (pure, synchronous,
 with "score" among the keys). `judge_group` scores a whole group; a judger that
-raises or times out marks the group FAILED (the run goes on and counts it).
+raises or runs past its limits marks the group FAILED (the run goes on and counts it).
 
 Where the scoring runs:
 - `score_inline(response_text, label)` is tried first, on the event loop: a judger
   whose scoring is cheap and cannot block (a rule over a bounded string, microseconds)
-  returns the reward there, so judging costs no thread round trip per group (the
-  producer's overhead benchmark). It returns None when the answer needs the slow
-  path (the math judger's math-verify fallback, any I/O): the default, so a judger
-  is inline only when it says so.
-- Members scored None go to a worker thread (`asyncio.to_thread`) under the
-  `timeout_s` budget: only scoring that can take long needs the timeout.
-An exception from either path fails the group, with the judger and the error as reason.
+  returns the reward there, so judging costs no round trip per group (the producer's
+  overhead benchmark). It returns None when the answer needs the slow path (the math
+  judger's math-verify fallback, any I/O): the default, so a judger is inline only
+  when it says so.
+- Members scored None go to `score_slow`: for a rule judger (conf a `RuleJudgerConf`)
+  each member is scored in a judging process (`rlharness.judger.pool`) that is killed
+  and replaced past `timeout_s`, so one pathological answer costs at most its timeout
+  and never blocks the trainer's interpreter; the member then fails its group or
+  scores 0 (`judger.on_timeout`). The remote judger overrides `score_slow` (HTTP,
+  concurrent). A judger without a rule conf (a test's or a user's own) scores in a
+  worker thread under the same timeout.
+An exception from any path fails the group, with the judger and the error as reason.
+
+`stats()` holds cumulative counts (groups failed, timeouts, processes replaced, HTTP
+requests and retries); the trainer logs their per-step differences as `judge/<name>`.
 """
 
 from __future__ import annotations
@@ -21,11 +29,16 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+import threading
+from collections import Counter
 from typing import Any
 
-from rlharness.types import Group, Status
+from rlharness.types import Group, RolloutState, Status
 
 log = logging.getLogger(__name__)
+
+# Attributes that live only in the trainer's process (never pickled into a judging process).
+_RUNTIME_ATTRS = ("_pool", "_pool_lock", "_counts", "_http")
 
 
 class Judger(abc.ABC):
@@ -33,6 +46,7 @@ class Judger(abc.ABC):
     # Label fields `score` reads: a task whose rows lack one cannot be scored by this judger
     # (refused before a run starts).
     label_keys: tuple[str, ...] = ()
+    conf: Any = None
 
     @abc.abstractmethod
     def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
@@ -44,22 +58,35 @@ class Judger(abc.ABC):
         Runs on the event loop; must agree with `score` whenever it answers."""
         return None
 
+    # ------------------------------------------------------------------ counts
+    @property
+    def counts(self) -> Counter:
+        c = self.__dict__.get("_counts")
+        if c is None:
+            c = self.__dict__["_counts"] = Counter()
+        return c
+
+    # The counts `stats` reports (always all of them, zeros included).
+    count_keys: tuple[str, ...] = ("groups_failed", "timeouts", "scored_zero_on_timeout", "workers_replaced")
+
+    def stats(self) -> dict[str, float]:
+        """Cumulative counts since the judger was built (never reset)."""
+        counts = self.counts
+        return {k: float(counts[k]) for k in self.count_keys}
+
+    # ------------------------------------------------------------------ judging
     async def judge_group(self, group: Group, timeout_s: float) -> Group:
-        """Fill `reward` for every member; FAILED on error or timeout."""
+        """Fill `reward` for every member; FAILED on error or when a member runs past its limits."""
         try:
             rewards = [self.score_inline(s.response_text, s.label) for s in group]
         except Exception as exc:  # noqa: BLE001 - any judger error fails the group, not the run
             return self._fail(group, f"{type(exc).__name__}: {exc}")
         slow = [i for i, r in enumerate(rewards) if r is None]
         if slow:
-            def _run() -> list[dict[str, float]]:
-                return [self.score(group[i].response_text, group[i].label) for i in slow]
-
             try:
-                scored = await asyncio.wait_for(asyncio.to_thread(_run), timeout=timeout_s)
+                scored = await self.score_slow([group[i] for i in slow], timeout_s)
             except Exception as exc:  # noqa: BLE001 - any judger error fails the group, not the run
-                reason = "timeout" if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {exc}"
-                return self._fail(group, reason)
+                return self._fail(group, _reason(exc))
             for i, r in zip(slow, scored):
                 rewards[i] = r
         for s, r in zip(group, rewards):
@@ -69,9 +96,90 @@ class Judger(abc.ABC):
             s.reward = r if len(r) == 1 and type(r["score"]) is float else {k: float(v) for k, v in r.items()}  # type: ignore
         return group
 
+    async def score_slow(self, members: list[RolloutState], timeout_s: float) -> list[dict[str, float]]:
+        """Score `members` (those `score_inline` left), each within `timeout_s`; raises to fail the group.
+
+        The members run concurrently; the first failure cancels the rest (the group fails anyway)."""
+        from rlharness.judger.pool import JudgeLimitExceeded
+
+        on_timeout = getattr(self.conf, "on_timeout", "fail")
+
+        async def one(s: RolloutState) -> dict[str, float]:
+            try:
+                return await self._score_one(s.response_text, s.label, timeout_s)
+            except (JudgeLimitExceeded, asyncio.TimeoutError) as exc:
+                self.counts["timeouts"] += 1
+                if on_timeout != "zero":
+                    raise
+                log.warning("judger %s: %s on a response of group %s; scored 0 (judger.on_timeout=zero)",
+                            self.name, _reason(exc), s.group_id)
+                self.counts["scored_zero_on_timeout"] += 1
+                s.extra["judge_limit"] = _reason(exc)
+                return {"score": 0.0}
+
+        tasks = [asyncio.ensure_future(one(s)) for s in members]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+        for t in tasks:
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+        return [t.result() for t in tasks]
+
+    async def _score_one(self, response_text: str, label: dict[str, Any], timeout_s: float) -> dict[str, float]:
+        pool = await self._judge_pool()
+        if pool is None:  # not a rule judger: a worker thread (cannot be killed, only abandoned)
+            return await asyncio.wait_for(asyncio.to_thread(self.score, response_text, label), timeout=timeout_s)
+        replaced = pool.workers_replaced
+        try:
+            return await pool.score(response_text, label, timeout_s)
+        finally:
+            self.counts["workers_replaced"] += pool.workers_replaced - replaced
+
+    async def _judge_pool(self):
+        """The judging processes of a rule judger, started on first use (off the event loop)."""
+        from rlharness.config.schema import RuleJudgerConf
+
+        pool = self.__dict__.get("_pool")
+        if pool is None and isinstance(self.conf, RuleJudgerConf):
+            pool = await asyncio.to_thread(self._start_pool)
+        return pool
+
+    def _start_pool(self):
+        from rlharness.judger.pool import JudgePool
+
+        with self.__dict__.setdefault("_pool_lock", threading.Lock()):
+            pool = self.__dict__.get("_pool")
+            if pool is None:
+                pool = JudgePool(self, self.conf.num_workers, self.conf.worker_memory_mb)
+                pool.start()
+                self.__dict__["_pool"] = pool
+                log.info("judger %s: %d judging process(es) started", self.name, self.conf.num_workers)
+            return pool
+
+    async def close(self) -> None:
+        """Stop the judging processes (and anything else the judger holds)."""
+        pool = self.__dict__.pop("_pool", None)
+        self.__dict__.pop("_pool_lock", None)
+        if pool is not None:
+            await asyncio.to_thread(pool.close)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in _RUNTIME_ATTRS}
+
     def _fail(self, group: Group, reason: str) -> Group:
         log.warning("judger %s failed on group %s: %s", self.name, group[0].group_id, reason)
+        self.counts["groups_failed"] += 1
         for s in group:
             s.status = Status.FAILED
             s.extra["fail_reason"] = f"judger {self.name}: {reason}"
         return group
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.TimeoutError) and not str(exc):
+        return "timeout"
+    return f"{type(exc).__name__}: {exc}"

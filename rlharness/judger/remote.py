@@ -1,54 +1,161 @@
 """Remote judger: POST {"response", "label"} as JSON to `url`, read {"score": ...} back.
 
-Other numeric keys in the reply are kept in the reward. An unreachable server, an
-HTTP error, a timeout or a reply without a numeric "score" raises (RemoteJudgeError),
-so `Judger.judge_group` marks the group FAILED rather than scoring it 0.
+Members are judged concurrently (at most `max_concurrent_requests` requests in
+flight over all groups, on one httpx.AsyncClient per event loop), each request
+under `timeout_s`, the whole member under `agent.judge_timeout_s`. Connection
+errors, timeouts, HTTP 429 and 5xx are retried `max_retries` times with exponential
+backoff and jitter. With `batch_url`, a group is one POST of {"items": [...]}
+answered by {"results": [...]}.
+
+Refused, never retried: redirects (a 3xx is not followed: following would turn the
+POST into a bodiless GET, possibly to another scheme), other 4xx, a reply that is
+not JSON or has no numeric "score". Any of these raises RemoteJudgeError, so
+`Judger.judge_group` marks the group FAILED rather than scoring it 0. Other numeric
+keys in a reply are kept in the reward.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import math
-import urllib.error
-import urllib.request
+import random
 from typing import Any
 
-from rlharness.config.schema import ConfigError, RemoteJudgerConf
+from rlharness.config.schema import RemoteJudgerConf
 from rlharness.judger.base import Judger
+from rlharness.types import RolloutState
+
+log = logging.getLogger(__name__)
+
+_RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
 class RemoteJudgeError(RuntimeError):
     pass
 
 
+class _Retryable(RemoteJudgeError):
+    pass
+
+
 class RemoteJudger(Judger):
     name = "remote"
+    count_keys = ("groups_failed", "timeouts", "requests", "retries", "redirects_refused", "malformed_replies")
 
     def __init__(self, conf: RemoteJudgerConf | None = None):
         self.conf = conf or RemoteJudgerConf()
-        if not self.conf.url.startswith(("http://", "https://")):
-            raise ConfigError(f"judger.url={self.conf.url!r} is not allowed: expected an http:// or https:// URL")
-        if self.conf.timeout_s <= 0:
-            raise ConfigError(f"judger.timeout_s={self.conf.timeout_s!r} is not allowed: expected > 0")
+        # Jitter from a generator of its own: the run's global RNG state must not depend on judging.
+        self._jitter = random.Random()
 
+    # ------------------------------------------------------------------ synchronous (tests, tools)
     def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
-        body = json.dumps({"response": response_text, "label": label}).encode("utf-8")
-        request = urllib.request.Request(self.conf.url, data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
+        async def one() -> dict[str, float]:
+            try:
+                return await self._post_one(response_text, label)
+            finally:
+                await self.close()
+
+        return asyncio.run(one())
+
+    # ------------------------------------------------------------------ judging
+    async def score_slow(self, members: list[RolloutState], timeout_s: float) -> list[dict[str, float]]:
+        if self.conf.batch_url:
+            return await asyncio.wait_for(self._post_batch(members), timeout=timeout_s)
+        tasks = [asyncio.ensure_future(asyncio.wait_for(self._post_one(s.response_text, s.label), timeout=timeout_s))
+                 for s in members]
         try:
-            with urllib.request.urlopen(request, timeout=self.conf.timeout_s) as reply:
-                raw = reply.read()
-        except urllib.error.HTTPError as exc:
-            raise RemoteJudgeError(f"{self.conf.url}: HTTP {exc.code} {exc.reason}") from None
-        except (urllib.error.URLError, TimeoutError, OSError) as exc:
-            raise RemoteJudgeError(f"{self.conf.url}: {exc}") from None
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+        for t in tasks:
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                if isinstance(t.exception(), asyncio.TimeoutError):
+                    self.counts["timeouts"] += 1
+                raise t.exception()  # type: ignore[misc]
+        return [t.result() for t in tasks]
+
+    async def _post_one(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
+        return _reward(await self._post(self.conf.url, {"response": response_text, "label": label}), self.conf.url)
+
+    async def _post_batch(self, members: list[RolloutState]) -> list[dict[str, float]]:
+        url = self.conf.batch_url
+        reply = await self._post(url, {"items": [{"response": s.response_text, "label": s.label} for s in members]})
+        results = reply.get("results") if isinstance(reply, dict) else None
+        if not isinstance(results, list) or len(results) != len(members):
+            raise RemoteJudgeError(f"{url}: reply needs 'results', a list of {len(members)} objects: {str(reply)[:200]}")
+        return [_reward(r, url) for r in results]
+
+    async def _post(self, url: str, payload: dict[str, Any]) -> Any:
+        """POST with retries; the parsed JSON reply."""
+        body = json.dumps(payload).encode("utf-8")
+        attempt = 0
+        while True:
+            try:
+                return await self._attempt(url, body)
+            except _Retryable as exc:
+                if attempt >= self.conf.max_retries:
+                    raise RemoteJudgeError(f"{exc} (after {attempt + 1} attempts)") from None
+                delay = min(self.conf.backoff_max_s, self.conf.backoff_s * 2 ** attempt)
+                delay *= 0.5 + 0.5 * self._jitter.random()
+                attempt += 1
+                self.counts["retries"] += 1
+                log.info("judger remote: %s; retry %d/%d in %.2f s", exc, attempt, self.conf.max_retries, delay)
+                await asyncio.sleep(delay)
+
+    async def _attempt(self, url: str, body: bytes) -> Any:
+        import httpx
+
+        client, limit = self._client()
+        async with limit:
+            self.counts["requests"] += 1
+            try:
+                reply = await client.post(url, content=body, headers={"Content-Type": "application/json"})
+            except httpx.TimeoutException:
+                raise _Retryable(f"{url}: no reply within judger.timeout_s={self.conf.timeout_s:g}") from None
+            except httpx.TransportError as exc:  # connection refused/reset, DNS, protocol errors
+                raise _Retryable(f"{url}: {type(exc).__name__}: {exc}") from None
+        if reply.is_redirect or 300 <= reply.status_code < 400:
+            self.counts["redirects_refused"] += 1
+            raise RemoteJudgeError(f"{url}: HTTP {reply.status_code} redirect to "
+                                   f"{reply.headers.get('location', '?')!r} refused (set judger.url to the final URL)")
+        if reply.status_code in _RETRY_STATUS:
+            raise _Retryable(f"{url}: HTTP {reply.status_code} {reply.reason_phrase}")
+        if reply.status_code >= 400:
+            raise RemoteJudgeError(f"{url}: HTTP {reply.status_code} {reply.reason_phrase}")
         try:
-            result = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise RemoteJudgeError(f"{self.conf.url}: reply is not JSON ({exc.msg}): {raw[:200]!r}") from None
-        if not isinstance(result, dict) or not _is_number(result.get("score")):
-            raise RemoteJudgeError(f"{self.conf.url}: reply has no numeric 'score': {raw[:200]!r}")
-        return {k: float(v) for k, v in result.items() if _is_number(v)}
+            return json.loads(reply.content)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            self.counts["malformed_replies"] += 1
+            raise RemoteJudgeError(f"{url}: reply is not JSON ({exc}): {reply.content[:200]!r}") from None
+
+    def _client(self):
+        """The HTTP client and request limit of the running event loop (a run may use several loops)."""
+        import httpx
+
+        loop = asyncio.get_running_loop()
+        held = self.__dict__.get("_http")
+        if held is None or held[0] is not loop:
+            limits = httpx.Limits(max_connections=self.conf.max_concurrent_requests,
+                                  max_keepalive_connections=self.conf.max_concurrent_requests)
+            client = httpx.AsyncClient(timeout=self.conf.timeout_s, follow_redirects=False, limits=limits)
+            held = self.__dict__["_http"] = (loop, client, asyncio.Semaphore(self.conf.max_concurrent_requests))
+        return held[1], held[2]
+
+    async def close(self) -> None:
+        held = self.__dict__.pop("_http", None)
+        if held is not None and held[0] is asyncio.get_running_loop():
+            await held[1].aclose()
+        await super().close()
+
+
+def _reward(result: Any, url: str) -> dict[str, float]:
+    if not isinstance(result, dict) or not _is_number(result.get("score")):
+        raise RemoteJudgeError(f"{url}: reply has no numeric 'score': {str(result)[:200]}")
+    return {k: float(v) for k, v in result.items() if _is_number(v)}
 
 
 def _is_number(value: Any) -> bool:

@@ -133,12 +133,18 @@ class ProduceContext:
     pending: _PendingTasks = field(default_factory=_PendingTasks)
     paused: bool = False
     # Generated groups filtered, failed or expired on arrival since the last one kept COMPLETED
-    # (a run that cannot make progress stops with an error instead of spinning).
+    # (a run that cannot make progress stops with an error instead of spinning), by cause,
+    # with the last reason seen for each cause (`stall_message` names the real one).
     dropped_in_a_row: int = 0
+<<<<<<< HEAD
     # Interruptions after which a group is FAILED instead of restarted (0 = never; strategy.abort_cap()).
     abort_cap: int = 0
     # The last fill found nothing left to draw (allow_epoch_rollover=false), see strategies._fill.
     data_exhausted: bool = False
+=======
+    drop_causes: Counter = field(default_factory=Counter)
+    last_drop_reason: dict = field(default_factory=dict)
+>>>>>>> 4927b41 (Judging that cannot freeze a run: rule judgers score slow members in killable processes (pebble, forkserver, RLIMIT_AS), judger.on_timeout fail|zero; remote judger concurrent with retries/backoff, batch_url, redirects refused; eval/judge_failed apart from accuracy; stall message names the cause; judge/* counts per step)
     # Tail-batch bookkeeping, for metrics and tests.
     tail_rounds: int = 0
     last_round_tail: bool = False
@@ -325,7 +331,43 @@ class ProduceContext:
                                         train_step=self.progress.next_consumer_step, status=status)
         if stored == Status.COMPLETED:
             self.dropped_in_a_row = 0
+            self.drop_causes.clear()
         elif status in (Status.FILTERED, Status.FAILED, Status.COMPLETED):  # COMPLETED -> expired on arrival
             self.dropped_in_a_row += 1
+            cause, reason = drop_cause(group, status)
+            self.drop_causes[cause] += 1
+            self.last_drop_reason[cause] = reason
         self.on_put()
         return stored
+
+
+def drop_cause(group: Group, status: Status) -> tuple[str, str]:
+    """(cause, reason) of a group dropped on arrival: judging | crash | filter | expiry."""
+    if status == Status.FILTERED:
+        return "filter", str(group[0].extra.get("filter_reason", "filtered"))
+    if status == Status.FAILED:
+        reason = next((str(s.extra["fail_reason"]) for s in group if "fail_reason" in s.extra), "failed")
+        return ("judging" if reason.startswith("judger ") else "crash"), reason
+    return "expiry", "expired on arrival (too stale)"
+
+
+_STALL_HINTS = {
+    "judging": "the judger is failing: check it (judger.*, agent.judge_timeout_s)",
+    "crash": "the agent loop keeps crashing (see the log)",
+    "filter": "strategy.group_filter drops every group (every member of a group scores the same: is the "
+              "task too hard or too easy for the model?)",
+    "expiry": "groups expire on arrival: the engines' weights lag the trainer by more than max_staleness "
+              "allows (are they synced after each step?)",
+}
+
+
+def stall_message(ctx: ProduceContext, group_filter: str) -> str:
+    """Why production cannot make progress, from what actually happened to the last groups."""
+    cause, _ = ctx.drop_causes.most_common(1)[0] if ctx.drop_causes else ("expiry", 0)
+    parts = ", ".join(f"{n} {c}" for c, n in ctx.drop_causes.most_common())
+    return (
+        f"task {ctx.task}: production cannot make progress: the last {ctx.dropped_in_a_row} generated groups "
+        f"were all dropped ({parts}; strategy.group_filter={group_filter}, weight version {ctx.model_step()}, "
+        f"consumer step {ctx.progress.next_consumer_step}): {_STALL_HINTS[cause]}. Last reason: "
+        f"{ctx.last_drop_reason.get(cause, '?')[:300]}. Every dropped group is in rollouts/dropped.jsonl."
+    )

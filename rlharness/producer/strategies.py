@@ -28,7 +28,7 @@ import math
 from enum import Enum
 
 from rlharness.config.schema import AsyncStrategyConf, StrategyConf, SyncStrategyConf
-from rlharness.producer.context import ProduceContext
+from rlharness.producer.context import ProduceContext, stall_message
 from rlharness.producer.filters import build_group_filter
 from rlharness.sampler import DataExhausted
 
@@ -42,6 +42,10 @@ _ABORT_RETRY_S = 0.2
 # max(MIN, PER_GROUP * task batch size).
 MIN_DROPPED_IN_A_ROW = 256
 DROPPED_IN_A_ROW_PER_GROUP = 20
+
+
+class ProductionStalled(RuntimeError):
+    """Every recent group was dropped; the message names the cause (judging, filter, expiry, crashes)."""
 
 
 class ProduceStatus(Enum):
@@ -79,12 +83,7 @@ class ProduceStrategy(abc.ABC):
         (`ctx.data_exhausted`: the sampler had nothing left, not even a group to retry)."""
         limit = max(MIN_DROPPED_IN_A_ROW, DROPPED_IN_A_ROW_PER_GROUP * ctx.task_batch_size)
         if ctx.dropped_in_a_row >= limit:
-            raise RuntimeError(
-                f"task {ctx.task}: the last {ctx.dropped_in_a_row} generated groups were all filtered, failed "
-                f"or expired on arrival (strategy.group_filter={self.group_filter_name}, weight version "
-                f"{ctx.model_step()}, consumer step {ctx.progress.next_consumer_step}); production cannot make "
-                f"progress. Are the engines' weights synced (set_model_step)?"
-            )
+            raise ProductionStalled(stall_message(ctx, self.group_filter_name))
         if self.admission:  # the bound held where groups start (pending also counts continuations)
             max_pending = min(max_pending, ctx.admission_room())
         ctx.data_exhausted = False

@@ -78,6 +78,7 @@ class Trainer:
         try:
             if self.step == 0 and not self.stop.requested:
                 self._log_row({"step": 0, **await self.c.evaluator.evaluate()})
+            self._judge_window()  # count from here
             if conf.mode == "disagg" and not self.stop.requested:
                 producer = asyncio.create_task(self.c.manager.produce_loop())
             with progress_bar(conf.total_steps, self.step) as bar:
@@ -97,6 +98,11 @@ class Trainer:
                     if self._due(step, conf.save_every):
                         await self._save()
                     bar.update(1)
+        except Exception as exc:
+            # The cause in one line, whatever stopped the run (judger failing, filter dropping
+            # everything, data exhausted, expiry, a timeout); the traceback follows from the caller.
+            log.error("run stopped at step %d: %s: %s", self.step, type(exc).__name__, exc)
+            raise
         finally:
             if producer is not None:
                 await self.c.manager.close()
@@ -104,6 +110,10 @@ class Trainer:
                 await self._save_on_stop()
             elif (self.step == conf.total_steps or data_ended) and not latest_checkpoint_is(self.run_dir, self.step):
                 await self._save()
+            else:
+                # Groups dropped since the last step or checkpoint reach the ledger even when the run stops,
+                # as part of the next step (a resume from the last checkpoint redoes, and re-ledgers, them).
+                self.ledger.write_dropped(self.step + 1, self.c.manager.pop_dropped())
             self.metrics.close()
             write_plots(self.run_dir)
             self.wandb.finish()
@@ -157,12 +167,14 @@ class Trainer:
             sync_s = await self._sync_weights(step)
         self.ledger.write_step(step, produced.groups)
         self.ledger.write_dropped(step, c.manager.pop_dropped())
-        row: dict[str, Any] = {"step": step, **batch_metrics, **train_metrics, **produced.stats}
+        row: dict[str, Any] = {"step": step, **batch_metrics, **train_metrics, **produced.stats,
+                               **self._judge_window()}
         step_s = loop.time() - t0  # evaluation is timed on its own
         if self._due(step, conf.eval_every) or step == conf.total_steps:
             t_eval = loop.time()
             row.update(await c.evaluator.evaluate())
             row["perf/eval_s"] = loop.time() - t_eval
+            self._judge_window()  # eval's judging is reported as eval/judge_failed, not in the step's judge/*
         trained_tokens = int(batch.response_mask.sum().item())
         row.update({
             "perf/step_s": step_s,
@@ -190,6 +202,12 @@ class Trainer:
         self.c.manager.set_model_step(version)
         self.c.manager.resume()
         return loop.time() - t0
+
+    def _judge_window(self) -> dict[str, float]:
+        """The judger's counts since the last call, as `judge/<name>` (training's judging of this step)."""
+        now = self.c.judger.stats()
+        before, self._judge_marks = getattr(self, "_judge_marks", {}), now
+        return {f"judge/{k}": v - before.get(k, 0.0) for k, v in now.items()}
 
     # ------------------------------------------------------------------ logging
     def _log_row(self, row: dict[str, Any]) -> None:
