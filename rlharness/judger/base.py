@@ -67,11 +67,14 @@ class Judger(abc.ABC):
         return c
 
     # The counts `stats` reports (always all of them, zeros included).
-    count_keys: tuple[str, ...] = ("groups_failed", "timeouts", "scored_zero_on_timeout", "workers_replaced")
+    count_keys: tuple[str, ...] = ("groups_failed", "timeouts", "memory_or_crash", "scored_zero_on_timeout",
+                                   "processes_replaced")
 
     def stats(self) -> dict[str, float]:
         """Cumulative counts since the judger was built (never reset)."""
         counts = self.counts
+        pool = self.__dict__.get("_pool")
+        counts["processes_replaced"] = counts["processes_replaced_closed"] + (pool.workers_replaced if pool else 0)
         return {k: float(counts[k]) for k in self.count_keys}
 
     # ------------------------------------------------------------------ judging
@@ -108,7 +111,7 @@ class Judger(abc.ABC):
             try:
                 return await self._score_one(s.response_text, s.label, timeout_s)
             except (JudgeLimitExceeded, asyncio.TimeoutError) as exc:
-                self.counts["timeouts"] += 1
+                self.counts["timeouts" if getattr(exc, "kind", "timeout") == "timeout" else "memory_or_crash"] += 1
                 if on_timeout != "zero":
                     raise
                 log.warning("judger %s: %s on a response of group %s; scored 0 (judger.on_timeout=zero)",
@@ -133,11 +136,7 @@ class Judger(abc.ABC):
         pool = await self._judge_pool()
         if pool is None:  # not a rule judger: a worker thread (cannot be killed, only abandoned)
             return await asyncio.wait_for(asyncio.to_thread(self.score, response_text, label), timeout=timeout_s)
-        replaced = pool.workers_replaced
-        try:
-            return await pool.score(response_text, label, timeout_s)
-        finally:
-            self.counts["workers_replaced"] += pool.workers_replaced - replaced
+        return await pool.score(response_text, label, timeout_s)
 
     async def _judge_pool(self):
         """The judging processes of a rule judger, started on first use (off the event loop)."""
@@ -165,6 +164,7 @@ class Judger(abc.ABC):
         pool = self.__dict__.pop("_pool", None)
         self.__dict__.pop("_pool_lock", None)
         if pool is not None:
+            self.counts["processes_replaced_closed"] += pool.workers_replaced
             await asyncio.to_thread(pool.close)
 
     def __getstate__(self) -> dict[str, Any]:

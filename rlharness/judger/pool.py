@@ -37,7 +37,12 @@ _preload_done = False
 
 
 class JudgeLimitExceeded(RuntimeError):
-    """Scoring one response ran past its timeout or memory limit (its worker was replaced)."""
+    """Scoring one response ran past its timeout or memory limit, or killed its process.
+    `kind`: "timeout" | "memory" | "died"."""
+
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.kind = kind
 
 
 # ----------------------------------------------------------------------------- in the worker
@@ -103,15 +108,15 @@ class JudgePool:
             return await asyncio.wrap_future(future)
         except concurrent.futures.TimeoutError:
             self.workers_replaced += 1
-            raise JudgeLimitExceeded(f"timeout after {timeout_s:g} s (judging process replaced)") from None
+            raise JudgeLimitExceeded(f"timeout after {timeout_s:g} s (judging process replaced)", "timeout") from None
         except MemoryError:
-            raise JudgeLimitExceeded("memory limit (judger.worker_memory_mb) exceeded") from None
+            raise JudgeLimitExceeded("memory limit (judger.worker_memory_mb) exceeded", "memory") from None
         except Exception as exc:
             import pebble
 
             if isinstance(exc, pebble.ProcessExpired):  # killed from outside, or crashed in C
                 self.workers_replaced += 1
-                raise JudgeLimitExceeded(f"judging process died (exit code {exc.exitcode})") from None
+                raise JudgeLimitExceeded(f"judging process died (exit code {exc.exitcode})", "died") from None
             raise
 
     def close(self) -> None:

@@ -76,9 +76,9 @@ class Trainer:
         producer = None
         data_ended = False
         try:
-            if self.step == 0 and not self.stop.requested:
-                self._log_row({"step": 0, **await self.c.evaluator.evaluate()})
             self._judge_window()  # count from here
+            if self.step == 0 and not self.stop.requested:
+                self._log_row({"step": 0, **await self.c.evaluator.evaluate(), **self._judge_window()})
             if conf.mode == "disagg" and not self.stop.requested:
                 producer = asyncio.create_task(self.c.manager.produce_loop())
             with progress_bar(conf.total_steps, self.step) as bar:
@@ -167,14 +167,13 @@ class Trainer:
             sync_s = await self._sync_weights(step)
         self.ledger.write_step(step, produced.groups)
         self.ledger.write_dropped(step, c.manager.pop_dropped())
-        row: dict[str, Any] = {"step": step, **batch_metrics, **train_metrics, **produced.stats,
-                               **self._judge_window()}
+        row: dict[str, Any] = {"step": step, **batch_metrics, **train_metrics, **produced.stats}
         step_s = loop.time() - t0  # evaluation is timed on its own
         if self._due(step, conf.eval_every) or step == conf.total_steps:
             t_eval = loop.time()
             row.update(await c.evaluator.evaluate())
             row["perf/eval_s"] = loop.time() - t_eval
-            self._judge_window()  # eval's judging is reported as eval/judge_failed, not in the step's judge/*
+        row.update(self._judge_window())  # all judging since the previous row, this row's eval included
         trained_tokens = int(batch.response_mask.sum().item())
         row.update({
             "perf/step_s": step_s,
@@ -204,7 +203,7 @@ class Trainer:
         return loop.time() - t0
 
     def _judge_window(self) -> dict[str, float]:
-        """The judger's counts since the last call, as `judge/<name>` (training's judging of this step)."""
+        """The judger's counts since the last call, as `judge/<name>` (summed over rows: every judgement)."""
         now = self.c.judger.stats()
         before, self._judge_marks = getattr(self, "_judge_marks", {}), now
         return {f"judge/{k}": v - before.get(k, 0.0) for k, v in now.items()}
