@@ -120,17 +120,7 @@ class Judger(abc.ABC):
                 s.extra["judge_limit"] = _reason(exc)
                 return {"score": 0.0}
 
-        tasks = [asyncio.ensure_future(one(s)) for s in members]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        finally:
-            for t in tasks:
-                if not t.done():
-                    t.cancel()
-        for t in tasks:
-            if t.done() and not t.cancelled() and t.exception() is not None:
-                raise t.exception()  # type: ignore[misc]
-        return [t.result() for t in tasks]
+        return await gather_fail_fast([one(s) for s in members])
 
     async def _score_one(self, response_text: str, label: dict[str, Any], timeout_s: float) -> dict[str, float]:
         pool = await self._judge_pool()
@@ -177,6 +167,23 @@ class Judger(abc.ABC):
             s.status = Status.FAILED
             s.extra["fail_reason"] = f"judger {self.name}: {reason}"
         return group
+
+
+async def gather_fail_fast(coros: list) -> list:
+    """Results of `coros` run concurrently; the first exception cancels the others and is raised."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+    # Every finished task's exception is retrieved (asyncio would log the others as never retrieved).
+    errors = [t.exception() for t in tasks if t.done() and not t.cancelled()]
+    for exc in errors:
+        if exc is not None:
+            raise exc
+    return [t.result() for t in tasks]
 
 
 def _reason(exc: BaseException) -> str:

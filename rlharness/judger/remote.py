@@ -24,7 +24,7 @@ import random
 from typing import Any
 
 from rlharness.config.schema import RemoteJudgerConf
-from rlharness.judger.base import Judger
+from rlharness.judger.base import Judger, gather_fail_fast
 from rlharness.types import RolloutState
 
 log = logging.getLogger(__name__)
@@ -62,21 +62,17 @@ class RemoteJudger(Judger):
     # ------------------------------------------------------------------ judging
     async def score_slow(self, members: list[RolloutState], timeout_s: float) -> list[dict[str, float]]:
         if self.conf.batch_url:
-            return await asyncio.wait_for(self._post_batch(members), timeout=timeout_s)
-        tasks = [asyncio.ensure_future(asyncio.wait_for(self._post_one(s.response_text, s.label), timeout=timeout_s))
-                 for s in members]
+            try:
+                return await asyncio.wait_for(self._post_batch(members), timeout=timeout_s)
+            except asyncio.TimeoutError:
+                self.counts["timeouts"] += 1
+                raise
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        finally:
-            for t in tasks:
-                if not t.done():
-                    t.cancel()
-        for t in tasks:
-            if t.done() and not t.cancelled() and t.exception() is not None:
-                if isinstance(t.exception(), asyncio.TimeoutError):
-                    self.counts["timeouts"] += 1
-                raise t.exception()  # type: ignore[misc]
-        return [t.result() for t in tasks]
+            return await gather_fail_fast([asyncio.wait_for(self._post_one(s.response_text, s.label), timeout_s)
+                                           for s in members])
+        except asyncio.TimeoutError:
+            self.counts["timeouts"] += 1
+            raise
 
     async def _post_one(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
         return _reward(await self._post(self.conf.url, {"response": response_text, "label": label}), self.conf.url)

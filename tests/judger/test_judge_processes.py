@@ -1,0 +1,158 @@
+"""Rule judgers score slow members in judging processes that are killed at their timeout.
+
+A tower of exponents makes math-verify compute a 370-million-digit integer while holding the
+interpreter lock (minutes); here it must cost one timeout, leave the event loop free, and never
+outlive Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rlharness.config.schema import ConfigError, MathJudgerConf, RouterJudgerConf
+from rlharness.judger.math import MathJudger
+from rlharness.judger.router import RouterJudger
+from rlharness.types import Status, make_group
+
+TOWER = "\\boxed{9^{9^{9}}}"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _group(texts: list[str], answer: str):
+    group = make_group(task="t", prompt_index=0, epoch=0, prompt_text="p", prompt_ids=[1],
+                       label={"answer": answer}, k=len(texts))
+    for s, text in zip(group, texts):
+        s.response_text, s.status = text, Status.COMPLETED
+    return group
+
+
+@pytest.mark.timeout(120)
+def test_a_tower_fails_its_group_at_the_timeout_and_the_next_group_is_judged():
+    async def main():
+        j = MathJudger(MathJudgerConf(num_workers=1))
+        try:
+            stuck = await j.judge_group(_group([TOWER, "\\boxed{\\frac{1}{2}}"], "0.5"), timeout_s=1.5)
+            after = await j.judge_group(_group(["\\boxed{\\frac{1}{2}}", "\\boxed{1/3}"], "0.5"), timeout_s=30)
+            return stuck, after, j.stats()
+        finally:
+            await j.close()
+
+    stuck, after, stats = asyncio.run(main())
+    assert all(s.status == Status.FAILED for s in stuck)
+    assert stuck[0].extra["fail_reason"] == "judger math: JudgeLimitExceeded: timeout after 1.5 s (judging process replaced)"
+    assert [s.reward["score"] for s in after] == [1.0, 0.0]  # a fresh process took over
+    assert stats["timeouts"] == 1 and stats["groups_failed"] == 1 and stats["processes_replaced"] == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_tower_label_scores_zero_with_on_timeout_zero_and_the_event_loop_keeps_running():
+    """The label is the tower: every member goes to math-verify. While they are stuck, a ticker
+    on the same event loop keeps ticking (judging does not hold this interpreter)."""
+    async def main():
+        j = MathJudger(MathJudgerConf(num_workers=2, on_timeout="zero"))
+        await j.judge_group(_group(["\\boxed{\\frac{1}{2}}"], "0.5"), timeout_s=30)  # processes up
+        ticks = 0
+        task = asyncio.ensure_future(j.judge_group(_group(["\\boxed{3}", "4"], "9^{9^{9}}"), timeout_s=2))
+        while not task.done():
+            await asyncio.sleep(0.01)
+            ticks += 1
+        await j.close()
+        return task.result(), ticks, j.stats()
+
+    group, ticks, stats = asyncio.run(main())
+    assert [s.status for s in group] == [Status.COMPLETED] * 2 and [s.reward for s in group] == [{"score": 0.0}] * 2
+    assert all("timeout after 2 s" in s.extra["judge_limit"] for s in group)
+    assert stats["scored_zero_on_timeout"] == 2 and stats["groups_failed"] == 0
+    # ~200 ticks fit in the 2 s; a judger holding this interpreter's lock would allow almost none.
+    assert ticks >= 20
+
+
+@pytest.mark.timeout(120)
+def test_router_with_math_uses_judging_processes_too():
+    async def main():
+        r = RouterJudger(RouterJudgerConf(weights={"math": 1.0, "format": 0.5}, format_pattern=r".*", num_workers=1))
+        try:
+            return await r.judge_group(_group([TOWER], "1"), timeout_s=1)
+        finally:
+            await r.close()
+
+    group = asyncio.run(main())
+    assert group[0].status == Status.FAILED and "timeout after 1 s" in group[0].extra["fail_reason"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+            except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+                pass
+    return out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_during_judging_stops_the_process_and_its_judging_processes(tmp_path):
+    script = tmp_path / "judge_forever.py"
+    script.write_text(textwrap.dedent(f"""
+        import asyncio, multiprocessing.forkserver as fs
+        from rlharness.config.schema import MathJudgerConf
+        from rlharness.judger.math import MathJudger
+        from rlharness.types import Status, make_group
+
+        async def main():
+            j = MathJudger(MathJudgerConf(num_workers=1))
+            g = make_group(task="t", prompt_index=0, epoch=0, prompt_text="p", prompt_ids=[1],
+                           label={{"answer": "1"}}, k=1)
+            g[0].response_text, g[0].status = {TOWER!r}, Status.COMPLETED
+            task = asyncio.ensure_future(j.judge_group(g, timeout_s=600))
+            while j.__dict__.get("_pool") is None:
+                await asyncio.sleep(0.05)
+            print("JUDGING", fs._forkserver._forkserver_pid, flush=True)
+            await task
+
+        if __name__ == "__main__":
+            asyncio.run(main())
+    """))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    line = proc.stdout.readline()
+    assert line.startswith("JUDGING"), proc.stderr.read()
+    forkserver = int(line.split()[1])
+    workers = _children_of(forkserver)
+    assert workers  # the judging process, busy with the tower
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)  # bounded: a judger holding the lock would ignore the signal
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    for _ in range(100):  # processes exit asynchronously; give them a moment
+        if not any(_alive(p) for p in [forkserver, *workers]):
+            break
+        time.sleep(0.1)
+    assert not [p for p in [forkserver, *workers] if _alive(p)]
+
+
+def test_bad_process_settings_are_refused_with_the_key():
+    with pytest.raises(ConfigError, match=r"judger.on_timeout='skip' is not allowed: expected one of fail, zero"):
+        MathJudgerConf(on_timeout="skip")
+    with pytest.raises(ConfigError, match=r"judger.num_workers=0"):
+        MathJudgerConf(num_workers=0)
