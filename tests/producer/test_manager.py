@@ -9,6 +9,7 @@ import pytest
 
 from producer_harness import (
     TASK,
+    ParityJudger,
     RaisingJudger,
     build,
     buffered_groups,
@@ -22,6 +23,7 @@ from producer_harness import (
 )
 from rlharness.config.schema import SimEngineConf
 from rlharness.engine.sim import SimEngine
+from rlharness.producer.strategies import ProductionStalled
 from rlharness.sampler import DataExhausted
 from rlharness.types import Status
 
@@ -301,7 +303,22 @@ def test_a_crashing_agent_loop_is_retried_then_failed_and_nothing_is_lost():
 def test_production_that_cannot_keep_anything_stops_with_a_clear_error():
     h = build(strategy_conf("sync"), judger=RaisingJudger(every=1), engine_conf=SimEngineConf(
         mean_response_len=2, time_per_token_s=1e-5, slots=64))
-    with pytest.raises(RuntimeError, match="were all filtered, failed or expired on arrival"):
+    # The message names the real cause (the judger), not a guess about weight sync.
+    with pytest.raises(ProductionStalled, match=r"were all dropped \(\d+ judging; .*the judger is failing.*"
+                                                r"Last reason: judger raising: ValueError: cannot judge prompt"):
+        asyncio.run(h.mgr.produce_batch(1))
+    check_nothing_lost(h)
+
+
+def test_a_filter_that_drops_everything_is_named_as_the_cause():
+    class Constant(ParityJudger):
+        def score_inline(self, response_text, label):
+            return {"score": 0.0}
+
+    h = build(strategy_conf("sync", group_filter="all_equal_reward"), judger=Constant(), engine_conf=SimEngineConf(
+        mean_response_len=2, time_per_token_s=1e-5, slots=64))
+    with pytest.raises(ProductionStalled, match=r"were all dropped \(\d+ filter; .*strategy.group_filter drops every "
+                                                r"group.*Last reason: all_equal_reward: every member scored 0.0"):
         asyncio.run(h.mgr.produce_batch(1))
     check_nothing_lost(h)
 
