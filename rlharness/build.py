@@ -81,6 +81,20 @@ def _rollover(conf: RunConf, entry) -> bool:
     return conf.sampler.allow_epoch_rollover if entry.allow_epoch_rollover is None else entry.allow_epoch_rollover
 
 
+def fit_prompt_lengths(conf: RunConf, entry, task_data, tokenizer):
+    """Prompts over `task.max_prompt_tokens` refused or dropped at load (rlharness/data/prompt_length.py)."""
+    from rlharness.data.prompt_length import fit_prompts, model_positions
+    from rlharness.model import load_model_config
+
+    encode, _ = text_codec(tokenizer)
+    response_tokens = conf.sampling_for(entry).max_tokens
+    return fit_prompts(
+        task_data, max_prompt_tokens=entry.task.max_prompt_tokens, policy=entry.task.long_prompts,
+        positions=model_positions(load_model_config(conf.model)),
+        train_response_tokens=response_tokens, eval_response_tokens=conf.eval.max_tokens or response_tokens,
+        encode=encode, longest_token_chars=max(map(len, tokenizer.get_vocab()), default=1))
+
+
 def build_engine_for(conf: RunConf, tokenizer, decode):
     from rlharness.engine import build_engine
 
@@ -106,7 +120,8 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
     tokenizer = load_tokenizer(conf.model)
     encode, decode = text_codec(tokenizer)
     entries = conf.task_entries()
-    task_data = {name: build_task(e.task, tokenizer) for name, e in entries.items()}
+    task_data = {name: fit_prompt_lengths(conf, e, build_task(e.task, tokenizer), tokenizer)
+                 for name, e in entries.items()}
     validate_data(conf, task_data)
     judgers = {}
     for name, entry in entries.items():

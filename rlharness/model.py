@@ -48,6 +48,12 @@ def load_tokenizer(conf: ModelConf):
     return tok
 
 
+def load_model_config(conf: ModelConf):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(resolve_model_path(conf.path)), trust_remote_code=conf.trust_remote_code)
+
+
 def load_model(conf: ModelConf, device: str = "cpu"):
     from transformers import AutoModelForCausalLM
 

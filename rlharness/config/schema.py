@@ -464,6 +464,16 @@ class TaskConf:
     seed: int = 1234  # data generation / split seed (not the run seed)
     num_eval: int = 200
     default_judger: str = "math"  # used when judger=auto (the default)
+    # Longest prompt in tokens; 0 = the model's positions minus the response budget
+    # (agent.sampling.max_tokens; eval.max_tokens for eval). Checked when the data loads.
+    max_prompt_tokens: int = 0
+    # What to do with longer prompts: refuse (stop before starting, naming the first) | drop.
+    long_prompts: str = "refuse"
+
+    def __post_init__(self) -> None:
+        _check(self.max_prompt_tokens >= 0, "task.max_prompt_tokens", self.max_prompt_tokens,
+               ">= 0 (0 = the model's positions minus the response budget)")
+        _one_of("task.long_prompts", self.long_prompts, ("refuse", "drop"))
 
 
 @dataclass
@@ -476,6 +486,7 @@ class ArithmeticTaskConf(TaskConf):
     zero_pad: bool = True
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check(1 <= self.digits <= 9, "task.digits", self.digits, "1..9")
         for op in self.operators:
             _one_of("task.operators[]", op, ("+", "-", "*"))
@@ -491,6 +502,7 @@ class CountdownTaskConf(TaskConf):
     num_train: int = 20000
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check(2 <= self.num_numbers <= 6, "task.num_numbers", self.num_numbers, "2..6")
         _check(self.max_number >= 1, "task.max_number", self.max_number, ">= 1")
         _check(self.num_train >= 1, "task.num_train", self.num_train, ">= 1")
@@ -509,6 +521,7 @@ class JsonlTaskConf(TaskConf):
     apply_chat_template: bool = True
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check(self.num_eval >= 0, "task.num_eval", self.num_eval, ">= 0")
 
 

@@ -11,6 +11,7 @@ class PromptRow:
     index: int  # position in its split
     prompt_text: str  # final text given to the tokenizer (templates already applied)
     label: dict[str, Any] = field(default_factory=dict)  # ground truth for the judger
+    source: str = ""  # where the row came from ("file.jsonl:12"), for messages; "" for generated tasks
 
 
 @dataclass

@@ -51,10 +51,11 @@ def _file_format(path: Path, key: str) -> str:
     )
 
 
-def _check_jsonl_lines(path: Path, required: list[str]) -> None:
+def _check_jsonl_lines(path: Path, required: list[str]) -> list[int]:
     """Every non-blank line is UTF-8 text holding a JSON object with the required fields, else
-    `path:line`; a file without a row is refused here (the datasets library would say StopIteration)."""
-    rows = 0
+    `path:line`; a file without a row is refused here (the datasets library would say StopIteration).
+    Returns the line number of each row."""
+    lines = []
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
             try:
@@ -64,7 +65,7 @@ def _check_jsonl_lines(path: Path, required: list[str]) -> None:
                                     f"{exc.start + 1}); re-encode the file as UTF-8") from None
             if not line.strip():
                 continue
-            rows += 1
+            lines.append(lineno)
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -72,8 +73,9 @@ def _check_jsonl_lines(path: Path, required: list[str]) -> None:
             if not isinstance(row, dict):
                 raise DataFileError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
             _check_row(row, required, f"{path}:{lineno}")
-    if not rows:
+    if not lines:
         raise DataFileError(f"{path}: no rows (the file is empty or blank); expected one JSON object per line")
+    return lines
 
 
 def _check_row(row: dict[str, Any], required: list[str], where: str) -> None:
@@ -88,14 +90,19 @@ def _check_row(row: dict[str, Any], required: list[str], where: str) -> None:
 
 def read_rows(path_str: str, required: list[str], key: str = "task.path") -> list[dict[str, Any]]:
     """The rows of a JSONL or Parquet file as dicts, each checked for the required fields."""
+    return read_rows_with_sources(path_str, required, key)[0]
+
+
+def read_rows_with_sources(path_str: str, required: list[str],
+                           key: str = "task.path") -> tuple[list[dict[str, Any]], list[str]]:
+    """`read_rows` plus where each row is: "path:line" (JSONL) or "path: row i" (Parquet)."""
     path = Path(path_str).expanduser()
     if not path.is_file() and not path.is_absolute() and (PROJECT_ROOT / path).is_file():
         path = PROJECT_ROOT / path  # like model.path: shipped data (assets/...) from any directory
     if not path.is_file():
         raise ConfigError(f"{key}={path_str!r}: no such file ({path.resolve()})")
     fmt = _file_format(path, key)
-    if fmt == "json":
-        _check_jsonl_lines(path, required)
+    lines = _check_jsonl_lines(path, required) if fmt == "json" else []
 
     rows = _load_with_datasets(path, fmt)
     if fmt == "parquet":
@@ -103,7 +110,8 @@ def read_rows(path_str: str, required: list[str], key: str = "task.path") -> lis
             _check_row(row, required, f"{path}: row {i}")
     if not rows:
         raise DataFileError(f"{path}: no rows")
-    return rows
+    sources = [f"{path}:{n}" for n in lines] if len(lines) == len(rows) else [f"{path}: row {i}" for i in range(len(rows))]
+    return rows, sources
 
 
 def _load_with_datasets(path: Path, fmt: str) -> list[dict[str, Any]]:
@@ -142,11 +150,12 @@ def render_prompt(row: dict[str, Any], conf: JsonlTaskConf, tokenizer=None) -> s
     return text
 
 
-def _rows_to_prompts(rows: list[dict[str, Any]], conf: JsonlTaskConf, tokenizer) -> list[PromptRow]:
+def _rows_to_prompts(rows: list[dict[str, Any]], sources: list[str], conf: JsonlTaskConf,
+                     tokenizer) -> list[PromptRow]:
     return [
         PromptRow(index=i, prompt_text=render_prompt(row, conf, tokenizer),
-                  label={"answer": extract_answer(row[conf.answer_field], conf.answer_delimiter)})
-        for i, row in enumerate(rows)
+                  label={"answer": extract_answer(row[conf.answer_field], conf.answer_delimiter)}, source=src)
+        for i, (row, src) in enumerate(zip(rows, sources))
     ]
 
 
@@ -154,17 +163,19 @@ def load_jsonl_task(conf: JsonlTaskConf, tokenizer=None) -> TaskData:
     # The template's fields must exist in every row (`prompt` is the prompt_field alias).
     required = [conf.prompt_field, conf.answer_field]
     required += [f for f in template_fields(conf.prompt_template) if f != "prompt" and f not in required]
-    rows = read_rows(conf.path, required, "task.path")
+    rows, sources = read_rows_with_sources(conf.path, required, "task.path")
     if conf.eval_path:
-        eval_rows, train_rows = read_rows(conf.eval_path, required, "task.eval_path"), rows
+        (eval_rows, eval_sources), train_rows, train_sources = (
+            read_rows_with_sources(conf.eval_path, required, "task.eval_path"), rows, sources)
     else:
         if conf.num_eval >= len(rows):
             raise ConfigError(
                 f"task.num_eval={conf.num_eval} leaves no training rows: {conf.path} has {len(rows)} "
                 f"rows; lower task.num_eval or set task.eval_path"
             )
-        eval_rows, train_rows = rows[len(rows) - conf.num_eval:], rows[: len(rows) - conf.num_eval]
+        cut = len(rows) - conf.num_eval
+        eval_rows, train_rows, eval_sources, train_sources = rows[cut:], rows[:cut], sources[cut:], sources[:cut]
     log.info("task jsonl: %d train rows from %s, %d eval rows from %s", len(train_rows), conf.path,
              len(eval_rows), conf.eval_path or f"the last {conf.num_eval} rows of {conf.path}")
-    return TaskData(name="jsonl", train=_rows_to_prompts(train_rows, conf, tokenizer),
-                    eval=_rows_to_prompts(eval_rows, conf, tokenizer))
+    return TaskData(name="jsonl", train=_rows_to_prompts(train_rows, train_sources, conf, tokenizer),
+                    eval=_rows_to_prompts(eval_rows, eval_sources, conf, tokenizer))
