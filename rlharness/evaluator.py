@@ -123,4 +123,8 @@ class MultiTaskEvaluator:
                 stage, name = key.split("/", 1)
                 metrics[f"{stage}/{task}/{name}"] = value
                 means[key] = means.get(key, 0.0) + self.weights[task] * value
+        # A mean is known only when every task reported it (a task none of whose answers could be
+        # judged has no accuracy); failed judgements add up.
+        means = {k: v for k, v in means.items() if all(k in r for r in results)}
+        means["eval/judge_failed"] = float(sum(r.get("eval/judge_failed", 0.0) for r in results))
         return {**means, **metrics}

@@ -204,7 +204,10 @@ class Trainer:
 
     def _judge_window(self) -> dict[str, float]:
         """The judger's counts since the last call, as `judge/<name>` (summed over rows: every judgement)."""
-        now = self.c.judger.stats()
+        now: dict[str, float] = {}
+        for judger in self.c.judgers.values():  # one per task: summed
+            for k, v in judger.stats().items():
+                now[k] = now.get(k, 0.0) + v
         before, self._judge_marks = getattr(self, "_judge_marks", {}), now
         return {f"judge/{k}": v - before.get(k, 0.0) for k, v in now.items()}
 

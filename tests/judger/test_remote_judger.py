@@ -52,8 +52,9 @@ def server():
     thread.join(timeout=5)
 
 
-def _judger(server, path, timeout_s=5.0):
-    return RemoteJudger(RemoteJudgerConf(url=f"http://127.0.0.1:{server.server_port}{path}", timeout_s=timeout_s))
+def _judger(server, path, timeout_s=5.0, **conf):
+    return RemoteJudger(RemoteJudgerConf(url=f"http://127.0.0.1:{server.server_port}{path}", timeout_s=timeout_s,
+                                         **{"backoff_s": 0.01, **conf}))
 
 
 def _group(k=3):
@@ -110,10 +111,10 @@ def test_judge_group_fills_rewards(server):
 
 @pytest.mark.timeout(30)
 def test_judge_group_marks_failed_when_the_judger_raises(server):
-    group = asyncio.run(_judger(server, "/error").judge_group(_group(), timeout_s=10))
+    group = asyncio.run(_judger(server, "/error", max_retries=1).judge_group(_group(), timeout_s=60))
     assert all(s.status == Status.FAILED for s in group)
     assert all(s.reward is None for s in group)
-    assert "HTTP 500" in group[0].extra["fail_reason"]
+    assert "HTTP 500 judge exploded (after 2 attempts)" in group[0].extra["fail_reason"]
 
 
 @pytest.mark.timeout(30)
