@@ -110,10 +110,9 @@ class Trainer:
                 await self._save_on_stop()
             elif (self.step == conf.total_steps or data_ended) and not latest_checkpoint_is(self.run_dir, self.step):
                 await self._save()
-            else:
-                # Groups dropped since the last step or checkpoint reach the ledger even when the run stops,
-                # as part of the next step (a resume from the last checkpoint redoes, and re-ledgers, them).
-                self.ledger.write_dropped(self.step + 1, self.c.manager.pop_dropped())
+            # Groups dropped since the last step or checkpoint (a save ledgers them itself) reach the ledger
+            # even when the run stops, as part of the next step: a resume from the last checkpoint redoes them.
+            self.ledger.write_dropped(self.step + 1, self.c.manager.pop_dropped())
             self.metrics.close()
             write_plots(self.run_dir)
             self.wandb.finish()
