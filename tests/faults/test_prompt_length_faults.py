@@ -64,7 +64,7 @@ def test_long_prompts_are_dropped_when_asked_and_never_drawn(tmp_path, caplog):
 def test_an_explicit_limit_and_the_bounds_agree_with_the_tokenizer():
     """The byte and vocabulary bounds only skip encoding; the decision is the same as counting."""
     encode = lambda text: list(text.encode())  # one token per byte  # noqa: E731
-    meter = PromptMeter(encode, longest_token_chars=1)
+    meter = PromptMeter(encode, longest_token_chars=2)
     rows = [PromptRow(index=i, prompt_text="x" * n, source=f"f.jsonl:{i + 1}") for i, n in enumerate([5, 30, 31, 500])]
     assert [r.index for r in check_split(rows, "train", "t", 30, meter, "drop")] == [0, 1]
     with pytest.raises(ConfigError, match=r"2 of 4 train prompts of task t are longer than task.max_prompt_tokens="
