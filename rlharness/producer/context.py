@@ -136,15 +136,12 @@ class ProduceContext:
     # (a run that cannot make progress stops with an error instead of spinning), by cause,
     # with the last reason seen for each cause (`stall_message` names the real one).
     dropped_in_a_row: int = 0
-<<<<<<< HEAD
+    drop_causes: Counter = field(default_factory=Counter)
+    last_drop_reason: dict = field(default_factory=dict)
     # Interruptions after which a group is FAILED instead of restarted (0 = never; strategy.abort_cap()).
     abort_cap: int = 0
     # The last fill found nothing left to draw (allow_epoch_rollover=false), see strategies._fill.
     data_exhausted: bool = False
-=======
-    drop_causes: Counter = field(default_factory=Counter)
-    last_drop_reason: dict = field(default_factory=dict)
->>>>>>> 4927b41 (Judging that cannot freeze a run: rule judgers score slow members in killable processes (pebble, forkserver, RLIMIT_AS), judger.on_timeout fail|zero; remote judger concurrent with retries/backoff, batch_url, redirects refused; eval/judge_failed apart from accuracy; stall message names the cause; judge/* counts per step)
     # Tail-batch bookkeeping, for metrics and tests.
     tail_rounds: int = 0
     last_round_tail: bool = False
@@ -342,18 +339,21 @@ class ProduceContext:
 
 
 def drop_cause(group: Group, status: Status) -> tuple[str, str]:
-    """(cause, reason) of a group dropped on arrival: judging | crash | filter | expiry."""
+    """(cause, reason) of a group dropped on arrival: judging | crash | aborts | filter | expiry."""
     if status == Status.FILTERED:
         return "filter", str(group[0].extra.get("filter_reason", "filtered"))
     if status == Status.FAILED:
         reason = next((str(s.extra["fail_reason"]) for s in group if "fail_reason" in s.extra), "failed")
-        return ("judging" if reason.startswith("judger ") else "crash"), reason
+        if reason.startswith("judger "):
+            return "judging", reason
+        return ("aborts" if reason.startswith("interrupted ") else "crash"), reason
     return "expiry", "expired on arrival (too stale)"
 
 
 _STALL_HINTS = {
     "judging": "the judger is failing: check it (judger.*, agent.judge_timeout_s)",
     "crash": "the agent loop keeps crashing (see the log)",
+    "aborts": "groups are interrupted too often (strategy.max_aborts; see the last reason)",
     "filter": "strategy.group_filter drops every group (every member of a group scores the same: is the "
               "task too hard or too easy for the model?)",
     "expiry": "groups expire on arrival: the engines' weights lag the trainer by more than max_staleness "
