@@ -150,8 +150,9 @@ def render_prompt(row: dict[str, Any], conf: JsonlTaskConf, tokenizer=None) -> s
     return text
 
 
-def _rows_to_prompts(rows: list[dict[str, Any]], sources: list[str], conf: JsonlTaskConf,
-                     tokenizer) -> list[PromptRow]:
+def _rows_to_prompts(rows: list[dict[str, Any]], conf: JsonlTaskConf, tokenizer,
+                     sources: list[str] | None = None) -> list[PromptRow]:
+    sources = sources if sources is not None else [""] * len(rows)
     return [
         PromptRow(index=i, prompt_text=render_prompt(row, conf, tokenizer),
                   label={"answer": extract_answer(row[conf.answer_field], conf.answer_delimiter)}, source=src)
@@ -177,5 +178,5 @@ def load_jsonl_task(conf: JsonlTaskConf, tokenizer=None) -> TaskData:
         eval_rows, train_rows, eval_sources, train_sources = rows[cut:], rows[:cut], sources[cut:], sources[:cut]
     log.info("task jsonl: %d train rows from %s, %d eval rows from %s", len(train_rows), conf.path,
              len(eval_rows), conf.eval_path or f"the last {conf.num_eval} rows of {conf.path}")
-    return TaskData(name="jsonl", train=_rows_to_prompts(train_rows, train_sources, conf, tokenizer),
-                    eval=_rows_to_prompts(eval_rows, eval_sources, conf, tokenizer))
+    return TaskData(name="jsonl", train=_rows_to_prompts(train_rows, conf, tokenizer, train_sources),
+                    eval=_rows_to_prompts(eval_rows, conf, tokenizer, eval_sources))
