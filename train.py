@@ -37,7 +37,7 @@ EXIT_REFUSED = 2
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     cfg.run_dir = HydraConfig.get().runtime.output_dir
-    adopt_strategy_max_staleness(cfg)
+    adopt_strategy_max_staleness(cfg, HydraConfig.get().overrides.task)
     try:
         conf = OmegaConf.to_object(cfg)  # typed + validated (__post_init__) before anything starts
         if _RESUME_OVERRIDES:

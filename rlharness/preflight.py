@@ -144,7 +144,7 @@ def compose_checked(overrides: list[str]):
             del job["hydra"]
         check_known_keys(job)
         job.run_dir = "preflight"
-        adopt_strategy_max_staleness(job)  # as train.py
+        adopt_strategy_max_staleness(job, overrides)  # as train.py
         OmegaConf.to_object(job)  # the schemas' __post_init__ checks
     except ConfigError:
         raise

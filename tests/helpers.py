@@ -24,7 +24,7 @@ def compose_conf(overrides: list[str], run_dir: str | Path = ""):
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose(config_name="config", overrides=list(overrides))
     cfg.run_dir = str(run_dir)
-    adopt_strategy_max_staleness(cfg)  # as train.py
+    adopt_strategy_max_staleness(cfg, overrides)  # as train.py
     return OmegaConf.to_object(cfg), OmegaConf.to_container(cfg, resolve=True)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from omegaconf import II, MISSING, DictConfig, OmegaConf
 
@@ -823,16 +823,18 @@ class RunConf:
         return max(self.sampling_for(e).max_tokens for e in self.task_entries().values())
 
 
-def adopt_strategy_max_staleness(cfg: DictConfig) -> None:
+def adopt_strategy_max_staleness(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
     """Make `strategy.max_staleness=N` given alone the run's bound (before `OmegaConf.to_object`).
 
     The strategy's value interpolates the top-level `max_staleness`, which the replay
     buffer and the manager read. A user who sets the strategy's key replaces the
-    interpolation: if the top-level value is still its default, it takes the user's
-    value; if both were set and differ, `RunConf` refuses the pair.
+    interpolation: unless the top-level key was also given on the command line (even as
+    its default, 0) or changed by an experiment, it takes the user's value; if both were
+    set and differ, `RunConf` refuses the pair.
     """
     strategy = cfg.get("strategy")
     if strategy is None or "max_staleness" not in strategy or OmegaConf.is_interpolation(strategy, "max_staleness"):
         return
-    if cfg.max_staleness == RunConf.max_staleness:
+    top_level_given = any(o.lstrip("+~").split("=", 1)[0] == "max_staleness" for o in overrides)
+    if cfg.max_staleness == RunConf.max_staleness and not top_level_given:
         cfg.max_staleness = strategy.max_staleness

@@ -85,3 +85,6 @@ def test_strategy_max_staleness_is_the_runs_bound():
     assert conf.max_staleness == 2 and conf.strategy.max_staleness == 2
     with pytest.raises(ConfigError, match="strategy.max_staleness=3 differs from max_staleness=1"):
         compose_conf(["strategy=async", "max_staleness=1", "strategy.max_staleness=3"])
+    # An explicit 0 is a setting too, not "the default, so adopt the strategy's".
+    with pytest.raises(ConfigError, match="strategy.max_staleness=3 differs from max_staleness=0"):
+        compose_conf(["strategy=async", "max_staleness=0", "strategy.max_staleness=3"])
