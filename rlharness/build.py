@@ -135,7 +135,9 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
         backend = build_backend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed)
 
     replay_buffer = ReplayBuffer(max_staleness=conf.max_staleness, sync_weights_interval=conf.sync_weights_interval,
-                                 staleness_mode=conf.strategy.staleness_mode)
+                                 staleness_mode=conf.strategy.staleness_mode,
+                                 task_max_staleness={name: e.max_staleness for name, e in entries.items()
+                                                     if e.max_staleness is not None})
 
     # Text the agent loop inserts mid-response (tool output) must not get a BOS of its own.
     def agent_loop_with(name: str, temperature: float | None = None, max_tokens: int | None = None):

@@ -8,7 +8,8 @@ ledger (`rollouts/dropped.jsonl`), never kept here.
 
 Staleness (DESIGN.md): a sample trained at `train_step` whose oldest token came from
 weight version v has staleness `train_step - v - 1`; a group expires once any sample
-reaches `(max_staleness + 1) * sync_weights_interval`. An expired group loses its
+reaches `(max_staleness + 1) * sync_weights_interval`, with the bound of its task
+(`task_max_staleness`, a multi-task run's `tasks.<name>.max_staleness`). An expired group loses its
 responses and goes back to the sampler instead of being dropped, so slow prompts are
 not silently skipped (tinker-cookbook PR #822). With `staleness_mode="admission"` the
 bound is held where groups start (the producer's admission budget) and nothing kept
@@ -74,12 +75,19 @@ def _expire(group: Group) -> int:
 
 
 class ReplayBuffer:
-    def __init__(self, max_staleness: int, sync_weights_interval: int = 1, staleness_mode: str = "token") -> None:
+    def __init__(self, max_staleness: int, sync_weights_interval: int = 1, staleness_mode: str = "token",
+                 task_max_staleness: dict[str, int] | None = None) -> None:
+        """`max_staleness` bounds every task; `task_max_staleness` gives some tasks a tighter bound."""
         if staleness_mode not in STALENESS_MODES:
             raise ValueError(f"staleness_mode={staleness_mode!r} is not one of {', '.join(STALENESS_MODES)}")
         self.max_staleness = max_staleness
         self.sync_weights_interval = sync_weights_interval
         self.stale_threshold = stale_threshold(max_staleness, sync_weights_interval)
+        wider = {t: b for t, b in (task_max_staleness or {}).items() if not 0 <= b <= max_staleness}
+        if wider:
+            raise ValueError(f"task bounds {wider} must be within 0..max_staleness={max_staleness}")
+        self.task_max_staleness = dict(task_max_staleness or {})
+        self._task_threshold = {t: stale_threshold(b, sync_weights_interval) for t, b in self.task_max_staleness.items()}
         self.staleness_mode = staleness_mode
         # Admission mode: the bound is held by the producer's admission budget, never by expiry.
         self.expires = staleness_mode == "token"
@@ -158,7 +166,7 @@ class ReplayBuffer:
         gid = group[0].group_id
         if status in (Status.COMPLETED, Status.ABORTED):
             oldest = oldest_version(group)
-            if self._too_stale(oldest, train_step):
+            if self._too_stale(oldest, train_step, task):
                 self._expire_into_pool(group)
                 return Status.EXPIRED
             if status == Status.ABORTED:
@@ -176,9 +184,17 @@ class ReplayBuffer:
                     return str(s.extra[key])
         return status.value
 
-    def _too_stale(self, oldest: float, train_step: int) -> bool:
-        """Whether a group whose oldest token has version `oldest` is past the bound at `train_step`."""
-        return self.expires and staleness(oldest, train_step) >= self.stale_threshold
+    def bound(self, task: str) -> int:
+        """`task`'s max_staleness: its own or the run's."""
+        return self.task_max_staleness.get(task, self.max_staleness)
+
+    def threshold(self, task: str) -> int:
+        """Staleness at which `task`'s samples expire (or past which none is admitted)."""
+        return self._task_threshold.get(task, self.stale_threshold)
+
+    def _too_stale(self, oldest: float, train_step: int, task: str) -> bool:
+        """Whether a group of `task` whose oldest token has version `oldest` is past its bound at `train_step`."""
+        return self.expires and staleness(oldest, train_step) >= self.threshold(task)
 
     def _expire_into_pool(self, group: Group) -> None:
         self.counters["expired_tokens"] += _expire(group)
@@ -192,8 +208,9 @@ class ReplayBuffer:
         self._checked_step = train_step
         expired = 0
         for task, pools in self._pools.items():
+            limit = self.threshold(task)
             for status in (Status.COMPLETED, Status.ABORTED):
-                stale = [gid for gid in pools[status] if self._too_stale(self._oldest[gid], train_step)]
+                stale = [gid for gid in pools[status] if staleness(self._oldest[gid], train_step) >= limit]
                 for gid in stale:
                     del self._oldest[gid]
                     self._expire_into_pool(pools[status].pop(gid))
@@ -249,6 +266,7 @@ class ReplayBuffer:
             "max_staleness": self.max_staleness,
             "sync_weights_interval": self.sync_weights_interval,
             "staleness_mode": self.staleness_mode,
+            "task_max_staleness": dict(self.task_max_staleness),
             "groups": groups,
             "dropped": [[[s.to_dict() for s in g], reason] for g, reason in self._dropped],
             "counters": dict(self.counters),

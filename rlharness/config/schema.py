@@ -549,6 +549,10 @@ class TaskEntryConf:
     allow_epoch_rollover: Optional[bool] = None
     # None = strategy.over_sample_threshold (async only).
     over_sample_threshold: Optional[float] = None
+    # None = the run's max_staleness, which is the largest a task may have: a task whose
+    # rewards suffer from stale samples gets a tighter bound, held as the run's is
+    # (strategy.staleness_mode: expiry of its tokens, or its admission budget).
+    max_staleness: Optional[int] = None
     # Checked by RunConf, which knows the entry's name.
 
 
@@ -776,6 +780,11 @@ class RunConf:
                    "a finite number > 0")
             _check(entry.over_sample_threshold is None or entry.over_sample_threshold >= 0,
                    f"tasks.{name}.over_sample_threshold", entry.over_sample_threshold, "a number >= 0 or null")
+            _check(entry.max_staleness is None or (isinstance(entry.max_staleness, int)
+                                                   and 0 <= entry.max_staleness <= self.max_staleness),
+                   f"tasks.{name}.max_staleness", entry.max_staleness,
+                   f"null (the run's) or an integer from 0 to the run's max_staleness={self.max_staleness} "
+                   f"(raise max_staleness to give a task more)")
             unknown = sorted(set(entry.sampling) - set(SamplingConf.__dataclass_fields__))
             _check(not unknown, f"tasks.{name}.sampling", unknown,
                    "keys among " + ", ".join(SamplingConf.__dataclass_fields__))
@@ -794,6 +803,10 @@ class RunConf:
         if self.tasks:
             return dict(self.tasks)
         return {self.task.name: TaskEntryConf(task=self.task, judger=self.judger)}
+
+    def staleness_for(self, entry: TaskEntryConf) -> int:
+        """A task's staleness bound: its own, or the run's."""
+        return self.max_staleness if entry.max_staleness is None else entry.max_staleness
 
     def judger_for(self, entry: TaskEntryConf) -> JudgerConf:
         """The judger config a task is scored with; `auto` (or none given) = the task's own."""

@@ -33,6 +33,9 @@ def sample_row(s: RolloutState, train_step: int) -> dict[str, Any]:
         "prompt": s.prompt_text,
         "response": s.response_text,
     }
+    for key in ("max_staleness", "admit_version", "admit_step"):  # the task's bound, and the admission it held
+        if key in s.extra:
+            row[key] = s.extra[key]
     if "turns" in s.extra:  # multi-turn loops: the model's turns and the tool outputs, readable
         row["tool_calls"] = s.extra.get("tool_calls", 0)
         row["turns"] = s.extra["turns"]

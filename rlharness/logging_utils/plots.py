@@ -12,10 +12,10 @@ from rlharness.logging_utils.metrics import read_metrics
 PLOTS = {
     "reward": ("Rollout reward", ["rollout/reward_mean", "rollout/*/reward_mean"]),
     "eval_accuracy": ("Eval accuracy (greedy pass@1)", ["eval/accuracy", "eval/*/accuracy", "eval/pass@k"]),
-    "response_len": ("Response length (tokens)", ["rollout/response_len_mean"]),
+    "response_len": ("Response length (tokens)", ["rollout/response_len_mean", "rollout/*/response_len_mean"]),
     "throughput": ("Throughput (tokens/s)", ["perf/tokens_per_s"]),
     "staleness": ("Staleness (weight versions)", ["staleness/mean", "staleness/max", "staleness/admission_mean",
-                                                  "staleness/admission_max"]),
+                                                  "staleness/admission_max", "staleness/*/max"]),
     "loss": ("Training loss", ["train/loss", "train/kl"]),
     "step_time": ("Time per step (s)", ["perf/step_s", "perf/rollout_s", "perf/train_s", "perf/weight_sync_s"]),
 }

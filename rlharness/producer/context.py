@@ -11,7 +11,7 @@ stamped with the engines' weight version and the step its place in the cumulativ
 counts budgets it for (`extra["admit_version"]`, `extra["admit_step"]`); a continuation
 keeps its stamp. Staleness at admission is `admit_step - 1 - admit_version`; in
 admission mode (`strategy.staleness_mode=admission`) `admission_room` keeps it within
-the bound.
+the task's bound (`extra["max_staleness"]`, stamped too: the ledger shows it held).
 """
 
 from __future__ import annotations
@@ -126,6 +126,11 @@ class ProduceContext:
     over_sample_threshold: float | None = None
     # Staleness (in weight versions) at which a sample expires, or past which no group is admitted.
     stale_threshold: int = 1
+    # This task's bound (stamped on every group it starts, for the ledger).
+    max_staleness: int = 0
+    # Token mode, a task bound tighter than the run's: the most groups worth producing now (its
+    # cumulative allocation up to the furthest step they would not expire for); None: no cap.
+    target_cap: Callable[[], int] | None = None
     # This task's groups in the batch of a step (the manager's BatchAllocation); None: task_batch_size.
     step_size: Callable[[int], int] | None = None
     # Per-batch window counters (groups_filtered, groups_failed, groups_aborted...), reset by the manager.
@@ -155,7 +160,8 @@ class ProduceContext:
 
     # ------------------------------------------------------------------ progress
     def target(self) -> int:
-        return self.progress.target_samples[self.task]
+        target = self.progress.target_samples[self.task]
+        return target if self.target_cap is None else min(target, self.target_cap())
 
     def available(self) -> int:
         """Groups produced so far that count toward the target: consumed + waiting COMPLETED."""
@@ -194,6 +200,7 @@ class ProduceContext:
         for s in group:
             s.extra["admit_version"] = version
             s.extra["admit_step"] = step
+            s.extra["max_staleness"] = self.max_staleness
 
     def expired_count(self) -> int:
         return self.replay_buffer.count(self.task, Status.EXPIRED)

@@ -85,6 +85,9 @@ class AgentLoopManager:
         for name, (sampler, _) in tasks.items():
             if sampler.task != name:
                 raise ValueError(f"tasks[{name!r}] holds a sampler for task {sampler.task!r}")
+        unknown = sorted(set(replay_buffer.task_max_staleness) - set(tasks))
+        if unknown:
+            raise ValueError(f"the replay buffer has staleness bounds for tasks {unknown} this manager lacks")
         self.strategy = strategy
         self.replay_buffer = replay_buffer
         self.batch_size = batch_size
@@ -126,7 +129,9 @@ class AgentLoopManager:
                 model_step=lambda: self._model_step,
                 producer_wake=self._producer_wake,
                 on_put=self._on_put,
-                stale_threshold=threshold,
+                stale_threshold=replay_buffer.threshold(name),
+                max_staleness=replay_buffer.bound(name),
+                target_cap=self._target_cap(name),
                 # One task: every step's batch is `batch_size` (task_batch_size), no per-step lookup.
                 step_size=None if len(tasks) == 1 else (lambda step, name=name: self.allocation.sizes(step)[name]),
                 abort_cap=strategy.abort_cap(),
@@ -140,7 +145,22 @@ class AgentLoopManager:
         self._exhausted = False  # the produce loop's last round ran out of data with nothing in flight
         self._produce_s = 0.0  # seconds spent producing (strategies running) since the last batch was taken
         self._consumer_waiting_step = 0
+        self._serving_step = 0  # the step produce_batch/get_batch is producing for right now
         self._window_marks = self._marks()
+
+    def _target_cap(self, task: str):
+        """Token mode: a task with a tighter bound than the run's produces only for the steps its
+        groups would not expire for (the run's `_may_produce_for`, with its own threshold); the
+        buffer's expiry holds the bound, this avoids producing what would expire on arrival.
+        Admission mode needs no cap: its admission room uses the task's threshold."""
+        threshold = self.replay_buffer.threshold(task)
+        if self.strategy.admission or threshold >= self.stale_threshold:
+            return None
+
+        def cap() -> int:
+            furthest = max(self._model_step + threshold, self._serving_step)
+            return self.allocation.cumulative(furthest)[task]
+        return cap
 
     def _on_put(self) -> None:
         """A group landed in the buffer: wake a waiting consumer once a batch can be taken
@@ -177,6 +197,7 @@ class AgentLoopManager:
         start_s = loop.time()
         self.progress.begin_consume(train_step)
         self.replay_buffer.refresh_staleness(train_step)
+        self._serving_step = train_step
         while True:
             # Again on every round: a task that left the mix changes this step's split.
             self.progress.set_local_target(train_step, self.allocation.sizes(train_step))
@@ -310,7 +331,7 @@ class AgentLoopManager:
                 self.progress.target_samples[task] = max(self.progress.target_samples[task],
                                                          self.progress.consumed_samples[task])
             self.progress.target_upto_future_step = train_step - 1
-        self._consumer_waiting_step = train_step
+        self._consumer_waiting_step = self._serving_step = train_step
         self._producer_wake.set()
         try:
             while True:
@@ -331,7 +352,7 @@ class AgentLoopManager:
                     raise TimeoutError(self._timeout_message(train_step, timeout_s))
                 await self._consumer_wake.wait(min(remaining, self.poll_interval_s))
         finally:
-            self._consumer_waiting_step = 0
+            self._consumer_waiting_step = self._serving_step = 0
 
     def _retry_waiting(self) -> bool:
         """Some ABORTED or EXPIRED group waits in the buffer to be produced again."""
@@ -406,7 +427,7 @@ class AgentLoopManager:
 
     def _stats(self, groups: list[Group], train_step: int, produce_s: float) -> dict[str, float]:
         window: Counter = Counter()
-        per_task = self._task_stats(groups) if len(self.contexts) > 1 else {}
+        per_task = self._task_stats(groups, train_step) if len(self.contexts) > 1 else {}
         for c in self.contexts.values():
             window.update(c.window)
             c.window.clear()
@@ -472,20 +493,28 @@ class AgentLoopManager:
             **per_task,
         }
 
-    def _task_stats(self, groups: list[Group]) -> dict[str, float]:
-        """`rollout/<task>/...` for a multi-task run (before the windows are reset)."""
+    def _task_stats(self, groups: list[Group], train_step: int) -> dict[str, float]:
+        """`rollout/<task>/...` and `staleness/<task>/...` for a multi-task run (before the windows are reset)."""
         out: dict[str, float] = {}
         for name, c in self.contexts.items():
             mine = [g for g in groups if g[0].task == name]
             samples = [s for g in mine for s in g]
             scores = [s.reward["score"] for s in samples if s.reward is not None and "score" in s.reward]
+            oldest = min((min(s.response_model_steps) for s in samples if s.response_model_steps), default=None)
+            admitted = [g[0].extra["admit_step"] - 1 - g[0].extra["admit_version"] for g in mine
+                        if "admit_step" in g[0].extra]
             out.update({
+                f"staleness/{name}/max": float(staleness(oldest, train_step)) if oldest is not None else 0.0,
+                f"staleness/{name}/admission_max": float(max(admitted, default=0)),
                 f"rollout/{name}/num_groups": float(len(mine)),
                 f"rollout/{name}/reward_mean": sum(scores) / len(scores) if scores else 0.0,
                 f"rollout/{name}/response_len_mean":
                     sum(len(s.response_ids) for s in samples) / len(samples) if samples else 0.0,
                 f"rollout/{name}/raw_reward_mean":
                     c.window["raw_reward_sum"] / c.window["raw_reward_count"] if c.window["raw_reward_count"] else 0.0,
+                # Groups that came back from generation (kept, dropped or aborted): beyond the trained
+                # ones, what over-sampling (tasks.<name>.over_sample_threshold) and retries cost.
+                f"rollout/{name}/groups_generated": float(c.window["groups_generated"]),
                 f"rollout/{name}/groups_filtered": float(c.window["groups_filtered"]),
                 f"rollout/{name}/groups_failed": float(c.window["groups_failed"]),
                 f"rollout/{name}/groups_aborted": float(c.window["groups_aborted"]),

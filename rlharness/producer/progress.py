@@ -68,6 +68,7 @@ class BatchAllocation:
         self.weights = dict(weights)
         self.left: dict[str, int] = {}  # task -> first step without it
         self._sizes: list[dict[str, int]] = []  # step s -> self._sizes[s - 1]
+        self._cum: list[dict[str, int]] = []  # step s -> groups over steps 1..s
         self._carry: dict[str, Fraction] = {}
 
     @property
@@ -85,12 +86,15 @@ class BatchAllocation:
         return dict(self._sizes[step - 1])
 
     def cumulative(self, step: int) -> dict[str, int]:
-        """Groups per task over steps 1..step."""
-        total = {t: 0 for t in self.weights}
-        for s in range(1, step + 1):
-            for t, n in self.sizes(s).items():
-                total[t] += n
-        return total
+        """Groups per task over steps 1..step (prefix sums, cached with the sizes)."""
+        if step < 1:
+            return {t: 0 for t in self.weights}
+        self.sizes(step)
+        while len(self._cum) < step:
+            before = self._cum[-1] if self._cum else {t: 0 for t in self.weights}
+            now = self._sizes[len(self._cum)]
+            self._cum.append({t: before[t] + now[t] for t in self.weights})
+        return dict(self._cum[step - 1])
 
     def share(self, task: str) -> int:
         """`task`'s groups per step on average, rounded up (its per-step scale, e.g. for over-sampling)."""
@@ -108,7 +112,7 @@ class BatchAllocation:
 
     def _rebuild(self) -> None:
         """Forget the cache; steps are recomputed from step 1 (the same up to any leave)."""
-        self._sizes, self._carry = [], {}
+        self._sizes, self._cum, self._carry = [], [], {}
 
     def state_dict(self) -> dict[str, Any]:
         return {"batch_size": self.batch_size, "weights": dict(self.weights), "left": dict(self.left)}

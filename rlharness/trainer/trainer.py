@@ -202,11 +202,15 @@ class Trainer:
         return loop.time() - t0
 
     def _judge_window(self) -> dict[str, float]:
-        """The judger's counts since the last call, as `judge/<name>` (summed over rows: every judgement)."""
+        """The judgers' counts since the last call, as `judge/<name>` summed over tasks, and in a
+        multi-task run also `judge/<task>/<name>` per task (each task has its own judger)."""
         now: dict[str, float] = {}
-        for judger in self.c.judgers.values():  # one per task: summed
+        per_task = len(self.c.judgers) > 1
+        for task, judger in self.c.judgers.items():
             for k, v in judger.stats().items():
                 now[k] = now.get(k, 0.0) + v
+                if per_task:
+                    now[f"{task}/{k}"] = v
         before, self._judge_marks = getattr(self, "_judge_marks", {}), now
         return {f"judge/{k}": v - before.get(k, 0.0) for k, v in now.items()}
 
