@@ -60,6 +60,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from aiotools import VirtualClock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -69,6 +70,7 @@ from _common import Stack, async_conf, build_stack, capped_length_mean, length_p
 
 from rlharness.backend.sim import SimBackend  # noqa: E402
 from rlharness.config.schema import AlgoConf, SimBackendConf, SimEngineConf, StrategyConf, SyncStrategyConf  # noqa: E402
+from rlharness.engine.sim import lognormal_params  # noqa: E402
 from rlharness.trainer.batch import build_train_batch  # noqa: E402
 
 log = logging.getLogger("producer_efficiency")
@@ -150,30 +152,61 @@ The ceiling is the largest F meeting this (bisection); no schedule under that ru
 
 
 ADMISSION_FORMULA = """\
-Ceiling of admission mode (strategy.staleness_mode=admission) under max_staleness=s: a group starts only
-while the groups produced beyond consumption fit the steps up to v+s+1 (v: the engines' weights), so the
-room is s*B groups for T_busy = T_train + T_sync after each batch is taken (the old weights still serve)
-and (s+1)*B for the rest of the step T = B*K/F (T >= T_busy below X*). Nothing expires; every admitted
-group stays admitted at least as long as its slowest member generates, G = prefill + max_k(n_k)*t_tok
-(members started together, never queued, never paused). Little's law on the admitted groups:
-  (F/K) * E[G] <= B * (s + 1 - T_busy/T)   =>   F <= (s+1)*B*K / (E[G] + T_busy)
-  E[max_k n_k] = sum_n n * (P(len <= n)^K - P(len <= n-1)^K)        (exact sum over the CDF)
-The ceiling is min(X*, that); no schedule under the admission rule exceeds it."""
+Ceiling of admission mode (strategy.staleness_mode=admission) under max_staleness=s. The rule admits the
+n-th group produced (cumulative, consumed + waiting + in flight) only while n <= B*(v+s+1), v the engines'
+weights: the room opens a batch at a time, cohort k+s+1 (groups B*(k+s)+1 .. B*(k+s+1)) when version k
+reaches the engines, at sigma_k = tau_k + T_train + T_sync (tau_k: when step k's batch is taken). A group
+holds its place from admission until its batch is taken, finished or not, so the ceiling is set by how
+many admitted groups are still generating when a batch is due, not by the room alone. Idealized schedule:
+every group starts the moment the rule admits it and never queues for a slot; it finishes
+G = prefill + max_k(n_k)*t_tok later, plus T_sync + prefill for each weight sync it spans (the engines
+pause, as for X*; partial rollout re-pays the prefill); step t's batch is the B admitted groups that finish
+first, taken at tau_t = max(sigma_{t-1}, the B-th finish), trained in T_train(its tokens):
+  tau_t = max(sigma_{t-1}, B-th smallest finish among admitted, untaken groups),  F = B*K / E[tau_t - tau_{t-1}]
+Any producer under the rule starts each group no earlier and finishes it no sooner, so none trains faster.
+Computed by running that schedule on lengths drawn from the engine's law (ADMISSION_CEILING_STEPS steps,
+seeded: the same number on every run); the ceiling is min(X*, F). s=0 is the sync schedule."""
+
+ADMISSION_CEILING_STEPS = 2000
+ADMISSION_CEILING_WARMUP = 100
 
 
-def admission_ceiling(c: Case, max_staleness: int) -> float:
+def admission_ceiling(c: Case, max_staleness: int, seed: int = 0) -> float:
     """Samples/s (ADMISSION_FORMULA): the most any producer trains under the admission rule."""
-    pmf = length_pmf(c.mean_len, c.cv, c.cap)
-    below = 0.0
-    max_len_mean = 0.0
-    for n, p in enumerate(pmf):
-        cdf = below + p
-        max_len_mean += n * (cdf ** c.group_size - below ** c.group_size)
-        below = cdf
-    bound = ideal_bound(c)
-    group_s = c.prefill_s + max_len_mean * c.time_per_token_s
-    busy_s = bound.train_s + c.weight_sync_s
-    return min(bound.ideal, (max_staleness + 1) * c.batch_size * c.group_size / (group_s + busy_s))
+    return min(ideal_bound(c).ideal, admission_schedule_rate(c, max_staleness, seed=seed))
+
+
+def admission_schedule_rate(c: Case, max_staleness: int, steps: int = ADMISSION_CEILING_STEPS,
+                            warmup: int = ADMISSION_CEILING_WARMUP, seed: int = 0) -> float:
+    """Samples/s of ADMISSION_FORMULA's idealized schedule (not capped at X*)."""
+    s, B, K = max_staleness, c.batch_size, c.group_size
+    rng = np.random.default_rng(seed)
+    mu, sigma = lognormal_params(c.mean_len, c.cv)
+    cohorts = steps + s + 1
+    raw = np.full((cohorts * B, K), float(c.mean_len)) if c.cv == 0 else rng.lognormal(mu, sigma, (cohorts * B, K))
+    lens = np.maximum(1.0, np.rint(raw))  # the SimEngine's law: max(1, round(L)), capped
+    if c.cap > 0:
+        lens = np.minimum(lens, c.cap)
+    group_s = c.prefill_s + lens.max(axis=1) * c.time_per_token_s
+    tokens = lens.sum(axis=1)
+    # Admitted, untaken groups: when each finishes and its tokens. Versions 0 admits cohorts 1..s+1 at t=0.
+    finish, toks = group_s[:B * (s + 1)].copy(), tokens[:B * (s + 1)].copy()
+    free_s, ends = 0.0, []
+    for t in range(1, steps + 1):
+        pick = np.argpartition(finish, B - 1)[:B]
+        tau = max(free_s, float(finish[pick].max()))
+        train_s = c.train_step_s + c.train_per_token_s * float(toks[pick].sum())
+        keep = np.ones(len(finish), bool)
+        keep[pick] = False
+        finish, toks = finish[keep], toks[keep]
+        pause_s = tau + train_s  # the weight sync: whatever is still generating waits it out
+        finish[finish > pause_s] += c.weight_sync_s + c.prefill_s
+        free_s = pause_s + c.weight_sync_s  # sigma_t: version t admits cohort t+s+1
+        new = slice(B * (t + s), B * (t + s + 1))
+        finish = np.concatenate([finish, free_s + group_s[new]])
+        toks = np.concatenate([toks, tokens[new]])
+        ends.append(free_s)
+    return B * K * (steps - warmup) / (ends[-1] - ends[warmup - 1])
 
 
 def staleness_ceiling(c: Case, max_staleness: int) -> float:
@@ -234,7 +267,7 @@ def modes() -> list[Mode]:
     out.append(Mode("over-sample 0.5 s=0", False, async_conf(0, partial=False, over_sample=0.5), 0, False, 0.5))
     out.append(Mode("colocate over-sample 0.5", True, async_conf(0, partial=False, over_sample=0.5), 0, False, 0.5))
     # Admission mode: the bound held where groups start; nothing expires (over-sampling has no room there).
-    for s in (0, 1, 2, 4):
+    for s in (0, 1, 2, 3, 4):
         out.append(Mode(f"admission s={s} partial", False, async_conf(s, partial=True, staleness_mode="admission"),
                         s, True, 0.0, "admission"))
     out.append(Mode("admission s=2", False, async_conf(2, partial=False, staleness_mode="admission"), 2, False, 0.0,
@@ -546,7 +579,7 @@ def describe(name: str, c: Case) -> str:
             f"  staleness ceiling (async + partial): "
             + ", ".join(f"s={s} {100 * staleness_ceiling(c, s) / b.ideal:.1f}%" for s in (1, 2, 4)) + " of X*\n"
             f"  admission ceiling (admission + partial): "
-            + ", ".join(f"s={s} {100 * admission_ceiling(c, s) / b.ideal:.1f}%" for s in (1, 2, 4)) + " of X*")
+            + ", ".join(f"s={s} {100 * admission_ceiling(c, s) / b.ideal:.1f}%" for s in (0, 1, 2, 3, 4)) + " of X*")
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:

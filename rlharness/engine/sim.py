@@ -247,6 +247,7 @@ class SimEngine(RolloutEngine):
             "tokens": float(self._tokens),
             "requests": float(self._num_requests),
             "aborted": float(self._num_aborted),
-            "in_flight": float(len(self._requests)),
+            "in_flight": float(len(self._requests)),  # running and queued
+            "running": float(self._active),
             "max_active": float(self._max_active),
         }

@@ -49,7 +49,7 @@ def test_producer_efficiency_quick_runs_reports_and_holds_the_sim_invariants(pe,
     md = (tmp_path / "producer_efficiency_quick.md").read_text()
     assert "X*      = B*K / (T_sync + max(T_train, B*K / R_gen))" in md and "| sync |" in md
     assert "W(F) = (s+1)*T - T_busy" in md and "staleness ceiling" in md
-    assert "F <= (s+1)*B*K / (E[G] + T_busy)" in md and "admission ceiling" in md
+    assert "tau_t = max(sigma_{t-1}, B-th smallest finish" in md and "admission ceiling" in md
     with open(tmp_path / "producer_efficiency_quick.csv") as f:
         assert len(list(csv.DictReader(f))) == len(rows) == len(pe.modes())
     by = {r["mode"]: r for r in rows}
@@ -74,19 +74,31 @@ def test_producer_efficiency_quick_runs_reports_and_holds_the_sim_invariants(pe,
 def test_admission_ceiling_hand_values(pe):
     from dataclasses import replace
 
-    # Fixed lengths (cv 0): every group's slowest member is a mean one, G = prefill + n*t_tok = 5.32 s;
-    # T_busy = T_train + T_sync = 5.32 + 1 s. F <= (s+1) * 256 / (5.32 + 6.32) = 21.99 (s=0), 43.98 (s=1) -> X*.
+    # Fixed lengths (cv 0): every group takes G = prefill + 128*t_tok = 5.32 s; T_busy = T_train + T_sync
+    # = 5.32 + 1 s. s=0 is sync: the batch admitted at a sync is taken G later, one step per G + T_busy.
     fixed = replace(pe.WHOLE_BATCH, cv=0.0)
     b = pe.ideal_bound(fixed)
     group_s = fixed.prefill_s + 128 * fixed.time_per_token_s
     assert pe.admission_ceiling(fixed, 0) == pytest.approx(256 / (group_s + b.train_s + fixed.weight_sync_s))
+    # s=1: the batch admitted at sigma_{t-2} is ready at tau_{t-1} + 5.32, before sigma_{t-1}: X*.
     assert pe.admission_ceiling(fixed, 1) == pytest.approx(b.ideal)
-    # The long tail: the slowest of 8 members decides, E[max] > E[len]; a looser bound never lowers it.
+    # A group longer than a step spans the next weight sync and waits it out (+ T_sync + prefill):
+    # G = 0.2 + 300*0.04 = 12.2 s, T_busy = 1 + 1.32e-4*256*300 + 1 = 12.1376 s; at s=1 two steps
+    # hold one group: 2T = T_busy + G + T_sync + prefill (it spans the sync since T < G + T_busy - T_train).
+    long = replace(fixed, mean_len=300.0)
+    busy = long.train_step_s + long.train_per_token_s * 256 * 300 + long.weight_sync_s
+    period = (busy + 12.2 + long.weight_sync_s + long.prefill_s) / 2
+    assert pe.admission_schedule_rate(long, 1) == pytest.approx(256 / period)
+    assert pe.admission_ceiling(long, 1) == pytest.approx(pe.ideal_bound(long).ideal)  # X* is lower here
+    # The long tail: a group holds its place until its batch is taken and finishes with its slowest of
+    # 8 members, so the rule caps below X* at small s; a looser bound never lowers it.
     c = replace(pe.WHOLE_BATCH, cv=1.0)
     ceilings = [pe.admission_ceiling(c, s) for s in (0, 1, 2, 4, 16)]
-    assert all(a <= b + 1e-9 for a, b in zip(ceilings, ceilings[1:]))
-    assert ceilings[-1] == pytest.approx(pe.ideal_bound(c).ideal)
-    assert ceilings[2] > pe.staleness_ceiling(c, 2)  # at s=2 the admission rule allows more than expiry does
+    assert all(a <= b * 1.003 for a, b in zip(ceilings, ceilings[1:]))  # up to its sampling error (~0.2%)
+    assert ceilings[-1] == pytest.approx(pe.ideal_bound(c).ideal, rel=5e-3)  # T_train varies with the batch
+    assert ceilings[2] < 0.8 * pe.ideal_bound(c).ideal
+    # Seeded: the same number on every call.
+    assert pe.admission_ceiling(c, 2) == ceilings[2]
 
 
 def test_ideal_bound_formula_and_capped_lognormal_mean(pe):
@@ -110,7 +122,7 @@ def test_staleness_ceiling_is_x_star_when_every_length_fits_and_lower_when_the_t
     c = replace(pe.WHOLE_BATCH, cv=1.0)
     x_star = pe.ideal_bound(c).ideal
     ceilings = [pe.staleness_ceiling(c, s) for s in (0, 1, 2, 4, 16)]
-    assert all(a <= b + 1e-9 for a, b in zip(ceilings, ceilings[1:]))  # a looser bound never lowers it
+    assert all(a <= b * 1.003 for a, b in zip(ceilings, ceilings[1:]))  # up to its sampling error (~0.2%)  # a looser bound never lowers it
     assert ceilings[-1] == pytest.approx(x_star) and ceilings[2] < 0.9 * x_star  # the tail outlives s=2 here
     # Fixed lengths: every group fits in W = (s+1)*T - T_busy = s*T at X* once a sample (5.32 s) fits
     # in one step (T = T_busy = 10.64 s), so s=1 reaches X* and the rule costs nothing.
