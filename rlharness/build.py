@@ -50,8 +50,10 @@ def validate_data(conf: RunConf, task_data: dict[str, Any]) -> None:
         label = f"tasks.{name}" if conf.tasks else f"task={conf.task.name}"
         if len(data.train) == 0:
             raise ConfigError(f"{label}: the training split is empty")
-        if not data.eval:
+        if not data.eval and not conf.tasks:
             raise ConfigError(f"{label}: the eval split is empty")
+    if conf.tasks and not any(d.eval for d in task_data.values()):
+        raise ConfigError(f"no task has an eval split (tasks {', '.join(task_data)}): at least one must")
     # Without roll-over, a task's data may run out: it then leaves the mix, unless every task
     # would (the run could not reach total_steps).
     if not any(_rollover(conf, e) for e in entries.values()):
@@ -81,6 +83,22 @@ def _rollover(conf: RunConf, entry) -> bool:
     return conf.sampler.allow_epoch_rollover if entry.allow_epoch_rollover is None else entry.allow_epoch_rollover
 
 
+def _load_task(conf: RunConf, name: str, entry, tokenizer):
+    """A task's data, prompts fitted; in a multi-task run a refusal names the task's keys
+    (`tasks.<name>.task.path`, not `task.path`)."""
+    from rlharness.config.schema import ConfigError
+    from rlharness.data import build_task
+    from rlharness.data.jsonl import DataFileError
+
+    try:
+        return fit_prompt_lengths(conf, entry, build_task(entry.task, tokenizer), tokenizer)
+    except (ConfigError, DataFileError) as exc:
+        if not conf.tasks:
+            raise
+        msg = str(exc)
+        raise type(exc)(f"tasks.{name}.{msg}" if msg.startswith("task.") else f"tasks.{name}: {msg}") from exc
+
+
 def fit_prompt_lengths(conf: RunConf, entry, task_data, tokenizer):
     """Prompts over `task.max_prompt_tokens` refused or dropped at load (rlharness/data/prompt_length.py)."""
     from rlharness.data.prompt_length import fit_prompts, model_positions
@@ -108,7 +126,6 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
     """Build everything; `engine`/`backend` may be passed in (e.g. Ray actor proxies)."""
     from rlharness.agent import build_agent_loop
     from rlharness.backend import build_backend
-    from rlharness.data import build_task
     from rlharness.evaluator import Evaluator, MultiTaskEvaluator
     from rlharness.judger import build_judger
     from rlharness.model import load_tokenizer
@@ -120,8 +137,7 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
     tokenizer = load_tokenizer(conf.model)
     encode, decode = text_codec(tokenizer)
     entries = conf.task_entries()
-    task_data = {name: fit_prompt_lengths(conf, e, build_task(e.task, tokenizer), tokenizer)
-                 for name, e in entries.items()}
+    task_data = {name: _load_task(conf, name, e, tokenizer) for name, e in entries.items()}
     validate_data(conf, task_data)
     judgers = {}
     for name, entry in entries.items():
@@ -167,6 +183,9 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
     )
     evaluators = {}
     for name, entry in entries.items():
+        if not task_data[name].eval:  # a multi-task run's task without eval split: trained, not evaluated
+            log.info("task %s has no eval split: it is trained, not evaluated", name)
+            continue
         eval_tokens = conf.eval.max_tokens or conf.sampling_for(entry).max_tokens
         evaluators[name] = Evaluator(
             conf.eval, name, task_data[name].eval, encode,
@@ -174,5 +193,5 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
             sampled_loop=agent_loop_with(name, conf.eval.temperature, eval_tokens) if conf.eval.n > 1 else None,
             seed=conf.seed)
     evaluator = evaluators[next(iter(evaluators))] if not conf.tasks else MultiTaskEvaluator(
-        evaluators, {name: e.weight for name, e in entries.items()})
+        evaluators, {name: e.weight for name, e in entries.items() if name in evaluators})
     return Components(tokenizer, encode, decode, task_data, judgers, engine, manager, backend, evaluator)

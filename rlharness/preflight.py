@@ -211,6 +211,12 @@ def one_line(exc: BaseException, overrides: list[str]) -> str:
             hint = f"did you mean {where + '.' if where else ''}{close[0]}?" if close else f"its keys are {', '.join(allowed)}"
             return f"{key}={value} is not allowed: {cls.__name__} has no key {name!r} ({hint})"
         return f"{key}={value} is not allowed: no such key"
+    dotted = re.search(r"full_key: tasks\.([^.\s)]+)\.([^.\s)]+)", text)
+    schema_module = _schema_module()
+    if dotted and dotted.group(2) not in {f.name for f in fields(schema_module.TaskEntryConf)}:
+        name = f"{dotted.group(1)}.{dotted.group(2)}"
+        return (f"tasks.{name}: a task name cannot contain '.' (task names may use only "
+                f"{schema_module.TASK_NAME_CHARS})")
     merging = re.search(r"Error merging override (\S+)", text)
     if merging:
         return f"{merging.group(1)} is not allowed: {cause_line or text}"

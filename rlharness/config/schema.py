@@ -746,8 +746,13 @@ class RunConf:
 
             check_fits(self)
         self._check_tasks()
+        if self.tasks and not any(e.task.num_eval for e in self.tasks.values()):
+            raise ConfigError("every task has task.num_eval=0: at least one task needs an eval split "
+                              f"(tasks.<name>.task.num_eval, tasks: {', '.join(self.tasks)})")
         for name, entry in self.task_entries().items():
             key = f"tasks.{name}.task.num_eval" if self.tasks else "task.num_eval"
+            if self.tasks and entry.task.num_eval == 0:
+                continue  # trained, not evaluated (eval/accuracy averages the tasks that are)
             if self.eval.num_prompts > entry.task.num_eval:
                 raise ConfigError(f"eval.num_prompts={self.eval.num_prompts} exceeds {key}={entry.task.num_eval}")
         if self.sampler.prompt_repeat_k < 2:

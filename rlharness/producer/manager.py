@@ -99,18 +99,20 @@ class AgentLoopManager:
         if set(weights) != set(tasks):
             raise ValueError(f"weights are for tasks {sorted(weights)}, the manager has {sorted(tasks)}")
         self.allocation = BatchAllocation(batch_size, {name: weights[name] for name in tasks})
+        # Tasks whose data may run out (no epoch roll-over) leave the mix instead of ending the run.
+        self.may_leave = {name for name, (sampler, _) in tasks.items()
+                          if len(tasks) > 1 and not sampler.conf.allow_epoch_rollover}
         for name, (sampler, _) in tasks.items():
-            # A task that may leave the mix needs only what one step gives it.
-            sampler.check_batch_size(self.allocation.share(name))
+            # A task that may leave the mix may have fewer prompts than one step's share: it
+            # leaves at the first step it cannot fill.
+            if name not in self.may_leave:
+                sampler.check_batch_size(self.allocation.share(name))
             if strategy.group_filter_name == "all_equal_reward" and sampler.conf.prompt_repeat_k < 2:
                 raise ValueError(
                     f"strategy.group_filter=all_equal_reward with sampler.prompt_repeat_k="
                     f"{sampler.conf.prompt_repeat_k} (task {name!r}) would filter every group"
                 )
 
-        # Tasks whose data may run out (no epoch roll-over) leave the mix instead of ending the run.
-        self.may_leave = {name for name, (sampler, _) in tasks.items()
-                          if len(tasks) > 1 and not sampler.conf.allow_epoch_rollover}
         self.progress = ProduceProgress.build(list(tasks))
         self.progress.last_step = last_step  # 0 = unbounded
         self._model_step = 0
@@ -560,6 +562,22 @@ class AgentLoopManager:
             "progress": self.progress.state_dict(),
         }
 
+    def _load_allocation(self, saved: dict[str, Any]) -> None:
+        """The saved split; weights changed since apply from the resumed step (the steps trained keep
+        theirs), and the targets the producer already set for later steps follow them."""
+        step, upto = self.progress.next_consumer_step, self.progress.target_upto_future_step
+        before = BatchAllocation(self.batch_size, dict(saved["weights"]))
+        before.load_state_dict(saved)
+        if not self.allocation.load_state_dict(saved, from_step=step):
+            return
+        for s in range(step, upto + 1):
+            old, new = before.sizes(s), self.allocation.sizes(s)
+            for t in new:
+                self.progress.target_samples[t] += new[t] - old[t]
+        log.warning("the checkpoint's task weights were %s; this run's %s apply from train step %d on "
+                    "(steps before keep their split): step %d is split %s", before.weights,
+                    self.allocation.weights, step, step, self.allocation.sizes(step))
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["version"] != STATE_VERSION:
             raise ValueError(f"producer state version {state['version']} != {STATE_VERSION}")
@@ -573,12 +591,12 @@ class AgentLoopManager:
                 + (f"; missing here: {', '.join(missing)}" if missing else "")
                 + (f"; not in the checkpoint: {', '.join(unknown)}" if unknown else "")
                 + ": resume with the same tasks (or start a new run)")
+        self.progress.load_state_dict(state["progress"])
         if "allocation" in state:
-            self.allocation.load_state_dict(state["allocation"])
+            self._load_allocation(state["allocation"])
         for name, c in self.contexts.items():
             c.sampler.load_state_dict(state["samplers"][name])
             c.window.clear()
         self.replay_buffer.load_state_dict(state["replay_buffer"])
-        self.progress.load_state_dict(state["progress"])
         self._model_step = state["model_step"]
         self._window_marks = self._marks()

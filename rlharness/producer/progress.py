@@ -60,12 +60,16 @@ class BatchAllocation:
     Steps are computed in order and cached, so any step (a resumed run's, the async
     producer's future steps) gets the same split. A task that left the mix
     (`leave(task, step)`) gets nothing from that step on; the others share its weight.
+    A run resumed with other weights (`load_state_dict(..., from_step=)`) keeps the
+    split of the steps before and uses the new weights from the resumed step on
+    (`history`), the remainders carried across the change.
     """
 
     def __init__(self, batch_size: int, weights: dict[str, float]) -> None:
         allocate_batch_sizes(batch_size, weights)  # refuse bad input now
         self.batch_size = batch_size
-        self.weights = dict(weights)
+        self.weights = dict(weights)  # the weights in effect now (the last of `history`)
+        self.history: list[tuple[int, dict[str, float]]] = [(1, dict(weights))]  # (first step, weights)
         self.left: dict[str, int] = {}  # task -> first step without it
         self._sizes: list[dict[str, int]] = []  # step s -> self._sizes[s - 1]
         self._cum: list[dict[str, int]] = []  # step s -> groups over steps 1..s
@@ -80,7 +84,8 @@ class BatchAllocation:
             raise ValueError(f"steps start at 1, got {step}")
         while len(self._sizes) < step:
             s = len(self._sizes) + 1
-            active = {t: w for t, w in self.weights.items() if self.left.get(t, s + 1) > s}
+            weights = next(w for first, w in reversed(self.history) if first <= s)
+            active = {t: w for t, w in weights.items() if self.left.get(t, s + 1) > s}
             sizes, self._carry = allocate_batch_sizes(self.batch_size, active, self._carry)
             self._sizes.append({t: sizes.get(t, 0) for t in self.weights})
         return dict(self._sizes[step - 1])
@@ -115,15 +120,28 @@ class BatchAllocation:
         self._sizes, self._cum, self._carry = [], [], {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"batch_size": self.batch_size, "weights": dict(self.weights), "left": dict(self.left)}
+        return {"batch_size": self.batch_size, "weights": dict(self.weights), "left": dict(self.left),
+                "history": [[first, dict(w)] for first, w in self.history]}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["weights"] != self.weights or state["batch_size"] != self.batch_size:
+    def load_state_dict(self, state: dict[str, Any], from_step: int | None = None) -> bool:
+        """Restore a saved allocation. With `from_step` (a resumed run's next step), this object's
+        weights, if they differ from the checkpoint's, apply from that step on; without it the saved
+        weights are adopted. Returns whether the weights changed. Another batch size or another set
+        of tasks is refused."""
+        if state["batch_size"] != self.batch_size or set(state["weights"]) != set(self.weights):
             raise ValueError(
                 f"the checkpoint's task mix is batch_size={state['batch_size']}, weights={state['weights']}; "
-                f"this run has batch_size={self.batch_size}, weights={self.weights}")
+                f"this run has batch_size={self.batch_size}, weights={self.weights}: resume with the same "
+                f"batch_size and tasks (weights may change)")
+        history = [(int(first), dict(w)) for first, w in state.get("history", [(1, state["weights"])])]
+        changed = from_step is not None and history[-1][1] != self.weights
+        if changed:
+            history = [(first, w) for first, w in history if first < from_step] + [(from_step, dict(self.weights))]
+        self.history = history
+        self.weights = dict(history[-1][1])
         self.left = dict(state["left"])
         self._rebuild()
+        return changed
 
 
 @dataclass

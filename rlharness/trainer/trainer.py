@@ -283,7 +283,10 @@ class Trainer:
         self.wandb_run_id = state["wandb_run_id"]
         set_rng_state(state["rng"])
         self._rng_at_step = state["rng"]
-        self.c.manager.load_state_dict(state["producer"])
+        try:
+            self.c.manager.load_state_dict(state["producer"])
+        except ValueError as exc:  # another set of tasks, another batch size: refused, naming them
+            raise CheckpointError(f"checkpoint {path}: {exc}") from exc
         await self.c.engine.load_weights(await self.c.backend.get_weights(), self.model_version)
         self.c.manager.set_model_step(self.model_version)
         log.info("resumed from %s (step %d, weight version %d)", path, self.step, self.model_version)

@@ -91,3 +91,21 @@ def test_a_judger_that_cannot_score_its_task_is_refused_before_anything_starts(t
     with pytest.raises(ConfigError, match="judger=countdown cannot score task 'arithmetic'"):
         build_components(conf)
     assert list(tmp_path.iterdir()) == []  # nothing was written
+
+
+def test_refusals_name_the_task_s_keys(tmp_path):
+    from rlharness.data.jsonl import DataFileError
+    from rlharness.preflight import compose_checked
+
+    with pytest.raises(ConfigError, match=r"tasks.a.b: a task name cannot contain '.'"):
+        compose_checked(["experiment=arith_mix", "+task@tasks.a.b.task=arithmetic"])
+    with pytest.raises(ConfigError, match="every task has task.num_eval=0"):
+        compose_conf(["experiment=arith_mix", "tasks.padded.task.num_eval=0", "tasks.unpadded.task.num_eval=0"])
+    swap = ["experiment=arith_mix", "task@tasks.unpadded.task=jsonl"]  # the experiment's own example
+    conf, _ = compose_conf([*swap, f"tasks.unpadded.task.path={tmp_path / 'missing.jsonl'}"], tmp_path / "a")
+    with pytest.raises(ConfigError, match=r"^tasks.unpadded.task.path='.*missing.jsonl': no such file"):
+        build_components(conf)
+    (tmp_path / "empty.jsonl").write_text("")
+    conf, _ = compose_conf([*swap, f"tasks.unpadded.task.path={tmp_path / 'empty.jsonl'}"], tmp_path / "b")
+    with pytest.raises(DataFileError, match=r"^tasks.unpadded: .*empty.jsonl: no rows"):
+        build_components(conf)

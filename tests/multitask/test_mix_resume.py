@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from rlharness.checkpoint import CheckpointError
 from rlharness.logging_utils.ledger import read_ledger
+from rlharness.producer.progress import BatchAllocation
 from rlharness.logging_utils.metrics import read_metrics
 from tests.helpers import run_in_process
 from tests.resume.test_kill_resume import SYNC, kill_and_resume_until_done
 
-pytestmark = [pytest.mark.slow]
 
 MIX = [*SYNC, "experiment=arith_mix", "tasks.unpadded.task.num_train=9"]  # 8 steps x ~2.4 groups: 2+ epochs
 
@@ -22,6 +23,7 @@ def per_task_prompts(run_dir) -> dict[tuple[int, str], list[tuple[int, int]]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sync_mixed_run_killed_and_resumed_matches_the_uninterrupted_one(tmp_path):
     reference = tmp_path / "reference"
@@ -48,6 +50,30 @@ def test_resuming_with_another_set_of_tasks_is_refused_by_name(tmp_path):
     base = ["experiment=arith_mix", "engine=sim", "backend=sim", "total_steps=2", "batch_size=4",
             "sampler.prompt_repeat_k=2", "eval_every=0", "eval.num_prompts=4", "logger.mode=disabled"]
     run_in_process(run_dir, base)
-    with pytest.raises(ValueError, match=r"saved with tasks \['padded', 'unpadded'\], this run has "
+    with pytest.raises(CheckpointError, match=r"saved with tasks \['padded', 'unpadded'\], this run has "
                                          r"\['padded', 'sums'\]; missing here: unpadded; not in the checkpoint: sums"):
         run_in_process(run_dir, [*base, "total_steps=3", "~tasks.unpadded", "+task@tasks.sums.task=arithmetic"])
+
+
+def test_resuming_with_other_weights_keeps_the_steps_trained_and_splits_the_rest_by_the_new_ones(tmp_path, caplog):
+    """Three tasks; weights 0.5/0.3/0.2 for 4 steps, then resumed with 0.2/0.3/0.5 to step 8: steps 1-4
+    keep the split they were trained with, steps 5-8 take the new shares (exact to within one group),
+    and no prompt is lost or repeated. Another batch size is refused, naming it."""
+    from tests.multitask.mix_ledger import check_mix_ledger
+    from tests.multitask.test_mix_runs import BASE
+
+    run_dir = tmp_path / "run"
+    three = [*BASE, "+task@tasks.third.task=arithmetic", "tasks.third.task.num_train=11", "tasks.third.task.seed=9"]
+    before = {"padded": 0.5, "unpadded": 0.3, "third": 0.2}
+    after = {"padded": 0.2, "unpadded": 0.3, "third": 0.5}
+    run_in_process(run_dir, [*three, "total_steps=4", *(f"tasks.{t}.weight={w}" for t, w in before.items())])
+    run_in_process(run_dir, [*three, "total_steps=8", *(f"tasks.{t}.weight={w}" for t, w in after.items())])
+    assert "this run's {'padded': 0.2, 'unpadded': 0.3, 'third': 0.5} apply from train step 5" in caplog.text
+    alloc = check_mix_ledger(run_dir, 8, 5, after, {"padded": 20, "unpadded": 7, "third": 11},
+                             whole_run_share=False)
+    assert [alloc.sizes(s) for s in range(1, 5)] == [BatchAllocation(5, before).sizes(s) for s in range(1, 5)]
+    new_steps = {t: alloc.cumulative(8)[t] - alloc.cumulative(4)[t] for t in after}
+    for t, w in after.items():
+        assert abs(new_steps[t] - 4 * 5 * w) < 1, (t, new_steps)
+    with pytest.raises(CheckpointError, match="the checkpoint's task mix is batch_size=5.*this run has batch_size=6"):
+        run_in_process(run_dir, [*three, "total_steps=9", "batch_size=6"])

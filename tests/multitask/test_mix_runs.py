@@ -48,3 +48,38 @@ def test_a_task_without_roll_over_leaves_the_mix_when_its_data_run_out(tmp_path,
     assert all(alloc.sizes(s) == {"padded": BATCH, "unpadded": 0} for s in range(left, STEPS + 1))
     assert producer_state(run_dir)["samplers"]["unpadded"]["epoch"] == 0
     assert "leaves the mix from train step" in caplog.text
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("rollover", [True, False])
+def test_a_task_with_fewer_prompts_than_its_share_rolls_over_or_leaves(tmp_path, caplog, rollover):
+    """One prompt for a task whose share is 1-2 groups a step: with roll-over every step still gets
+    its allocation (epochs within a step); without, it trains its one prompt at step 1 and leaves."""
+    run_dir = tmp_path / "run"
+    num_train = {**NUM_TRAIN, "unpadded": 1}
+    run_in_process(run_dir, [*BASE, "total_steps=4", "tasks.unpadded.task.num_train=1",
+                             f"tasks.unpadded.allow_epoch_rollover={str(rollover).lower()}"])
+    alloc = check_mix_ledger(run_dir, 4, BATCH, WEIGHTS, num_train, whole_run_share=rollover)
+    if rollover:
+        assert not alloc.left and "holds some prompts more than once" in caplog.text
+        assert producer_state(run_dir)["samplers"]["unpadded"]["epoch"] >= 5
+    else:
+        assert alloc.left == {"unpadded": 2} and alloc.sizes(1)["unpadded"] == 1
+        assert "task unpadded: data exhausted (no epoch roll-over); it leaves the mix from train step 2" in caplog.text
+
+
+@pytest.mark.timeout(300)
+def test_a_task_with_its_own_agent_loop_and_one_without_eval_split(tmp_path):
+    """padded runs the tool loop, unpadded the run's single-turn loop and has no eval split: it is
+    trained (its share), not evaluated; eval/accuracy is the mean over the tasks evaluated."""
+    from rlharness.logging_utils.ledger import read_ledger
+
+    run_dir = tmp_path / "run"
+    last = run_in_process(run_dir, [*BASE, "total_steps=2", "tasks.unpadded.task.num_eval=0",
+                                    "+agent@tasks.padded.agent=multi_turn_tool"])
+    check_mix_ledger(run_dir, 2, BATCH, WEIGHTS, NUM_TRAIN)
+    trained, _ = read_ledger(run_dir)
+    assert {r["task"] for r in trained if "turns" in r} == {"padded"}
+    assert {r["task"] for r in trained if "turns" not in r} == {"unpadded"}
+    assert "eval/padded/accuracy" in last and not any(k.startswith("eval/unpadded/") for k in last)
+    assert last["eval/accuracy"] == last["eval/padded/accuracy"]  # the mean over the tasks evaluated
