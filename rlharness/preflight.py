@@ -7,7 +7,9 @@ with one line naming key, value and what is allowed:
 
 - a config that does not compose or validate (unknown keys, `+algo.lrr=...` typos
   included, bad values, impossible combinations), every point of a `-m` sweep;
-- `cluster=slurm` without `-m` (hydra-submitit-launcher only launches multiruns);
+- `cluster=slurm` without `-m` (hydra-submitit-launcher only launches multiruns), and a
+  `cluster=slurm` request the partition can never hold (more nodes, GPUs or CPUs per node
+  than it has: `rlharness.launch.slurm_capacity`, asked through sinfo);
 - `resume=never` into a directory that holds a run;
 - any start in a directory that holds a run (`hydra.run.dir=<run>`) is a resume: it is
   rewritten exactly as `resume=<dir>` and passes the same checks (model/task/seed fixed,
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from rlharness.config.schema import ConfigError, adopt_strategy_max_staleness
+from rlharness.launch.slurm_capacity import check_capacity
 
 # Flags after which Hydra does not run the job (help, printing the config, completion) or
 # composes a config other than ours: nothing to check.
@@ -65,8 +68,15 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
     overrides = [a for a in args if not a.startswith("-")]
     if multirun:
         argv, applied = prepare_resume_argv(argv)
+        asked: set[tuple] = set()
         for point in sweep_points([a for a in argv[1:] if not a.startswith("-")])[:MAX_SWEEP_POINTS_CHECKED]:
-            compose_checked(point)
+            cfg = compose_checked(point)
+            if cfg.cluster.name == "slurm":
+                c = cfg.cluster
+                request = (c.partition, c.nodes, c.gpus_per_node, c.cpus_per_task, c.constraint)
+                if request not in asked:  # one sinfo per distinct request
+                    asked.add(request)
+                    check_capacity(c)
         return argv, applied, None
 
     cfg = compose_checked(overrides)

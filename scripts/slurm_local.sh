@@ -14,8 +14,9 @@
 #           Each node advertises G GPUs as a count-only GRES (no device behind it), so GPU
 #           requests are scheduled and shown by `scontrol show job`.
 #           Idempotent: "up" with the same N when up is fine; another N restarts it.
-#   down    stop every slurmd, slurmctld (and munged if this script started it); the
-#           namespaces go with their daemons; remove $SLURM_LOCAL_DIR.
+#   down    cancel every job, stop every slurmd, slurmctld (and munged if this script
+#           started it), end any process left in a node's namespace (a job's steps outlive
+#           slurmd), so the namespaces go; remove $SLURM_LOCAL_DIR. Nothing up: a no-op.
 #   status  exit 0 and print the node states if the cluster answers, else exit 1.
 #   env     print the lines of env.sh (source them, or `eval "$(scripts/slurm_local.sh env)"`).
 #
@@ -107,6 +108,8 @@ ReturnToService=2
 MinJobAge=300
 SchedulerType=sched/backfill
 JobRequeue=1
+# A job asking for more than the partition has (nodes, GPUs per node) is refused at sbatch, not left pending forever.
+EnforcePartLimits=ALL
 GresTypes=gpu
 SlurmctldPort=$CTLD_PORT
 StateSaveLocation=$DIR/state
@@ -146,7 +149,14 @@ export PATH=$DIR/bin:\$PATH
 EOF
 }
 
-pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# A pid file's process is alive and is the daemon named (a stale file's pid may be another process now).
+pid_alive() {
+  [ -s "$1" ] || return 1
+  local pid comm
+  pid=$(cat "$1")
+  comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
+  [ "$comm" = "${2:-$comm}" ]
+}
 slurmd_pidfile() { echo "$DIR/run/slurmd-$(node_name "$1").pid"; }
 
 # One slurmd in new UTS and mount namespaces: hostname = node name, /etc/hosts = ours.
@@ -158,6 +168,12 @@ start_slurmd() {
   SLURM_CONF=$CONF unshare --uts --mount --propagation private sh -c \
     "hostname '$name' && mount --bind '$DIR/etc/hosts' /etc/hosts && exec slurmd -f '$CONF'" \
     || die "starting slurmd for $name failed; see $DIR/log/slurmd-$name.log"
+  # The node's UTS namespace, by inode: `down` ends whatever still runs in it (a job's steps).
+  local pidfile
+  pidfile=$(slurmd_pidfile "$1")
+  for _ in $(seq 1 50); do pid_alive "$pidfile" slurmd && break; sleep 0.1; done
+  pid_alive "$pidfile" slurmd || die "slurmd for $name exited at start: $(grep -h 'fatal\|error' "$DIR/log/slurmd-$name.log" | tail -1)"
+  readlink "/proc/$(cat "$pidfile")/ns/uts" >"$DIR/run/ns-$name"
 }
 
 states() { SLURM_CONF=$CONF timeout 10 sinfo -h -N -o '%N %T' 2>/dev/null; }
@@ -184,7 +200,7 @@ cmd_up() {
   start_munge
   write_env
   local running=0 i
-  pid_alive "$DIR/run/slurmctld.pid" && running=1
+  pid_alive "$DIR/run/slurmctld.pid" slurmctld && running=1
   if [ $running = 1 ] && [ "$(cat "$DIR/etc/nodes" 2>/dev/null)" != "$NODES $GPUS" ]; then
     log "up as '$(cat "$DIR/etc/nodes" 2>/dev/null)' (nodes gpus), asked for '$NODES $GPUS': restarting"
     stop_daemons
@@ -197,12 +213,12 @@ cmd_up() {
     command -v unshare >/dev/null || die "unshare (util-linux) is missing: it gives each node its own hostname"
     [ $running = 1 ] || write_conf
     # -c: a fresh controller state (the node set may have changed since the last run).
-    pid_alive "$DIR/run/slurmctld.pid" || slurmctld -c -f "$CONF"
+    pid_alive "$DIR/run/slurmctld.pid" slurmctld || slurmctld -c -f "$CONF"
     sleep 0.5
-    pid_alive "$DIR/run/slurmctld.pid" \
+    pid_alive "$DIR/run/slurmctld.pid" slurmctld \
       || die "slurmctld exited at start: $(grep -h 'fatal' "$DIR/log/slurmctld.log" | tail -1)"
     for i in $(seq 1 "$NODES"); do
-      pid_alive "$(slurmd_pidfile "$i")" || start_slurmd "$i"
+      pid_alive "$(slurmd_pidfile "$i")" slurmd || start_slurmd "$i"
     done
   fi
   local deadline=$((SECONDS + UP_TIMEOUT_S)) node state
@@ -221,8 +237,8 @@ cmd_up() {
 }
 
 stop_pidfile() {
-  local f=$1 name=$2
-  pid_alive "$f" || { rm -f "$f"; return 0; }
+  local f=$1 name=$2 comm=$3
+  pid_alive "$f" "$comm" || { rm -f "$f"; return 0; }
   local pid
   pid=$(cat "$f")
   kill "$pid"
@@ -232,21 +248,49 @@ stop_pidfile() {
   rm -f "$f"
 }
 
-stop_daemons() {
-  local f
-  for f in "$DIR"/run/slurmd-*.pid "$DIR/run/slurmd.pid"; do
-    if [ -e "$f" ]; then stop_pidfile "$f" "slurmd ($(basename "$f" .pid))"; fi
+# PIDs of the processes in the nodes' UTS namespaces (recorded at start): job steps, their children.
+node_ns_pids() {
+  local want f p
+  want=$(cat "$DIR"/run/ns-* 2>/dev/null | sort -u) || true
+  [ -n "$want" ] || return 0
+  for f in /proc/[0-9]*/ns/uts; do
+    p=${f#/proc/}; p=${p%%/*}
+    if echo "$want" | grep -qxF "$(readlink "$f" 2>/dev/null)"; then echo "$p"; fi
   done
-  stop_pidfile "$DIR/run/slurmctld.pid" slurmctld
+}
+
+stop_daemons() {
+  local f pids
+  # Jobs first: slurmstepd and a job's processes outlive slurmd. Cancel them while the controller answers.
+  if pid_alive "$DIR/run/slurmctld.pid" slurmctld; then
+    SLURM_CONF=$CONF timeout 10 scancel --full --quiet --partition=debug 2>/dev/null || true
+    for _ in $(seq 1 100); do
+      [ -z "$(SLURM_CONF=$CONF timeout 10 squeue -h -t running,completing,suspended 2>/dev/null)" ] && break
+      sleep 0.2
+    done
+  fi
+  for f in "$DIR"/run/slurmd-*.pid "$DIR/run/slurmd.pid"; do
+    if [ -e "$f" ]; then stop_pidfile "$f" "slurmd ($(basename "$f" .pid))" slurmd; fi
+  done
+  stop_pidfile "$DIR/run/slurmctld.pid" slurmctld slurmctld
+  # Whatever still runs in a node's namespace is a leftover of a job: end it (the namespace goes with it).
+  pids=$(node_ns_pids)
+  if [ -n "$pids" ]; then
+    log "ending $(echo "$pids" | wc -w) leftover process(es) in the nodes' namespaces"
+    kill $pids 2>/dev/null || true
+    for _ in $(seq 1 50); do pids=$(node_ns_pids); [ -z "$pids" ] && break; sleep 0.2; done
+    if [ -n "$pids" ]; then kill -9 $pids 2>/dev/null || true; fi
+  fi
+  rm -f "$DIR"/run/ns-*
 }
 
 cmd_down() {
   stop_daemons
   if [ -e "$DIR/run/munged.started-by-us" ]; then
-    stop_pidfile /run/munge/munged.pid munged
+    stop_pidfile /run/munge/munged.pid munged munged
     rm -f "$DIR/run/munged.started-by-us"
   fi
-  # Everything else it made lives under $DIR (the namespaces ended with their slurmd).
+  # Everything else it made lives under $DIR (the namespaces ended with their processes).
   case "$DIR" in /tmp/?*|/var/tmp/?*|"$HOME"/?*) rm -rf "$DIR" ;; *) log "left $DIR in place (not under /tmp)" ;; esac
   log "down"
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -79,3 +80,43 @@ def test_connect_ray_local_ray_starts_a_local_cluster():
     assert "CPUS 1.0 VALUE 42" in out.stdout
     assert any(Path(temp).glob("session_*"))  # session files went where configured
     shutil.rmtree(temp, ignore_errors=True)
+
+
+SINFO = """debug*|rlh-node1|2|gpu:2
+debug*|rlh-node2|2|gpu:2
+big|a1|64|gpu:a100:8(S:0-1)
+big|a2|64|gpu:a100:4,gpu:v100:2
+big|a3|32|(null)
+"""
+
+
+def test_gres_gpu_counts_as_sinfo_prints_them():
+    from rlharness.launch.slurm_capacity import gres_gpus
+
+    assert [gres_gpus(g) for g in ("gpu:2", "gpu:a100:8(S:0-1)", "gpu:a100:4,gpu:v100:2", "(null)", "")] == \
+        [2, 8, 6, 0, 0]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"nodes": 3}, r"cluster.nodes=3 is not allowed: at most 2 node\(s\) .* in Slurm partition 'debug', whose "
+                   r"nodes are rlh-node1 \(2 CPUs, 2 GPUs\), rlh-node2"),
+    ({"nodes": 2, "gpus_per_node": 3}, r"cluster.gpus_per_node=3 is not allowed: at most 2 in Slurm partition 'debug'"),
+    ({"nodes": 1, "cpus_per_task": 4}, r"cluster.cpus_per_task=4 is not allowed: at most 2 in"),
+    ({"partition": "nope"}, r"cluster.partition='nope' is not allowed: this Slurm's partitions are big, debug"),
+    ({"partition": "big", "nodes": 3, "gpus_per_node": 6}, r"cluster.nodes=3 is not allowed: at most 2 node\(s\) "
+                                                           r"with cluster.gpus_per_node=6"),
+])
+def test_requests_the_partition_can_never_hold_are_refused_naming_the_key(overrides, message):
+    from rlharness.launch.slurm_capacity import parse_sinfo, refusal
+
+    reason = refusal(*parse_sinfo(SINFO), SlurmClusterConf(**{"cpus_per_task": 1, **overrides}))
+    assert reason is not None and re.search(message, reason), reason
+
+
+def test_requests_that_fit_pass():
+    from rlharness.launch.slurm_capacity import parse_sinfo, refusal
+
+    for conf in (SlurmClusterConf(nodes=2, gpus_per_node=2), SlurmClusterConf(partition="big", nodes=2, gpus_per_node=6,
+                                                                             cpus_per_task=64),
+                 SlurmClusterConf(partition="big", nodes=3, cpus_per_task=32)):
+        assert refusal(*parse_sinfo(SINFO), conf) is None, conf
