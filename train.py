@@ -64,4 +64,12 @@ if __name__ == "__main__":
     except Finished as exc:
         print(exc, file=sys.stderr)
         sys.exit(0)
-    main()
+    try:
+        main()
+    except (SystemExit, RuntimeError) as exc:  # a Slurm job whose node 0 left no result: its other nodes' word
+        from rlharness.launch.job_errors import other_tasks_errors
+
+        # Hydra prints a job's exception and exits: the exception is the SystemExit's context.
+        for line in other_tasks_errors(exc.__context__ if isinstance(exc, SystemExit) else exc):
+            print(f"error: the job's {line}", file=sys.stderr)
+        raise

@@ -117,8 +117,13 @@ def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
         # Node k > 0 of a multi-node job: a Ray worker until the head (node 0, which trains) is gone.
         from rlharness.launch.ray_cluster import serve_worker_node
 
-        return serve_worker_node(conf.cluster, uses_ray(conf))
+        return serve_worker_node(conf.cluster, uses_ray(conf), conf.run_dir)
     run_dir = Path(conf.run_dir)
+    multi_node = conf.cluster.name == "slurm" and conf.cluster.nodes > 1 and "SLURM_JOB_ID" in os.environ
+    if multi_node:  # the other nodes' Ray workers tell a finished run from a dead node 0 by this marker
+        from rlharness.launch.ray_cluster import mark_run_ended
+
+        mark_run_ended(conf.run_dir, os.environ["SLURM_JOB_ID"], ended=False)
     if conf.resume == "never" and any((run_dir / m).exists() for m in RUN_OUTPUTS):
         raise refused(ConfigError(f"resume=never with run directory {run_dir} is not allowed: it holds a run; "
                                   f"choose a new directory"))
@@ -130,6 +135,9 @@ def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
         if isinstance(exc, Exception):  # why the run ended, in train.log too (not only on stderr)
             log.error("run failed: %s: %s", type(exc).__name__, exc)
         raise
+    finally:
+        if multi_node:
+            mark_run_ended(conf.run_dir, os.environ["SLURM_JOB_ID"], ended=True)
     if not stop.requested:
         stop.uninstall()
         return last

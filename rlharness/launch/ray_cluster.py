@@ -289,15 +289,34 @@ def start_head(layout: SlurmRayLayout, timeout_s: float) -> None:
     log.info("Ray cluster up: head %s, %d node(s), %s", layout.address, want, ray.cluster_resources())
 
 
-def serve_worker_node(cluster: SlurmClusterConf, run_uses_ray: bool) -> dict[str, Any]:
+def serve_worker_node(cluster: SlurmClusterConf, run_uses_ray: bool, run_dir: Optional[str] = None) -> dict[str, Any]:
     """What node k > 0 of a multi-node job does in `launcher.run`: serve Ray, then return
-    normally (submitit then records a result for this node's task, as Hydra's launcher expects)."""
+    normally (submitit then records a result for this node's task, as Hydra's launcher expects).
+
+    With `run_dir`, a head that goes away before node 0 marked the run ended there
+    (`mark_run_ended`) raises `RayHeadLost`: node 0 died without a word of its own."""
     layout = slurm_layout(cluster, os.environ)
     if run_uses_ray:
-        serve_as_worker(layout, cluster.ray_timeout_s)
+        ended = (lambda: os.path.exists(run_ended_marker(run_dir, layout.job_id))) if run_dir else None
+        serve_as_worker(layout, cluster.ray_timeout_s, head_ended=ended, run_dir=run_dir)
     else:
         log.info("node %d (%s): this run does not use Ray; only node 0 works", layout.node_rank, layout.node_name)
     return {"ray_worker_node": layout.node_rank}
+
+
+def run_ended_marker(run_dir: str, job_id: str) -> str:
+    """The file node 0 writes into the (shared) run directory once its run has ended, well or not."""
+    return os.path.join(run_dir, f".slurm-{job_id}-run-ended")
+
+
+def mark_run_ended(run_dir: str, job_id: str, ended: bool) -> None:
+    """Node 0: remove the marker when its run starts (a requeued job keeps its id), write it at the end."""
+    path = run_ended_marker(run_dir, job_id)
+    if ended:
+        with open(path, "w") as f:
+            f.write(f"{time.time():.3f}\n")
+    elif os.path.exists(path):
+        os.remove(path)
 
 
 def alive_nodes() -> int:
@@ -310,11 +329,18 @@ class RayNodeDied(RuntimeError):
     """This worker node's Ray exited while the head was still up."""
 
 
-def serve_as_worker(layout: SlurmRayLayout, timeout_s: float) -> None:
+class RayHeadLost(RuntimeError):
+    """The head (node 0: the driver and the training actors) went away before its run ended."""
+
+
+def serve_as_worker(layout: SlurmRayLayout, timeout_s: float, head_ended=None, run_dir: Optional[str] = None) -> None:
     """Join the head's cluster and serve until the head goes away.
 
     Raises `RayNodeDied` if this node's Ray exits first (its processes were killed):
-    the job step fails with the node's name instead of exiting 0.
+    the job step fails with the node's name instead of exiting 0. Raises `RayHeadLost`
+    if the head goes away and `head_ended()` says node 0's run had not ended (node 0
+    itself may die without a message: Ray ends a driver whose node's object store is
+    gone at once).
     """
     os.makedirs(layout.temp_dir, exist_ok=True)
     log_path = os.path.join(layout.temp_dir, "ray-start.log")
@@ -338,4 +364,29 @@ def serve_as_worker(layout: SlurmRayLayout, timeout_s: float) -> None:
                    f"{layout.job_id}) exited with status {status} while the head was up; see {log_path}")
         log.error(message)
         raise RayNodeDied(message)
+    if head_ended is not None and not _ended_within(head_ended, HEAD_END_GRACE_S):
+        from rlharness.checkpoint import latest_checkpoint
+
+        found = latest_checkpoint(run_dir) if run_dir else None
+        message = (f"the Ray head on node {layout.hostnames[0]} ({layout.head_ip}, node 0 of job {layout.job_id}) "
+                   f"went away before its run ended: that node or its Ray processes died (it runs the driver and "
+                   f"the training actors). " + (f"The last complete checkpoint is {found[1]}: run the same command "
+                                                f"again (resume=auto) or resume={run_dir}" if found else
+                                                "No complete checkpoint was saved"))
+        log.error(message)
+        raise RayHeadLost(message)
     log.info("node %d: Ray head %s is gone; worker stopped", layout.node_rank, layout.address)
+
+
+# The head stops Ray after node 0 wrote its run-ended marker; on a shared file system the
+# file can show up on another node a little later.
+HEAD_END_GRACE_S = 10.0
+
+
+def _ended_within(ended, grace_s: float) -> bool:
+    deadline = time.monotonic() + grace_s
+    while not ended():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_S)
+    return True

@@ -120,3 +120,23 @@ def test_requests_that_fit_pass():
                                                                              cpus_per_task=64),
                  SlurmClusterConf(partition="big", nodes=3, cpus_per_task=32)):
         assert refusal(*parse_sinfo(SINFO), conf) is None, conf
+
+
+def test_a_job_whose_node_0_left_no_result_reports_what_the_other_nodes_said(tmp_path):
+    import pickle
+
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from rlharness.launch.job_errors import other_tasks_errors
+
+    folder = tmp_path / ".submitit" / "12"
+    folder.mkdir(parents=True)
+    failed = JobReturn(status=JobStatus.FAILED, _return_value=RuntimeError("the Ray head on node n1 went away"))
+    (folder / "12_1_result.pkl").write_bytes(pickle.dumps(("success", failed)))
+    (folder / "12_2_result.pkl").write_bytes(pickle.dumps(("success", {"ray_worker_node": 2})))
+    (folder / "12_3_result.pkl").write_bytes(pickle.dumps(("error", "Traceback ...\nValueError: bad")))
+    exc = RuntimeError(f"Job 12 (task: 0) with path {folder / '12_0_result.pkl'}\nhas not produced any output")
+    assert other_tasks_errors(exc) == ["task 1: RuntimeError: the Ray head on node n1 went away",
+                                       "task 3: ValueError: bad"]
+    assert other_tasks_errors(RuntimeError("something else")) == []
+    assert other_tasks_errors(None) == []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -32,7 +33,8 @@ TWO_NODE_CLUSTER = ["cluster=slurm", "cluster.nodes=2", "cluster.gpus_per_node=1
                     "cluster.mem_gb=2", "cluster.engine_cpus=0.5", "cluster.trainer_cpus=0.5",
                     "cluster.object_store_memory_mb=200", "cluster.ray_timeout_s=400"]
 TWO_NODES = [*TWO_NODE_CLUSTER, "mode=disagg", "strategy=async", f"max_staleness={MAX_STALENESS}",
-             "strategy.over_sample_threshold=0.5", "strategy.enable_partial_rollout=true", f"batch_size={BATCH}", f"sampler.prompt_repeat_k={K}",
+             "strategy.over_sample_threshold=0.5", "strategy.enable_partial_rollout=true", f"batch_size={BATCH}",
+             f"sampler.prompt_repeat_k={K}",
              "eval_every=0", "eval.num_prompts=8", "logger=none", "save_every=2", "timeout_s=240"]
 RUN_TIMEOUT_S = 600
 START_TIMEOUT_S = 420  # to the first checkpoints: Slurm, two Ray nodes, actors (minutes on a busy 2-core box)
@@ -254,3 +256,38 @@ def test_two_node_run_trains_exactly_as_the_one_node_run(slurm_env, tmp_path):
     two_nodes, one_node = _per_step(sweep / "0"), _per_step(one)
     assert [s for s, *_ in one_node] == [1, 2, 3]
     assert two_nodes == one_node
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S)
+def test_trainer_node_dying_is_named_by_the_other_node(slurm_env, tmp_path):
+    """Node 0 (the driver, the Ray head, the training actor) loses its Ray: Ray ends the driver at
+    once, without a message of its own; node 1 names node 0 and the checkpoint to resume from."""
+    sweep = tmp_path / "sweep"
+    run_dir = sweep / "0"
+    proc = _train(sweep, "total_steps=2000", "seed=8")
+    try:
+        _wait("a checkpoint at step 2", lambda: (run_dir / "checkpoints" / "step_00000002" / "DONE").exists(),
+              START_TIMEOUT_S)
+        job_id = wait_job_id(run_dir)
+        victims = ray_processes(job_id, node_rank=0)
+        assert victims, "no Ray processes on node 1"
+        subprocess.run(["kill", "-9", *map(str, victims)], check=False)  # node 1's GCS, raylet, workers
+        out = _finish(proc)
+        _wait(f"job {job_id} to end", lambda: "JobState=RUNNING" not in _slurm("scontrol", "show", "job", job_id),
+              180)
+    finally:
+        _stop(proc, sweep)
+    assert proc.returncode != 0, out[-3000:]
+    log = (run_dir / "train.log").read_text()
+    found = re.search(r"the Ray head on node rlh-node1 \(127\.0\.0\.2, node 0 of job \d+\) went away before its run "
+                      r"ended: .* The last complete checkpoint is (\S+): run the same command again", log)
+    assert found, log[-4000:]
+    assert (Path(found.group(1)) / "DONE").exists()
+    # Node 2's task failed with that error (Hydra's JobReturn in submitit's result file).
+    _, job_return = pickle.loads((sweep / ".submitit" / job_id / f"{job_id}_1_result.pkl").read_bytes())
+    error = job_return._return_value
+    assert type(error).__name__ == "RayHeadLost" and "node rlh-node1 (127.0.0.2" in str(error), error
+    # The submitter, which reads only node 1's (missing) result, adds what node 2 said.
+    assert re.search(r"error: the job's task 1: RayHeadLost: the Ray head on node rlh-node1", out), out[-3000:]
+    assert "JobState=FAILED" in _slurm("scontrol", "show", "job", job_id)
+    assert_nothing_left(job_id)
