@@ -119,6 +119,14 @@ class VLLMEngine(RolloutEngine):
                               "set engine.sleep_mode=false")
         if self.device == "cpu":  # else the CPU build reserves gpu_memory_utilization of the host's memory
             engine_kwargs.setdefault("kv_cache_memory_bytes", int(conf.cpu_kv_cache_gib * 2**30))
+            # A prompt prefilled in chunks samples a token after each partial chunk and throws it
+            # away; vLLM then rewinds that request's seeded generator by `set_offset(get_offset() - 4)`
+            # (gpu_model_runner `_bookkeeping_sync`), which only CUDA's Philox generator has: the
+            # CPU generator raises "CPU Generator does not use offset" and the engine core dies.
+            # Long multi-turn continuations arriving together overflow the token budget and get
+            # chunked. Without chunked prefill a prompt is scheduled whole or waits, so seeded
+            # requests never hit the rewind (vLLM raises the budget to at least max_model_len).
+            engine_kwargs.setdefault("enable_chunked_prefill", False)
         self._vllm = vllm
         self._delta = RequestOutputKind.DELTA
         args = vllm.AsyncEngineArgs(
