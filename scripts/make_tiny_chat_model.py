@@ -85,6 +85,31 @@ def word_problem(rng: random.Random) -> dict:
     return {"question": q, "answer": f"{a} + {b} = {a + b}\n{a + b} - {c} = {a + b - c}\n#### {a + b - c}"}
 
 
+def column_add(a: int, b: int) -> str:
+    """`47 + 38: 7 + 8 = 15, 4 + 3 + 1 = 8, so 85`: one digit at a time, the carry always written."""
+    ones = a % 10 + b % 10
+    tens = a // 10 + b // 10 + ones // 10
+    return f"{a} + {b}: {a % 10} + {b % 10} = {ones}, {a // 10} + {b // 10} + {ones // 10} = {tens}, so {a + b}"
+
+
+def column_sub(a: int, b: int) -> str:
+    """`74 - 39: 14 - 9 = 5, 7 - 3 - 1 = 3, so 35`: the borrow always written."""
+    borrow = int(a % 10 < b % 10)
+    ones = a % 10 + 10 * borrow - b % 10
+    tens = a // 10 - b // 10 - borrow
+    return f"{a} - {b}: {a % 10 + 10 * borrow} - {b % 10} = {ones}, {a // 10} - {b // 10} - {borrow} = {tens}, so {a - b}"
+
+
+def worked_answer(row: dict) -> str:
+    """The word problem's answer with column working instead of `a + b = c` lines."""
+    lines = []
+    for line in row["answer"].split("\n")[:-1]:
+        left, _ = line.split(" = ")
+        a, op, b = left.split()
+        lines.append((column_add if op == "+" else column_sub)(int(a), int(b)))
+    return "\n".join(lines) + "\n" + row["answer"].split("\n")[-1]
+
+
 def product_problem(rng: random.Random) -> dict:
     a = rng.randint(11, 99)
     b = rng.randint(11, 99) if rng.random() < 0.5 else rng.randint(100, 999)
@@ -105,11 +130,14 @@ def make_split(make, rng: random.Random, num_train: int, num_eval: int) -> tuple
 
 # ----------------------------------------------------------------------------- responses
 def response_segments(row: dict, use_tool: bool) -> list[tuple[str, bool]]:
-    """(text, trained) segments of the target response; untrained ones are tool outputs."""
+    """(text, trained) segments of the target response; untrained ones are tool outputs.
+    `use_tool` is the product problems' calculator call, the word problems' column working."""
     answer = row["answer"].rsplit("####", 1)[1].strip()
     if "a" in row and use_tool:
         return [(f"{TOOL_START}{row['a']}*{row['b']}{TOOL_END}", True), (f"{OUT_START}{answer}{OUT_END}", False),
                 (f"\n#### {answer}", True)]
+    if "a" not in row and use_tool:
+        return [(worked_answer(row), True)]
     return [(row["answer"], True)]
 
 
@@ -210,7 +238,7 @@ def measure(model, tok, eval_rows: dict[str, list[dict]], num_prompts: int) -> d
 
     encode, decode = text_codec(tok)
     insert = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
-    agents = {"math": SingleTurnAgentConf(sampling=SamplingConf(temperature=0.0, max_tokens=48)),
+    agents = {"math": SingleTurnAgentConf(sampling=SamplingConf(temperature=0.0, max_tokens=96)),
               "tools": MultiTurnToolAgentConf(sampling=SamplingConf(temperature=0.0, max_tokens=48), max_turns=2)}
 
     async def run() -> dict[str, float]:
@@ -278,7 +306,8 @@ def build(args) -> tuple:
         batch = []
         for _ in range(args.batch_size):
             row = rng.choice(math_train if rng.random() < 0.5 else tools_train)
-            batch.append(encode_example(tok, row["question"], response_segments(row, rng.random() < args.tool_frac)))
+            frac = args.tool_frac if "a" in row else args.work_frac
+            batch.append(encode_example(tok, row["question"], response_segments(row, rng.random() < frac)))
         lr = args.lr * min(1.0, step / 50)  # short linear warm-up
         for group in opt.param_groups:
             group["lr"] = lr
@@ -346,15 +375,18 @@ def parse_args(argv=None):
     parser.add_argument("--max-positions", type=int, default=256)
     parser.add_argument("--num-train", type=int, default=2000, help="train problems per task")
     parser.add_argument("--num-eval", type=int, default=200, help="eval problems per task")
-    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--steps", type=int, default=750)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--tool-frac", type=float, default=0.3,
                         help="share of product problems whose target shows the calculator call")
-    parser.add_argument("--eval-every", type=int, default=0, help="0 = only at the end")
+    parser.add_argument("--work-frac", type=float, default=0.3,
+                        help="share of word problems whose target shows the column working")
+    parser.add_argument("--eval-every", type=int, default=250, help="0 = only at the end")
     args = parser.parse_args(argv)
-    if not 0 <= args.tool_frac <= 1:
-        parser.error(f"--tool-frac={args.tool_frac}: expected 0..1")
+    for name in ("tool_frac", "work_frac"):
+        if not 0 <= getattr(args, name) <= 1:
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)}: expected 0..1")
     if args.steps < 1 or args.batch_size < 1 or args.num_train < 1 or args.num_eval < 1:
         parser.error("--steps, --batch-size, --num-train and --num-eval must be >= 1")
     return args
