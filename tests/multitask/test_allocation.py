@@ -70,3 +70,36 @@ def test_a_task_that_leaves_keeps_past_steps_and_the_others_share_its_weight():
     assert [restored.sizes(s) for s in range(1, 40)] == [alloc.sizes(s) for s in range(1, 40)]
     with pytest.raises(ValueError, match="weights"):
         BatchAllocation(10, {"a": 0.5, "b": 0.5}).load_state_dict(alloc.state_dict())
+
+
+def test_resumed_with_other_weights_the_producer_targets_follow_the_new_split():
+    """The async producer had set targets up to step 6 when step 4 was saved; resumed with other
+    weights, its targets are the new allocation's cumulative counts (steps 1-4 old, 5-6 new)."""
+    from rlharness.agent import build_agent_loop
+    from rlharness.config.schema import SamplerConf, SamplingConf, SingleTurnAgentConf, SimEngineConf
+    from rlharness.engine.sim import SimEngine
+    from rlharness.producer.manager import AgentLoopManager
+    from rlharness.producer.strategies import build_strategy
+    from rlharness.replay_buffer import ReplayBuffer
+    from rlharness.sampler import Sampler
+    from tests.producer.producer_harness import VOCAB, ParityJudger, decode, encode, make_rows, strategy_conf
+
+    def manager(weights):
+        rb = ReplayBuffer(max_staleness=2)
+        engine = SimEngine(SimEngineConf(), seed=0, vocab_size=VOCAB)
+        loop = build_agent_loop(SingleTurnAgentConf(sampling=SamplingConf(max_tokens=4)), engine, ParityJudger(), decode)
+        tasks = {t: (Sampler(SamplerConf(prompt_repeat_k=2), t, make_rows(30), encode, rb, 0), loop) for t in weights}
+        return AgentLoopManager(tasks=tasks, strategy=build_strategy(strategy_conf("async", max_staleness=2)),
+                                replay_buffer=rb, batch_size=10, max_staleness=2, weights=weights)
+
+    old, new = {"a": 0.7, "b": 0.3}, {"a": 0.2, "b": 0.8}
+    saved = manager(old)
+    saved.progress.ensure_target_upto(6, saved.allocation)
+    saved.progress.consumed_samples.update(saved.allocation.cumulative(4))
+    saved.progress.finish_consume(4)
+    resumed = manager(new)
+    resumed.load_state_dict(saved.state_dict())
+    assert saved.progress.target_samples == {"a": 42, "b": 18}  # 6 steps of 7/3
+    assert resumed.progress.target_samples == {"a": 4 * 7 + 2 * 2, "b": 4 * 3 + 2 * 8}
+    assert [resumed.allocation.sizes(s) for s in (5, 6)] == [{"a": 2, "b": 8}] * 2
+    assert resumed.allocation.state_dict()["history"] == [[1, old], [5, new]]
