@@ -785,6 +785,9 @@ class RunConf:
                    "a finite number > 0")
             _check(entry.over_sample_threshold is None or entry.over_sample_threshold >= 0,
                    f"tasks.{name}.over_sample_threshold", entry.over_sample_threshold, "a number >= 0 or null")
+            _check(entry.over_sample_threshold is None or self.strategy.name == "async",
+                   f"tasks.{name}.over_sample_threshold", entry.over_sample_threshold,
+                   f"null with strategy={self.strategy.name} (only strategy=async over-samples)")
             _check(entry.max_staleness is None or (isinstance(entry.max_staleness, int)
                                                    and 0 <= entry.max_staleness <= self.max_staleness),
                    f"tasks.{name}.max_staleness", entry.max_staleness,

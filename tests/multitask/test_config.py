@@ -53,6 +53,8 @@ def test_every_part_can_be_changed_from_the_command_line():
     (["+tasks.padded.sampling.max_len=3"], "tasks.padded.sampling"),
     (["batch_size=1"], "batch_size=1 is smaller than the number of tasks"),
     (["eval.num_prompts=300"], "exceeds tasks.padded.task.num_eval=200"),
+    (["tasks.padded.over_sample_threshold=0.5"], "tasks.padded.over_sample_threshold=0.5 is not allowed: expected "
+                                                 "null with strategy=sync"),
 ])
 def test_bad_mixes_are_refused_naming_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
