@@ -140,3 +140,22 @@ def test_ray_head_started_inside_a_slurm_job(slurm_env, tmp_path):
     _wait_until_finished(job)
     left = subprocess.run(["pgrep", "-f", f"rlh-ray-{result['job']}-"], capture_output=True, text=True)
     assert left.stdout.strip() == "", f"Ray processes of job {result['job']} still running: {left.stdout}"
+
+
+@pytest.mark.timeout(180)
+def test_requests_larger_than_the_partition_are_refused_before_submitting(slurm_env, tmp_path):
+    """More nodes than the partition has would pend forever, more GPUs per node fail in sbatch:
+    both are one line naming the key, nothing submitted, no sweep directory."""
+    before = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    for i, (override, message) in enumerate((("cluster.nodes=3", "cluster.nodes=3 is not allowed: at most 2 node(s)"),
+                              ("cluster.gpus_per_node=3", "cluster.gpus_per_node=3 is not allowed: at most 2 in "
+                                                          "Slurm partition 'debug', whose nodes are rlh-node1"))):
+        sweep = tmp_path / f"sweep{i}"
+        out = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "cluster=slurm", "cluster.nodes=2",
+                              "mode=disagg", "logger=none", override, f"hydra.sweep.dir={sweep}"],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert out.returncode == 2, out.stderr[-3000:]
+        assert out.stderr.strip().splitlines()[-1].startswith(f"error: {message}"), out.stderr[-3000:]
+        assert not sweep.exists()
+    after = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    assert set(after) <= set(before)  # nothing was submitted
