@@ -224,6 +224,8 @@ cmd_up() {
   local deadline=$((SECONDS + UP_TIMEOUT_S)) node state
   while [ $SECONDS -lt $deadline ]; do
     all_up && break
+    pid_alive "$DIR/run/slurmctld.pid" slurmctld \
+      || die "slurmctld exited: $(grep -h 'fatal' "$DIR/log/slurmctld.log" | tail -1)"
     states | while read -r node state; do
       case "$state" in
         down*|drain*|fail*) SLURM_CONF=$CONF scontrol update nodename="$node" state=resume 2>/dev/null || true ;;
