@@ -20,7 +20,9 @@ users hit run on CPU in seconds:
   the loss, the response ends with `<|im_end|>`. A `--tool-frac` of the product
   problems show the calculator call (`<tool>47*382</tool>`), the rest answer directly
   (and are mostly wrong): the model starts out calling the tool on few problems, so
-  RL has something to discover. Trained for a fixed `--steps` (deterministic); the
+  RL has something to discover. A `--work-frac` of the word problems show column working
+  (`47 + 38: 7 + 8 = 15, 4 + 3 + 1 = 8, so 85`), the rest `47 + 38 = 85`: two answer
+  styles of different length for RL to choose between. Trained for a fixed `--steps` (deterministic); the
   starting figures are measured with rlharness's own agent loops and evaluator.
 
     python scripts/make_tiny_chat_model.py                # writes assets/tiny-chat/
@@ -282,7 +284,9 @@ Made by `python scripts/make_tiny_chat_model.py` (seeded, deterministic on CPU w
   on both train splits; loss on the tokens the model writes (tool outputs masked). Of the
   product problems {tool_frac:.0%} show a calculator call
   (`<tool>47*382</tool>` -> `<output>17954</output>` -> `\\n#### 17954`), the rest answer
-  directly. Last training loss {loss:.4f}.
+  directly; of the word problems {work_frac:.0%} show column working
+  (`47 + 38: 7 + 8 = 15, 4 + 3 + 1 = 8, so 85`), the rest `47 + 38 = 85`. Last training
+  loss {loss:.4f}.
 - Starting point (greedy, {num_eval} eval problems each, rlharness's evaluator):
   word problems **{math_acc:.1%}**; products with the calculator **{tools_acc:.1%}**,
   tool called on **{tool_use:.1%}** of them, tool output = answer on **{tool_ok:.1%}**.
@@ -343,7 +347,7 @@ def write(out: Path, model, tok, splits, loss, figures, curve, args) -> None:
     (tmp / "README.md").write_text(README.format(
         threads=args.threads, vocab=len(tok), layers=args.layers, hidden=args.hidden, ffn=4 * args.hidden,
         params=sum(p.numel() for p in model.parameters()), steps=args.steps, batch=args.batch_size, lr=args.lr,
-        seed=args.seed, tool_frac=args.tool_frac, loss=loss, num_eval=args.num_eval,
+        seed=args.seed, tool_frac=args.tool_frac, work_frac=args.work_frac, loss=loss, num_eval=args.num_eval,
         math_acc=figures["math/accuracy"], tools_acc=figures["tools/accuracy"],
         tool_use=figures["tools/tool_use_frac"], tool_ok=figures["tools/tool_answer_frac"]))
     (tmp / "warmup.json").write_text(json.dumps(
