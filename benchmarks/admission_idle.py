@@ -9,13 +9,15 @@ sync. Idle slot-time (slots without a running request) is attributed to one caus
 - `weight sync`: the producer is paused (the engines wait for new weights; X* has it too);
 - `room full`: the groups produced beyond consumption (waiting COMPLETED + in flight) fill
   the admission room, so no group may start; nothing is queued;
-- `queued`: requests wait for a slot (never idle by definition; listed as a check);
+- `queued`: requests wait for a slot on one engine while another has free ones (the router's
+  balance);
 - `room free`: a group could start but none did (a producer fault if large).
 
 The probe only reads state, so the schedule is the benchmark's (same numbers).
 
     python benchmarks/admission_idle.py                      # whole-batch, cv 1.0, admission s=2 partial
     python benchmarks/admission_idle.py --case slot-limited --staleness 4
+    python benchmarks/admission_idle.py --quick             # producer_efficiency's quick case (the tests)
 """
 
 from __future__ import annotations
@@ -101,8 +103,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--dt", type=float, default=0.05, help="probe interval, simulated seconds")
+    ap.add_argument("--quick", action="store_true", help="producer_efficiency's quick case and steps (for tests)")
     args = ap.parse_args(argv)
+    if not 0 < args.warmup < args.steps:
+        ap.error(f"--steps={args.steps} must exceed --warmup={args.warmup} (> 0)")
     case = replace(pe.CASES[args.case], cv=args.cv)
+    if args.quick:
+        case, args.case, args.steps, args.warmup = pe.QUICK, "quick", pe.QUICK_STEPS, pe.QUICK_WARMUP
     mode = next(m for m in pe.modes() if m.name == f"admission s={args.staleness} partial")
     records, samples = asyncio.run(_run(case, mode, args.steps, args.dt))
     result = pe.summarise(args.case, case, mode, records, args.warmup, {})

@@ -564,6 +564,10 @@ WHOLE_BATCH = Case(slots=128, train_step_s=1.0, train_per_token_s=1.32e-4)
 # typical sample, so the window holds the tail (ceiling 99.6% of X* at s=2, CV 1.0).
 SLOT_LIMITED = Case(slots=32, train_step_s=2.0, train_per_token_s=5.9e-4)
 CASES = {"whole-batch": WHOLE_BATCH, "slot-limited": SLOT_LIMITED}
+# --quick (the tests): small and short, but still balanced (gen 2.76 s per batch, train 2.75 s).
+QUICK = replace(SLOT_LIMITED, num_engines=2, slots=8, batch_size=4, group_size=8, mean_len=32, cap=512,
+                time_per_token_s=0.04, prefill_s=0.1, train_step_s=0.5, train_per_token_s=2.2e-3, weight_sync_s=0.2)
+QUICK_STEPS, QUICK_WARMUP = 16, 4
 # The slot-limited case runs at cv=1.0 only (the whole-batch case at every cv).
 OTHER_CASE_CVS = [1.0]
 
@@ -610,11 +614,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     plan = [(name, cv, [m for m in modes() if args.modes is None or m.name in args.modes])
             for name in args.cases for cv in (args.cvs if name == "whole-batch" else OTHER_CASE_CVS)]
     cases = dict(CASES)
-    if args.quick:  # small and short, but still balanced (gen 2.76 s per batch, train 2.75 s)
-        cases = {"quick": replace(SLOT_LIMITED, num_engines=2, slots=8, batch_size=4, group_size=8, mean_len=32,
-                                  cap=512, time_per_token_s=0.04, prefill_s=0.1, train_step_s=0.5,
-                                  train_per_token_s=2.2e-3, weight_sync_s=0.2)}
-        steps, warmup = 16, 4
+    if args.quick:
+        cases = {"quick": QUICK}
+        steps, warmup = QUICK_STEPS, QUICK_WARMUP
         plan = [("quick", 1.0, [m for m in modes() if args.modes is None or m.name in args.modes])]
     args.out.mkdir(parents=True, exist_ok=True)
     prefix = "producer_efficiency_quick" if args.quick else "producer_efficiency"

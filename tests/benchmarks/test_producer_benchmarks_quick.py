@@ -288,3 +288,16 @@ def test_benchmark_arguments_are_checked_before_anything_runs(name, argv, messag
         mod.main(argv + [out, str(tmp_path)])
     assert message in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_admission_idle_probe_leaves_the_schedule_alone_and_accounts_for_every_slot(pe):
+    idle = _load("admission_idle")
+    out = idle.main(["--quick", "--staleness", "2"])
+    # The probe only reads: the run is the benchmark's own, to the sample.
+    mode = next(m for m in pe.modes() if m.name == "admission s=2 partial")
+    plain = pe.run_one("quick", pe.QUICK, mode, pe.QUICK_STEPS, pe.QUICK_WARMUP)
+    assert out["ratio"] == plain.ratio
+    # Busy plus idle by cause covers all slot-time; the producer never leaves room unused for long.
+    shares = {k: v for k, v in out.items() if k == "busy" or k.startswith("idle: ")}
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares.get("idle: room free", 0.0) < 0.05
