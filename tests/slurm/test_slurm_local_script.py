@@ -55,8 +55,9 @@ def test_up_twice_down_with_a_job_running_and_down_again(slurm_env, tmp_path):
         assert out.returncode == 0 and "already up" in out.stderr, out.stderr
         assert {f.name: f.read_text().strip() for f in run.glob("slurmd-*.pid")} == slurmd  # same daemons
 
-        job = subprocess.run(["sbatch", "--parsable", "-N", "2", "--gpus-per-node=1", "-c", "1", "--wrap",
-                              "srun sleep 611"], capture_output=True, text=True, env=slurm, timeout=30)
+        job = subprocess.run(["sbatch", "--parsable", "-N", "2", "--gpus-per-node=1", "-c", "1",
+                              f"--output={tmp_path / 'job.out'}", "--wrap", "srun sleep 611"],
+                             capture_output=True, text=True, env=slurm, timeout=30)
         assert job.returncode == 0, job.stderr
         job_id = job.stdout.strip().split(";")[0]
         deadline = time.monotonic() + 60
