@@ -113,7 +113,8 @@ def _children_of(pid: int) -> list[int]:
 def test_ctrl_c_during_judging_stops_the_process_and_its_judging_processes(tmp_path):
     script = tmp_path / "judge_forever.py"
     script.write_text(textwrap.dedent(f"""
-        import asyncio, multiprocessing.forkserver as fs
+        import asyncio, multiprocessing.forkserver as fs, signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's background job starts with it ignored
         from rlharness.config.schema import MathJudgerConf
         from rlharness.judger.math import MathJudger
         from rlharness.types import Status, make_group

@@ -38,6 +38,11 @@ class ParityJudger(Judger):
         first = response_text.split()[0] if response_text else "1"
         return {"score": float(int(first) % 2 == 0)}
 
+    def score_inline(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
+        # On the loop, not in a thread: under a VirtualClock a thread's real time races the
+        # virtual judge timeout (a loaded machine failed groups as timeouts).
+        return self.score(response_text, label)
+
 
 class RaisingJudger(ParityJudger):
     """Test judger that raises on every prompt whose index is a multiple of `every`."""
