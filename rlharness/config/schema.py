@@ -741,6 +741,12 @@ class RunConf:
                     f"cluster.engine_cpus={self.cluster.engine_cpus:g} + {workers} training worker(s) x "
                     f"cluster.trainer_cpus={self.cluster.trainer_cpus:g}, but cluster.num_cpus={self.cluster.num_cpus}"
                 )
+        if (self.cluster.name == "slurm" and self.cluster.nodes > 1 and self.mode == "colocate"
+                and self.backend.name != "deepspeed"):
+            raise ConfigError(
+                f"cluster.nodes={self.cluster.nodes} with mode=colocate and backend={self.backend.name} is not allowed: "
+                f"that run is one process on the first node and the other nodes would sit idle; use mode=disagg "
+                f"(engines and trainers on their own nodes), backend=deepspeed, or cluster.nodes=1")
         if self.cluster.name == "slurm":
             from rlharness.placement_plan import check_fits
 

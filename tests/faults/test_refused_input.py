@@ -60,6 +60,7 @@ def refused(args: list[str], cwd: Path, expect: list[str], watch: Path | None = 
     (["strategy=asnc"], ["strategy=asnc", "async, sync"]),
     (["cluster=slurm"], ["cluster=slurm", "-m"]),
     (["mode=disagg", "cluster=local"], ["mode=disagg", "cluster=local_ray"]),
+    (["-m", "cluster=slurm", "cluster.nodes=2"], ["cluster.nodes=2", "mode=colocate", "idle"]),
     (["-m", "seed=1,-2"], ["seed=-2"]),
 ])
 def test_config_errors_are_one_line_exit_2_and_leave_no_directory(tmp_path, args, expect):
