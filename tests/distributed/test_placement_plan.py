@@ -18,8 +18,10 @@ def _plan(*overrides: str):
 
 def test_one_node_pins_nothing_and_colocate_pins_nothing():
     assert _plan("cluster.nodes=1") is None
-    conf, _ = compose_conf(["cluster=slurm", "cluster.nodes=2", "mode=colocate"])
+    conf, _ = compose_conf(["cluster=slurm", "cluster.nodes=2", "mode=colocate", "backend=deepspeed"])
     assert plan_nodes(conf) is None
+    with pytest.raises(ConfigError, match="cluster.nodes=2 with mode=colocate and backend=torch is not allowed"):
+        compose_conf(["cluster=slurm", "cluster.nodes=2", "mode=colocate"])  # one process: node 1 would idle
 
 
 def test_two_cpu_nodes_put_engines_on_the_last_and_training_on_node_0():
