@@ -177,25 +177,33 @@ def test_requeued_two_node_job_resumes_from_its_run_dir(slurm_env, tmp_path):
     assert_nothing_left(job_id)
 
 
-@pytest.mark.timeout(2 * RUN_TIMEOUT_S)
-def test_worker_node_dying_stops_the_run_naming_it_and_it_resumes(slurm_env, tmp_path):
-    sweep = tmp_path / "sweep"
+def _kill_node_mid_run(sweep: Path, seed: int, node_rank: int) -> tuple[str, str]:
+    """Start a long two-node run, SIGKILL every Ray process of node `node_rank` once step 2 is
+    saved, and wait for the run to fail and its job to end: (the submitter's output, job id)."""
     run_dir = sweep / "0"
-    proc = _train(sweep, "total_steps=2000", "seed=7")  # far more than it gets to: the node dies first
+    proc = _train(sweep, "total_steps=2000", f"seed={seed}")  # far more than it gets to: the node dies first
     try:
         _wait("a checkpoint at step 2", lambda: (run_dir / "checkpoints" / "step_00000002" / "DONE").exists(),
               START_TIMEOUT_S)
         job_id = wait_job_id(run_dir)
-        victims = ray_processes(job_id, node_rank=1)
-        assert victims, "no Ray processes on node 2"
-        subprocess.run(["kill", "-9", *map(str, victims)], check=False)  # node 2's raylet, workers, engine
+        victims = ray_processes(job_id, node_rank=node_rank)
+        assert victims, f"no Ray processes on node {node_rank + 1}"
+        subprocess.run(["kill", "-9", *map(str, victims)], check=False)
         out = _finish(proc)
-        # Node 1 ends the job on its own once it gives the engine up (the submitter may stop before).
+        # The surviving node ends the job on its own (the submitter may stop before).
         _wait(f"job {job_id} to end", lambda: "JobState=RUNNING" not in _slurm("scontrol", "show", "job", job_id),
               180)
     finally:
         _stop(proc, sweep)
     assert proc.returncode != 0, out[-3000:]
+    return out, job_id
+
+
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S)
+def test_worker_node_dying_stops_the_run_naming_it_and_it_resumes(slurm_env, tmp_path):
+    sweep = tmp_path / "sweep"
+    run_dir = sweep / "0"
+    out, job_id = _kill_node_mid_run(sweep, seed=7, node_rank=1)  # node 2's raylet, workers, engine
     # The submitter reports whichever node's error came first; both name node 2.
     assert re.search(r"(Ray on node|its Ray node) rlh-node2 \(127\.0\.0\.3", out), out[-4000:]
     log = (run_dir / "train.log").read_text()
@@ -264,20 +272,7 @@ def test_trainer_node_dying_is_named_by_the_other_node(slurm_env, tmp_path):
     once, without a message of its own; node 1 names node 0 and the checkpoint to resume from."""
     sweep = tmp_path / "sweep"
     run_dir = sweep / "0"
-    proc = _train(sweep, "total_steps=2000", "seed=8")
-    try:
-        _wait("a checkpoint at step 2", lambda: (run_dir / "checkpoints" / "step_00000002" / "DONE").exists(),
-              START_TIMEOUT_S)
-        job_id = wait_job_id(run_dir)
-        victims = ray_processes(job_id, node_rank=0)
-        assert victims, "no Ray processes on node 1"
-        subprocess.run(["kill", "-9", *map(str, victims)], check=False)  # node 1's GCS, raylet, workers
-        out = _finish(proc)
-        _wait(f"job {job_id} to end", lambda: "JobState=RUNNING" not in _slurm("scontrol", "show", "job", job_id),
-              180)
-    finally:
-        _stop(proc, sweep)
-    assert proc.returncode != 0, out[-3000:]
+    out, job_id = _kill_node_mid_run(sweep, seed=8, node_rank=0)  # node 1's GCS, raylet, workers
     log = (run_dir / "train.log").read_text()
     found = re.search(r"the Ray head on node rlh-node1 \(127\.0\.0\.2, node 0 of job \d+\) went away before its run "
                       r"ended: .* The last complete checkpoint is (\S+): run the same command again", log)
