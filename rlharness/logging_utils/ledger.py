@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rlharness.logging_utils.metrics import replace_text
 from rlharness.types import Group, RolloutState
 
 
@@ -54,7 +55,7 @@ class RolloutLedger:
         if self.dropped_path.exists():
             keep = [ln for ln in self.dropped_path.read_text().splitlines()
                     if ln.strip() and _row_step(ln) <= resume_step]
-            self.dropped_path.write_text("".join(ln + "\n" for ln in keep))
+            replace_text(self.dropped_path, "".join(ln + "\n" for ln in keep))
 
     def write_step(self, train_step: int, groups: list[Group]) -> None:
         path = self.dir / f"step_{train_step:08d}.jsonl"

@@ -15,7 +15,7 @@ class MetricsWriter:
         # checkpoint; drop them so every step appears exactly once.
         if self.path.exists():
             kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            replace_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self._fh = open(self.path, "a", buffering=1)
 
     def write(self, row: dict[str, Any]) -> None:
@@ -24,6 +24,13 @@ class MetricsWriter:
 
     def close(self) -> None:
         self._fh.close()
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Rewrite a file so a kill at any moment leaves the old or the new text, never a cut one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -18,8 +18,8 @@ import pytest
 
 from rlharness.checkpoint import latest_checkpoint
 from rlharness.logging_utils.metrics import read_metrics
-from tests.helpers import run_in_process
-from tests.resume.test_kill_resume import ASYNC, SYNC, assert_nothing_lost_or_duplicated, launch, trained_prompts
+from tests.resume.test_kill_resume import (ASYNC, SYNC, assert_nothing_lost_or_duplicated, assert_trains_like, launch,
+                                           run_to_the_end)
 
 pytestmark = [pytest.mark.slow]
 
@@ -73,17 +73,11 @@ def stop_and_resume_until_done(run_dir: Path, overrides: list[str], signals: lis
 @pytest.mark.timeout(900)
 def test_sync_stopped_run_trains_exactly_like_the_uninterrupted_one(tmp_path):
     reference = tmp_path / "reference"
-    run_in_process(reference, SYNC_STOP)
+    run_to_the_end(reference, SYNC_STOP)
     run_dir = tmp_path / "stopped"
     run_dir.mkdir()
     assert stop_and_resume_until_done(run_dir, SYNC_STOP, [signal.SIGTERM, signal.SIGINT], seed=3) == 2
-    assert trained_prompts(run_dir) == trained_prompts(reference)
-    ref = {r["step"]: r for r in read_metrics(reference / "metrics.jsonl") if "train/loss" in r}
-    got = {r["step"]: r for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r}
-    assert sorted(got) == sorted(ref) == list(range(1, 9))
-    for step, r in ref.items():
-        assert got[step]["rollout/reward_mean"] == r["rollout/reward_mean"], step
-        assert got[step]["train/loss"] == pytest.approx(r["train/loss"], rel=1e-4, abs=1e-6), step
+    assert_trains_like(run_dir, reference, total_steps=8)
 
 
 @pytest.mark.timeout(900)

@@ -21,7 +21,7 @@ import pytest
 from rlharness.checkpoint import KILL_IN_CHECKPOINT_ENV, latest_checkpoint, load_state
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import read_metrics
-from tests.helpers import ROOT, run_in_process
+from tests.helpers import ROOT
 
 pytestmark = [pytest.mark.slow]
 
@@ -68,29 +68,49 @@ def kill_and_resume_until_done(run_dir: Path, overrides: list[str], kills: int, 
         return killed
 
 
-def trained_prompts(run_dir: Path) -> dict[int, list[tuple[int, int]]]:
+def run_to_the_end(run_dir: Path, overrides: list[str]) -> None:
+    """The run left alone, as a process of its own like the interrupted one's lives."""
+    run_dir.mkdir()
+    proc = launch(run_dir, overrides)
+    assert proc.wait(timeout=600) == 0, proc.stderr.read().decode()[-3000:]
+
+
+def trained_samples(run_dir: Path) -> dict[int, list[tuple]]:
+    """Per step, every trained sample: its task, prompt draw, response and reward."""
     trained, _ = read_ledger(run_dir)
-    by_step: dict[int, list[tuple[int, int]]] = {}
+    by_step: dict[int, list[tuple]] = {}
     for r in trained:
-        by_step.setdefault(r["train_step"], []).append((r["epoch"], r["prompt_index"]))
+        by_step.setdefault(r["train_step"], []).append(
+            (r["task"], r["epoch"], r["prompt_index"], r["response"], r["reward"]))
     return {k: sorted(v) for k, v in by_step.items()}
+
+
+# What a step's row is compared on when the loss differs: how far the engine's log-probs were
+# from the trainer's (a weight mismatch shows here), and the step's inputs.
+DIAGNOSTIC_KEYS = ("train/loss", "train/logprob_diff_rollout", "train/grad_norm", "train/entropy",
+                   "train/response_tokens", "rollout/reward_mean", "train/lr")
+
+
+def assert_trains_like(run_dir: Path, reference: Path, total_steps: int) -> None:
+    """Step for step the same samples (prompts, responses, rewards) and the same loss."""
+    assert trained_samples(run_dir) == trained_samples(reference)
+    ref = {r["step"]: r for r in read_metrics(reference / "metrics.jsonl") if "train/loss" in r}
+    got = {r["step"]: r for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r}
+    assert sorted(got) == sorted(ref) == list(range(1, total_steps + 1))
+    for step, r in ref.items():
+        why = {k: (got[step].get(k), r.get(k)) for k in DIAGNOSTIC_KEYS}
+        assert got[step]["train/loss"] == pytest.approx(r["train/loss"], rel=1e-4, abs=1e-6), (step, why)
 
 
 @pytest.mark.timeout(900)
 def test_sync_killed_run_trains_exactly_like_the_uninterrupted_one(tmp_path):
     reference = tmp_path / "reference"
-    run_in_process(reference, SYNC)
+    run_to_the_end(reference, SYNC)
     killed_dir = tmp_path / "killed"
     killed_dir.mkdir()
     kills = kill_and_resume_until_done(killed_dir, SYNC, kills=3, seed=0, kill_in_checkpoint_step=2)
     assert kills >= 2
-    assert trained_prompts(killed_dir) == trained_prompts(reference)
-    ref_rows = {r["step"]: r for r in read_metrics(reference / "metrics.jsonl") if "train/loss" in r}
-    got_rows = {r["step"]: r for r in read_metrics(killed_dir / "metrics.jsonl") if "train/loss" in r}
-    assert sorted(got_rows) == sorted(ref_rows) == list(range(1, 9))
-    for step, ref in ref_rows.items():
-        assert got_rows[step]["rollout/reward_mean"] == ref["rollout/reward_mean"], step
-        assert got_rows[step]["train/loss"] == pytest.approx(ref["train/loss"], rel=1e-4, abs=1e-6), step
+    assert_trains_like(killed_dir, reference, total_steps=8)
 
 
 @pytest.mark.timeout(900)
