@@ -582,7 +582,7 @@ def describe(name: str, c: Case) -> str:
             f"-> X*={b.ideal:.3f} samples/s\n"
             f"  staleness ceiling (async + partial): "
             + ", ".join(f"s={s} {100 * staleness_ceiling(c, s) / b.ideal:.1f}%" for s in (1, 2, 4)) + " of X*\n"
-            f"  admission ceiling (admission + partial): "
+            "  admission ceiling (admission + partial): "
             + ", ".join(f"s={s} {100 * admission_ceiling(c, s) / b.ideal:.1f}%" for s in (0, 1, 2, 3, 4)) + " of X*")
 
 

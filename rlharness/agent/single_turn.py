@@ -11,7 +11,6 @@ partial rollout off, an interrupted group loses all its responses and restarts l
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from rlharness.agent.base import AgentLoop, gather_or_cancel

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 
 import logging
-import math
 from pathlib import Path
 from typing import Any
 

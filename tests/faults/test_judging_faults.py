@@ -20,7 +20,7 @@ import pytest
 
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import read_metrics
-from tests.helpers import ROOT, run_cli, run_in_process
+from tests.helpers import run_cli, run_in_process
 
 SERVER = Path(__file__).with_name("judge_server.py")
 TOWER = "9^{9^{9}}"  # math-verify computes a 370-million-digit integer holding the GIL: minutes

@@ -16,7 +16,6 @@ import pickle
 import re
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 

@@ -10,7 +10,6 @@ reports its node, and the engine holds the trainer's exact tensors for every ver
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import sys
