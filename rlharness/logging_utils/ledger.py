@@ -58,13 +58,8 @@ class RolloutLedger:
             replace_text(self.dropped_path, "".join(ln + "\n" for ln in keep))
 
     def write_step(self, train_step: int, groups: list[Group]) -> None:
-        path = self.dir / f"step_{train_step:08d}.jsonl"
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as fh:
-            for g in groups:
-                for s in g:
-                    fh.write(json.dumps(sample_row(s, train_step)) + "\n")
-        tmp.replace(path)
+        replace_text(self.dir / f"step_{train_step:08d}.jsonl",
+                     "".join(json.dumps(sample_row(s, train_step)) + "\n" for g in groups for s in g))
 
     def write_dropped(self, train_step: int, dropped: list[tuple[Group, str]]) -> None:
         if not dropped:

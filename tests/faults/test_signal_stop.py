@@ -19,7 +19,7 @@ import pytest
 from rlharness.checkpoint import latest_checkpoint
 from rlharness.logging_utils.metrics import read_metrics
 from tests.resume.test_kill_resume import (ASYNC, SYNC, assert_nothing_lost_or_duplicated, assert_trains_like, launch,
-                                           run_to_the_end)
+                                           run_to_the_end, step_rows)
 
 pytestmark = [pytest.mark.slow]
 
@@ -32,8 +32,7 @@ RAY = ["mode=disagg", "cluster=local_ray", "strategy=async", "max_staleness=1", 
 
 
 def trained_steps(run_dir: Path) -> int:
-    rows = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r]
-    return max(rows, default=0)
+    return max(step_rows(run_dir), default=0)
 
 
 def stop_and_resume_until_done(run_dir: Path, overrides: list[str], signals: list[int], seed: int) -> int:

@@ -91,11 +91,15 @@ DIAGNOSTIC_KEYS = ("train/loss", "train/logprob_diff_rollout", "train/grad_norm"
                    "train/response_tokens", "rollout/reward_mean", "train/lr")
 
 
+def step_rows(run_dir: Path) -> dict[int, dict]:
+    """The training rows of metrics.jsonl by step."""
+    return {r["step"]: r for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r}
+
+
 def assert_trains_like(run_dir: Path, reference: Path, total_steps: int) -> None:
     """Step for step the same samples (prompts, responses, rewards) and the same loss."""
     assert trained_samples(run_dir) == trained_samples(reference)
-    ref = {r["step"]: r for r in read_metrics(reference / "metrics.jsonl") if "train/loss" in r}
-    got = {r["step"]: r for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r}
+    ref, got = step_rows(reference), step_rows(run_dir)
     assert sorted(got) == sorted(ref) == list(range(1, total_steps + 1))
     for step, r in ref.items():
         why = {k: (got[step].get(k), r.get(k)) for k in DIAGNOSTIC_KEYS}
