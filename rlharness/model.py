@@ -21,12 +21,18 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+# Model folders that are not in the repo, and the command that makes each one.
+FETCH_COMMANDS = {"smollm2-135m-instruct": "bash scripts/fetch_smollm2.sh"}
+
 
 def resolve_model_path(path: str) -> Path:
     p = Path(path).expanduser()
     for candidate in (p, PROJECT_ROOT / p):
         if (candidate / "config.json").is_file():
             return candidate.resolve()
+    fetch = FETCH_COMMANDS.get(p.name)
+    if fetch:
+        raise ConfigError(f"model.path={path!r}: the model is not there yet; make it with `{fetch}`")
     raise ConfigError(
         f"model.path={path!r}: no Hugging Face checkpoint there (looked for config.json in "
         f"{p.resolve()} and {(PROJECT_ROOT / p).resolve()})"
