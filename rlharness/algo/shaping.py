@@ -17,13 +17,17 @@ import torch
 from rlharness.types import RolloutState
 
 
-def overlong_penalty(response_lens: torch.Tensor, max_tokens: int, buffer_len: int,
+def overlong_penalty(response_lens: torch.Tensor, max_tokens: int | torch.Tensor, buffer_len: int,
                      factor: float = 1.0) -> torch.Tensor:
-    """Per-sample penalty (<= 0) for response lengths `response_lens` (any shape)."""
+    """Per-sample penalty (<= 0) for response lengths `response_lens` (any shape).
+
+    `max_tokens`: the budget, one for all, or a tensor broadcast against `response_lens`
+    (e.g. [groups, 1]: each group's task budget in a multi-task run)."""
     if buffer_len <= 0:
         return torch.zeros_like(response_lens, dtype=torch.float32)
-    if buffer_len >= max_tokens:
-        raise ValueError(f"algo.overlong_buffer_len={buffer_len} must be < the token budget max_tokens={max_tokens}")
+    smallest = int(torch.as_tensor(max_tokens).min())
+    if buffer_len >= smallest:
+        raise ValueError(f"algo.overlong_buffer_len={buffer_len} must be < the token budget max_tokens={smallest}")
     excess = (response_lens.float() - (max_tokens - buffer_len)).clamp(min=0)
     return -factor * torch.clamp(excess / buffer_len, max=1.0)
 

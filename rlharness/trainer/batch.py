@@ -37,14 +37,17 @@ def _check_sample(s: RolloutState) -> None:
 
 
 def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, train_step: int,
-                      max_response_len: int, temperature: float) -> tuple[TrainBatch, dict[str, float]]:
+                      max_response_len: int, temperature: float,
+                      task_budgets: dict[str, int] | None = None) -> tuple[TrainBatch, dict[str, float]]:
     """Advantages per group (`algo.advantage`), broadcast over each sample's response tokens.
 
     Groups whose rewards are all equal stay in the batch with zero advantages (they add
     tokens to the loss normaliser but nothing to the gradient). `temperature` is the
     rollout sampling temperature; greedy (0) rollouts are scored at temperature 1.
-    With `algo.overlong_buffer_len` the DAPO overlong penalty (budget `max_response_len`)
-    is added to each score before the advantages; with `algo.mask_truncated` responses
+    With `algo.overlong_buffer_len` the DAPO overlong penalty is added to each score before
+    the advantages, against the budget of the group's own task (`task_budgets`: task name ->
+    its `max_tokens`; a task not named there, or no dict, gets `max_response_len`, the run's
+    largest): a task sampled with a smaller budget is penalised within its own buffer; with `algo.mask_truncated` responses
     cut by the budget get response_mask 0 (`rlharness.algo.shaping`).
     """
     if not groups:
@@ -56,8 +59,9 @@ def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, tr
     for s in samples:
         _check_sample(s)
     rewards = torch.tensor([[_score(s) for s in g] for g in groups], dtype=torch.float32)
+    budgets = torch.tensor([[(task_budgets or {}).get(g[0].task, max_response_len)] for g in groups])
     penalty = overlong_penalty(torch.tensor([[len(s.response_ids) for s in g] for g in groups]),
-                               max_response_len, algo.overlong_buffer_len, algo.overlong_penalty_factor)
+                               budgets, algo.overlong_buffer_len, algo.overlong_penalty_factor)
     advantages = compute_advantages(rewards + penalty, algo).reshape(-1)
     truncated = truncated_samples(samples)
     masked_out = [t and algo.mask_truncated for t in truncated]

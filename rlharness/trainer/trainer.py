@@ -56,6 +56,8 @@ class Trainer:
         self.stop_report = ""  # what a signal stop did, for its one line
         self._rng_at_step = rng_state()  # generators as of the last completed step (what a checkpoint holds)
         self._last_save_s: float | None = None
+        # Each task's response budget: DAPO's overlong penalty is taken against the group's own.
+        self._task_budgets = {name: conf.sampling_for(e).max_tokens for name, e in conf.task_entries().items()}
 
     # ------------------------------------------------------------------ main loop
     async def fit(self) -> dict[str, Any]:
@@ -155,7 +157,8 @@ class Trainer:
         produced.groups.sort(key=lambda g: (g[0].task, g[0].epoch, g[0].prompt_index, g[0].group_id))
         batch, batch_metrics = build_train_batch(
             produced.groups, conf.algo, c.tokenizer.pad_token_id, step,
-            max_response_len=conf.max_response_tokens(), temperature=conf.agent.sampling.temperature)
+            max_response_len=conf.max_response_tokens(), temperature=conf.agent.sampling.temperature,
+            task_budgets=self._task_budgets)
         if producer is None:  # colocated: the engine may hand its device to training (vLLM sleep mode)
             await c.engine.sleep()
         train_metrics = await c.backend.train_step(batch)

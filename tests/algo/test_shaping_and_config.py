@@ -65,6 +65,8 @@ def test_gspo_with_its_aggregation_and_the_algo_gspo_option():
     AlgoConf(name="t", policy_loss="gspo", loss_agg="seq_mean_token_mean")
     conf, _ = compose_conf(["algo=gspo"])
     assert conf.algo.policy_loss == "gspo" and conf.algo.loss_agg == "seq_mean_token_mean"
+    # the paper's clip range for sequence ratios, not PPO's 0.2
+    assert (conf.algo.clip_eps_low, conf.algo.clip_eps_high) == (3e-4, 4e-4)
 
 
 def test_prompt_repeat_k_one_is_refused_with_the_reason():
@@ -88,3 +90,21 @@ def test_strategy_max_staleness_is_the_runs_bound():
     # An explicit 0 is a setting too, not "the default, so adopt the strategy's".
     with pytest.raises(ConfigError, match="strategy.max_staleness=3 differs from max_staleness=0"):
         compose_conf(["strategy=async", "max_staleness=0", "strategy.max_staleness=3"])
+
+
+def test_overlong_penalty_uses_each_groups_own_task_budget():
+    # Budgets 16 and 64, buffer 8: the 16-token task's lengths [4, 12, 16, 16] are penalised within its
+    # own buffer (8..16), not the run's largest budget (56..64, where they would all get 0).
+    short = _group([4, 12, 16, 16], ["stop", "stop", "length", "length"], [0.0, 0.0, 0.0, 0.0])
+    long = _group([4, 12, 16, 60], ["stop"] * 4, [0.0, 0.0, 0.0, 0.0])
+    for s in long:
+        s.task = "long"
+    algo = AlgoConf(name="t", advantage="drgrpo", overlong_buffer_len=8)
+    batch, metrics = build_train_batch([short, long], algo, pad_token_id=0, train_step=1, max_response_len=64,
+                                       temperature=1.0, task_budgets={"t": 16, "long": 64})
+    penalties = torch.tensor([0.0, -0.5, -1.0, -1.0, 0.0, 0.0, 0.0, -0.5])
+    assert metrics["rollout/overlong_penalty_mean"] == pytest.approx(float(penalties.mean()))
+    # Dr.GRPO advantages are the shaped scores minus the group mean: the short group's are [0.625, 0.125, -0.375, -0.375]
+    adv = [batch.advantages[b][batch.response_mask[b] > 0][0].item() for b in range(8)]
+    assert adv[:4] == pytest.approx([0.625, 0.125, -0.375, -0.375])
+    assert adv[4:] == pytest.approx([0.125, 0.125, 0.125, -0.375])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 
@@ -23,7 +24,8 @@ LEDGER_KEYS = ["uid", "group_id", "task", "prompt_index", "epoch", "train_step",
                "max_policy_version", "status", "reward", "response_len", "prompt", "response"]
 
 
-def check_run_dir(run_dir, total_steps):
+def check_run_dir(run_dir, total_steps, log_text):
+    """`log_text`: what the run logged (caplog's text: an in-process run has no Hydra train.log)."""
     rows = read_metrics(run_dir / "metrics.jsonl")
     steps = [r["step"] for r in rows if "train/loss" in r]
     assert steps == list(range(1, total_steps + 1))
@@ -37,18 +39,21 @@ def check_run_dir(run_dir, total_steps):
     ckpt = run_dir / "checkpoints" / f"step_{total_steps:08d}"
     assert (ckpt / "DONE").is_file()
     assert list((run_dir / "plots").glob("*.png"))
-    assert (run_dir / "train.log").exists() or True  # train.log is Hydra's (CLI runs); in-process has none
+    # What train.log holds in a CLI run: the final checkpoint's line and the run directory.
+    assert f"checkpoint saved: {ckpt}" in log_text
+    assert f"run directory: {run_dir}" in log_text
     return rows, trained
 
 
 @pytest.mark.timeout(300)
-def test_real_tiny_model_trains_and_writes_everything(tmp_path):
+def test_real_tiny_model_trains_and_writes_everything(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
     # The embedded default model: it gets some answers right, so groups carry signal.
     run_dir = tmp_path / "run"
     steps = 3
     run_in_process(run_dir, [*QUICK, "batch_size=16", "sampler.prompt_repeat_k=8", f"total_steps={steps}",
                              "eval_every=2", "save_every=2", "logger.mode=offline"])
-    rows, trained = check_run_dir(run_dir, steps)
+    rows, trained = check_run_dir(run_dir, steps, caplog.text)
     for r in rows:
         if "train/loss" in r:
             assert math.isfinite(r["train/loss"]) and math.isfinite(r["train/grad_norm"])
@@ -63,7 +68,8 @@ def test_real_tiny_model_trains_and_writes_everything(tmp_path):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("staleness", [0, 1, 2])
-def test_sim_async_respects_the_staleness_bound_and_loses_nothing(tmp_path, staleness):
+def test_sim_async_respects_the_staleness_bound_and_loses_nothing(tmp_path, staleness, caplog):
+    caplog.set_level(logging.INFO)
     run_dir = tmp_path / f"s{staleness}"
     steps = 12
     manager_stats = run_in_process(run_dir, [
@@ -72,7 +78,7 @@ def test_sim_async_respects_the_staleness_bound_and_loses_nothing(tmp_path, stal
         f"total_steps={steps}", "eval_every=0", "save_every=5", "batch_size=16", "logger.mode=disabled",
         "engine.cv=1.5", "engine.time_per_token_s=0.0005"])
     assert manager_stats
-    rows, trained = check_run_dir(run_dir, steps)
+    rows, trained = check_run_dir(run_dir, steps, caplog.text)
     for r in trained:
         assert r["train_step"] - 1 - r["min_policy_version"] <= staleness
     # No prompt trained twice within an epoch.
