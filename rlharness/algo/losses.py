@@ -275,7 +275,8 @@ def tis_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask
     the sequence (`level="sequence"`, the unbiased sequence-level weight, high variance).
     Also returns sums over masked tokens for the metrics (so micro-batches add up):
     ratio_sum (untruncated rho), truncated_sum (rho > cap), abs_diff_sum (|old - rollout|
-    per token: the trainer/engine mismatch), and tokens. cap = 0 disables the weighting
+    per token: the trainer/engine mismatch), abs_diff_max (its worst token), row_abs_diff
+    (its mean per row, [B]) and tokens. cap = 0 disables the weighting
     (weights are 1) but the metrics are still measured.
     """
     m = mask > 0
@@ -289,9 +290,12 @@ def tis_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask
     stats = {
         "ratio_sum": masked(ratio, mask).sum(),
         "truncated_sum": truncated.sum().to(ratio.dtype),
-        "abs_diff_sum": masked(old_logprobs - rollout_logprobs, mask).detach().abs().sum(),
         "tokens": m.sum().to(ratio.dtype),
     }
+    abs_diff = masked(old_logprobs - rollout_logprobs, mask).detach().abs()
+    stats["abs_diff_sum"] = abs_diff.sum()
+    stats["abs_diff_max"] = abs_diff.max() if abs_diff.numel() else abs_diff.new_zeros(())
+    stats["row_abs_diff"] = abs_diff.sum(-1) / m.sum(-1).clamp(min=1)
     return weights.detach(), stats
 
 

@@ -13,6 +13,10 @@ from rlharness.types import TrainBatch
 
 
 class TrainingBackend(abc.ABC):
+    # After train_step: the mean |engine - trainer| log-prob gap of each batch row, where the backend
+    # measures it in this process (None otherwise); names the groups of an on-policy gap (onpolicy_guard.py).
+    last_row_gaps: list[float] | None = None
+
     @abc.abstractmethod
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step (or `algo.mini_batches` of them) on `batch`; returns `train/*` metrics."""

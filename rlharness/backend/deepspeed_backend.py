@@ -85,21 +85,28 @@ def _skip_shm_comm_build() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
+def pad_plan(rows: int, world_size: int, mini_batches: int) -> tuple[list[int] | None, list[float]]:
+    """Which row each padded row copies (None: no padding needed) and whether it is a real row."""
+    chunks = torch.tensor_split(torch.arange(rows), mini_batches)
+    size = math.ceil(max(len(c) for c in chunks) / world_size) * world_size
+    if all(len(c) == size for c in chunks):
+        return None, [1.0] * rows
+    index, real = [], []
+    for c in chunks:
+        index += c.tolist() + [0] * (size - len(c))
+        real += [1.0] * len(c) + [0.0] * (size - len(c))
+    return index, real
+
+
 def pad_rows(batch: TrainBatch, world_size: int, mini_batches: int) -> TrainBatch:
     """Pad every mini-batch (TorchBackend's `tensor_split` of the rows) to the same multiple of `world_size`.
 
     Padding rows copy row 0 but train nothing (mask and advantage 0), and sit inside the
     mini-batch they pad, so each mini-batch holds the same real rows as without padding.
     """
-    rows = batch.input_ids.shape[0]
-    chunks = torch.tensor_split(torch.arange(rows), mini_batches)
-    size = math.ceil(max(len(c) for c in chunks) / world_size) * world_size
-    if all(len(c) == size for c in chunks):
+    index, real = pad_plan(batch.input_ids.shape[0], world_size, mini_batches)
+    if index is None:
         return batch
-    index, real = [], []
-    for c in chunks:
-        index += c.tolist() + [0] * (size - len(c))
-        real += [1.0] * len(c) + [0.0] * (size - len(c))
     index_t = torch.tensor(index)
     keep = torch.tensor(real).unsqueeze(1)
 
@@ -155,7 +162,10 @@ class DeepSpeedWorker(TorchBackend):
 
     # ------------------------------------------------------------------ TorchBackend hooks
     def train_step_blocking(self, batch: TrainBatch) -> dict[str, float]:
-        return super().train_step_blocking(pad_rows(batch, self.world_size, self.algo.mini_batches))
+        out = super().train_step_blocking(pad_rows(batch, self.world_size, self.algo.mini_batches))
+        _, real = pad_plan(batch.input_ids.shape[0], self.world_size, self.algo.mini_batches)
+        self.last_row_gaps = [g for g, r in zip(self.last_row_gaps, real) if r]  # the batch's own rows
+        return out
 
     def _micro_slices(self, rows: torch.Tensor) -> list[torch.Tensor]:
         share = rows[self.rank::self.world_size]  # equal shares: rows are padded to a multiple of W
@@ -175,6 +185,10 @@ class DeepSpeedWorker(TorchBackend):
         values = torch.tensor([sums.v[k] for k in keys], dtype=torch.float64)
         torch.distributed.all_reduce(values)
         sums.v.update(zip(keys, values.tolist()))
+        worst = torch.tensor([sums.maxes.get("abs_diff_max", 0.0)], dtype=torch.float64)
+        torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX)
+        sums.maxes["abs_diff_max"] = float(worst)
+        torch.distributed.all_reduce(self._row_gap)  # each rank filled its own rows, zeros elsewhere
 
     # ------------------------------------------------------------------ weights and state
     def _gathered(self):

@@ -59,9 +59,13 @@ class _Sums:
 
     def __init__(self) -> None:
         self.v: dict[str, float] = {}
+        self.maxes: dict[str, float] = {}
 
     def add(self, key: str, value: float | torch.Tensor) -> None:
         self.v[key] = self.v.get(key, 0.0) + float(value)
+
+    def max(self, key: str, value: float | torch.Tensor) -> None:
+        self.maxes[key] = max(self.maxes.get(key, 0.0), float(value))
 
     def ratio(self, num: str, den: str) -> float:
         d = self.v.get(den, 0.0)
@@ -143,6 +147,8 @@ class TorchBackend(TrainingBackend):
             tensors["old_logprobs"] = self._logprobs_no_grad(self.model, tensors, batch.temperature)
         self._updates_done = 0
         lr = self.optimizer.param_groups[0]["lr"]
+        # Mean |engine - trainer| log-prob per row (first epoch): which groups an on-policy gap comes from.
+        self._row_gap = torch.zeros(num_rows, dtype=torch.float64)
 
         sums = _Sums()
         for epoch in range(algo.ppo_epochs):
@@ -153,7 +159,7 @@ class TorchBackend(TrainingBackend):
                 self.optimizer.zero_grad(set_to_none=True)
                 step_loss = step_pg = 0.0
                 for idx in self._micro_slices(mini):
-                    loss, pg = self._micro_step(self._rows(tensors, idx), batch.temperature, den, max_len,
+                    loss, pg = self._micro_step({**self._rows(tensors, idx), "rows": idx}, batch.temperature, den, max_len,
                                                 sums, first_epoch=epoch == 0, train_step=batch.train_step,
                                                 updates=updates)
                     step_loss += loss
@@ -166,6 +172,7 @@ class TorchBackend(TrainingBackend):
                 sums.add("updates", 1)
         self.scheduler.step()
         self._reduce_sums(sums)
+        self.last_row_gaps = self._row_gap.tolist()
         return {
             "train/loss": sums.ratio("loss", "updates"),
             "train/pg_loss": sums.ratio("pg_loss", "updates"),
@@ -177,6 +184,7 @@ class TorchBackend(TrainingBackend):
             "train/tis_ratio_mean": sums.ratio("ratio_sum", "tis_tokens"),
             "train/tis_truncated_frac": sums.ratio("truncated_sum", "tis_tokens"),
             "train/logprob_diff_rollout": sums.ratio("abs_diff_sum", "tis_tokens"),
+            "train/logprob_diff_rollout_max": sums.maxes.get("abs_diff_max", 0.0),
             "train/rejected_frac": sums.ratio("rejected_sum", "tis_tokens"),
             "train/num_updates": sums.v.get("updates", 0.0),
             "train/response_tokens": float(tensors["response_mask"].sum()),
@@ -250,6 +258,8 @@ class TorchBackend(TrainingBackend):
             sums.add("ratio_sum", tis["ratio_sum"])
             sums.add("truncated_sum", tis["truncated_sum"])
             sums.add("abs_diff_sum", tis["abs_diff_sum"])
+            sums.max("abs_diff_max", tis["abs_diff_max"])
+            self._row_gap[mb["rows"]] = tis["row_abs_diff"].double().cpu()
             sums.add("tis_tokens", tis["tokens"])
             sums.add("rejected_sum", tis.get("rejected_sum", 0.0))
         return float(loss.detach()), float(pg)

@@ -371,6 +371,9 @@ class HFEngine(RolloutEngine):
         self._num_live = len(self._slots)
         self._rows = None
         self._record(tokens, logprobs, offset=len(live))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("hf engine: admitted %d rows (seeds %s) beside %d live, version %d", len(joining),
+                      [s.request.seed for s in joining], len(live), self._version)
 
     def _decode_step(self) -> None:
         b = self._batch

@@ -37,6 +37,7 @@ from rlharness.logging_utils.wandb_logger import WandbLogger
 from rlharness.sampler import DataExhausted
 from rlharness.stopping import StopController
 from rlharness.trainer.batch import build_train_batch
+from rlharness.trainer.onpolicy_guard import all_tokens_on_policy, onpolicy_gap_warning
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +164,7 @@ class Trainer:
             await c.engine.sleep()
         train_metrics = await c.backend.train_step(batch)
         t_train = loop.time()
+        self._guard_onpolicy(step, produced.groups, batch, train_metrics)
         self.step = step
         sync_s = 0.0
         if step % conf.sync_weights_interval == 0:
@@ -191,6 +193,16 @@ class Trainer:
         row.update({f"perf/engine_{k}": v for k, v in c.engine.stats().items()})
         self._rng_at_step = rng_state()
         return row
+
+    def _guard_onpolicy(self, step: int, groups, batch, train_metrics: dict[str, Any]) -> None:
+        """Warn when an on-policy step's engine log-probs are not the trainer's (rlharness/trainer/onpolicy_guard.py)."""
+        gap = train_metrics.get("train/logprob_diff_rollout")
+        if gap is None or not all_tokens_on_policy(batch.model_steps, batch.response_mask, step):
+            return
+        row_gaps = getattr(self.c.backend, "last_row_gaps", None)
+        warning = onpolicy_gap_warning(step, groups, row_gaps, gap, self.conf.algo.onpolicy_logprob_gap_warn)
+        if warning:
+            log.warning(warning)
 
     async def _sync_weights(self, version: int) -> float:
         """Pause production, move the new weights to every engine, resume."""

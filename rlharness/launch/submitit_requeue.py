@@ -1,0 +1,62 @@
+"""hydra-submitit-launcher's Slurm launcher, with a job state that survives a requeue.
+
+A preempted (or timed-out) job stops cleanly, writes its checkpoint, and submitit's
+handler runs `scontrol requeue` and exits; Slurm then shows the job PENDING again. In
+between, a state poll (`sacct`, or scripts/sacct_shim on a Slurm without accounting) can
+read the attempt that just ended as FAILED. submitit caches any state outside its
+"incomplete" list as final, finds no result file and raises `UncompletedJobError`: the
+sweep fails although its job is queued again and will resume from its checkpoint. Seen
+in CI on a loaded machine; a real cluster under load is as slow.
+
+`RequeueAwareWatcher` takes a failure state (anything but COMPLETED or CANCELLED) as final
+only once it has read it again for `cluster.requeue_grace_s` seconds: a job being
+requeued reads PENDING (or REQUEUED, RUNNING) within that time and is waited for as
+before. A job that failed with a Python exception is unaffected (its result file ends the
+wait at once); one killed without a result is reported that much later.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as _SubmititSlurmLauncher
+from submitit.slurm import slurm as submitit_slurm
+
+# States that end a job for good whatever happens next.
+FINAL_STATES = ("COMPLETED", "CANCELLED")
+# How often a suspect failure state is read again (seconds).
+RECHECK_S = 3.0
+
+
+class RequeueAwareWatcher(submitit_slurm.SlurmInfoWatcher):
+    def __init__(self, delay_s: int = 60, grace_s: float = 120.0) -> None:
+        super().__init__(delay_s=delay_s)
+        self.grace_s = grace_s
+        self._suspect_since: dict[str, float] = {}  # job id -> when a failure state was first read
+
+    def is_done(self, job_id: str, mode: str = "standard") -> bool:
+        if not super().is_done(job_id, mode=mode):
+            self._suspect_since.pop(job_id, None)  # pending or running (again): not done
+            return False
+        state = self.get_state(job_id, mode="cache").upper()
+        if state.startswith(FINAL_STATES):
+            return True
+        now = time.monotonic()
+        first = self._suspect_since.setdefault(job_id, now)
+        if now - first >= self.grace_s:
+            return True
+        if mode != "cache" and now - self._last_status_check >= RECHECK_S:
+            self.update()  # read it again soon, whatever submitit's polling delay has grown to
+        return False
+
+
+class SlurmLauncher(_SubmititSlurmLauncher):
+    """`hydra.launcher._target_` under cluster=slurm: submitit's, polling with `RequeueAwareWatcher`."""
+
+    def launch(self, job_overrides: Any, initial_job_idx: int) -> Any:
+        grace_s = float(self.config.cluster.requeue_grace_s)
+        # submitit polls every Slurm job through this one class attribute.
+        submitit_slurm.SlurmJob.watcher = RequeueAwareWatcher(delay_s=submitit_slurm.SlurmJob.watcher._delay_s,
+                                                              grace_s=grace_s)
+        return super().launch(job_overrides, initial_job_idx)

@@ -1,0 +1,70 @@
+"""A job that reads FAILED while Slurm requeues it is waited for, not reported as failed (no Slurm needed:
+the job states come from a real `sacct`-shaped command the test scripts)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from rlharness.launch.submitit_requeue import RequeueAwareWatcher
+
+SACCT = """import sys
+state = open(sys.argv[1]).read().strip()
+print("JobID|State|NodeList")
+print(f"42|{state}|rlh-node1")
+"""
+
+
+class ScriptedWatcher(RequeueAwareWatcher):
+    """Reads job 42's state from a file through a sacct-shaped script (what scripts/sacct_shim answers)."""
+
+    def __init__(self, tmp_path, grace_s: float):
+        super().__init__(delay_s=0, grace_s=grace_s)
+        self.state_file = tmp_path / "state"
+        script = tmp_path / "sacct.py"
+        script.write_text(SACCT)
+        self.command = [sys.executable, str(script), str(self.state_file)]
+        self.register_job("42")
+
+    def _make_command(self):
+        return self.command
+
+    def set(self, state: str) -> None:
+        self.state_file.write_text(state)
+        self.update()
+
+
+def test_a_failed_reading_during_a_requeue_is_not_the_end(tmp_path):
+    w = ScriptedWatcher(tmp_path, grace_s=30.0)
+    w.set("RUNNING")
+    assert not w.is_done("42", mode="cache")
+    w.set("FAILED")  # the attempt that was preempted, before Slurm shows it queued again
+    assert not w.is_done("42", mode="cache") and "42" not in w._finished
+    w.set("PENDING")
+    assert not w.is_done("42", mode="cache")
+    w.set("COMPLETED")
+    assert w.is_done("42", mode="cache")
+
+
+def test_a_failure_that_stays_ends_the_wait_after_the_grace_period(tmp_path):
+    w = ScriptedWatcher(tmp_path, grace_s=0.5)
+    w.set("FAILED")
+    assert not w.is_done("42", mode="cache")
+    time.sleep(0.6)
+    assert w.is_done("42", mode="cache")
+    w.set("CANCELLED by 0")  # a cancel is final at once
+    w._suspect_since.clear()
+    assert w.is_done("42", mode="cache")
+
+
+@pytest.mark.parametrize("state", ["FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY"])
+def test_submitits_own_watcher_would_have_ended_the_wait(tmp_path, state):
+    """What the sweep hit: submitit takes any of these as final at the first reading."""
+    from submitit.slurm.slurm import SlurmInfoWatcher
+
+    w = ScriptedWatcher(tmp_path, grace_s=30.0)
+    w.set(state)
+    assert SlurmInfoWatcher.is_done(w, "42", mode="cache")
+    assert not w.is_done("42", mode="cache")

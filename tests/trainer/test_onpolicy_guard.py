@@ -1,0 +1,50 @@
+"""The on-policy guard: a step whose engine log-probs are not the trainer's is named, with its groups."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from rlharness.algo.losses import token_logprobs
+from rlharness.trainer.batch import build_train_batch
+from rlharness.trainer.onpolicy_guard import all_tokens_on_policy, onpolicy_gap_warning
+from tests.backend.test_torch_backend import backend, make_groups
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_an_onpolicy_step_with_perturbed_groups_is_named_with_its_worst_token(tiny_model_dir):
+    b = backend(tiny_model_dir)
+    groups = make_groups(0, num_groups=4, k=2)
+    # The rollout log-probs are the trainer's own (an exact engine), except groups 1 and 2 (+1e-3 and -3e-3 per
+    # token: an engine that computed them on other weights), as the resume defect did.
+    with torch.no_grad():
+        for g, group in enumerate(groups):
+            for s in group:
+                ids = torch.tensor([s.prompt_ids + s.response_ids])
+                lp = token_logprobs(b.model(input_ids=ids).logits, ids, 1.0)[0, len(s.prompt_ids):]
+                s.response_logprobs = (lp + {1: 1e-3, 2: -3e-3}.get(g, 0.0)).tolist()
+    batch, _ = build_train_batch(groups, b.algo, 0, train_step=1, max_response_len=8, temperature=1.0)
+    metrics = asyncio.run(b.train_step(batch))
+    assert metrics["train/logprob_diff_rollout_max"] == pytest.approx(3e-3, rel=1e-3)
+    gaps = b.last_row_gaps
+    assert [round(x, 5) for x in gaps] == [0.0, 0.0, 0.001, 0.001, 0.003, 0.003, 0.0, 0.0]
+    assert all_tokens_on_policy(batch.model_steps, batch.response_mask, step=1)
+    warning = onpolicy_gap_warning(1, groups, gaps, metrics["train/logprob_diff_rollout"], threshold=1e-5)
+    assert warning.startswith("step 1: every sample is on-policy")
+    assert "2 of 4 groups" in warning and "prompt 2 " in warning and "prompt 1 " in warning
+    assert "prompt 0 " not in warning and "prompt 3 " not in warning
+    assert warning.index("prompt 2 ") < warning.index("prompt 1 ")  # worst first
+
+
+def test_the_guard_stays_quiet_below_its_threshold_and_off_policy():
+    groups = make_groups(0, num_groups=2, k=2)
+    assert onpolicy_gap_warning(3, groups, [6e-7] * 4, 6e-7, threshold=1e-5) is None  # rounding: the worst seen
+    assert onpolicy_gap_warning(3, groups, [1e-3] * 4, 1e-3, threshold=0) is None  # switched off
+    assert "does not report" in onpolicy_gap_warning(3, groups, None, 1e-3, threshold=1e-5)
+    steps = torch.tensor([[2, 2, -1], [2, 1, -1]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    assert not all_tokens_on_policy(steps, mask, step=3)  # a token from version 1 at step 3: stale
+    assert all_tokens_on_policy(steps[:1], mask[:1], step=3)
