@@ -159,9 +159,9 @@ class TorchBackend(TrainingBackend):
                 self.optimizer.zero_grad(set_to_none=True)
                 step_loss = step_pg = 0.0
                 for idx in self._micro_slices(mini):
-                    loss, pg = self._micro_step({**self._rows(tensors, idx), "rows": idx}, batch.temperature, den, max_len,
-                                                sums, first_epoch=epoch == 0, train_step=batch.train_step,
-                                                updates=updates)
+                    mb = {**self._rows(tensors, idx), "rows": idx}
+                    loss, pg = self._micro_step(mb, batch.temperature, den, max_len, sums, first_epoch=epoch == 0,
+                                                train_step=batch.train_step, updates=updates)
                     step_loss += loss
                     step_pg += pg
                 grad_norm = self._optimizer_step(batch.train_step)

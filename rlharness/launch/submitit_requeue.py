@@ -1,4 +1,4 @@
-"""hydra-submitit-launcher's Slurm launcher, with a job state that survives a requeue.
+"""Slurm job states that survive a requeue, for hydra-submitit-launcher's sweeps.
 
 A preempted (or timed-out) job stops cleanly, writes its checkpoint, and submitit's
 handler runs `scontrol requeue` and exits; Slurm then shows the job PENDING again. In
@@ -11,7 +11,9 @@ in CI on a loaded machine; a real cluster under load is as slow.
 `RequeueAwareWatcher` takes a failure state (anything but COMPLETED or CANCELLED) as final
 only once it has read it again for `cluster.requeue_grace_s` seconds: a job being
 requeued reads PENDING (or REQUEUED, RUNNING) within that time and is waited for as
-before. A job that failed with a Python exception is unaffected (its result file ends the
+before. `cluster=slurm` installs it for the sweep's process through the Hydra callback
+`RequeueAwareWatching` (Hydra accepts launchers only from its plugin package; submitit polls
+every Slurm job through one class attribute, `SlurmJob.watcher`). A job that failed with a Python exception is unaffected (its result file ends the
 wait at once); one killed without a result is reported that much later.
 """
 
@@ -20,7 +22,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as _SubmititSlurmLauncher
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
 from submitit.slurm import slurm as submitit_slurm
 
 # States that end a job for good whatever happens next.
@@ -51,12 +54,10 @@ class RequeueAwareWatcher(submitit_slurm.SlurmInfoWatcher):
         return False
 
 
-class SlurmLauncher(_SubmititSlurmLauncher):
-    """`hydra.launcher._target_` under cluster=slurm: submitit's, polling with `RequeueAwareWatcher`."""
+class RequeueAwareWatching(Callback):
+    """Hydra callback (conf/cluster/slurm.yaml): before the sweep's jobs are submitted, submitit's
+    Slurm jobs get a `RequeueAwareWatcher` with `cluster.requeue_grace_s`."""
 
-    def launch(self, job_overrides: Any, initial_job_idx: int) -> Any:
-        grace_s = float(self.config.cluster.requeue_grace_s)
-        # submitit polls every Slurm job through this one class attribute.
-        submitit_slurm.SlurmJob.watcher = RequeueAwareWatcher(delay_s=submitit_slurm.SlurmJob.watcher._delay_s,
-                                                              grace_s=grace_s)
-        return super().launch(job_overrides, initial_job_idx)
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        submitit_slurm.SlurmJob.watcher = RequeueAwareWatcher(
+            delay_s=submitit_slurm.SlurmJob.watcher._delay_s, grace_s=float(config.cluster.requeue_grace_s))

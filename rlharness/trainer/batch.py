@@ -47,8 +47,8 @@ def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, tr
     With `algo.overlong_buffer_len` the DAPO overlong penalty is added to each score before
     the advantages, against the budget of the group's own task (`task_budgets`: task name ->
     its `max_tokens`; a task not named there, or no dict, gets `max_response_len`, the run's
-    largest): a task sampled with a smaller budget is penalised within its own buffer; with `algo.mask_truncated` responses
-    cut by the budget get response_mask 0 (`rlharness.algo.shaping`).
+    largest): a task sampled with a smaller budget is penalised within its own buffer. With
+    `algo.mask_truncated` responses cut by the budget get response_mask 0 (`rlharness.algo.shaping`).
     """
     if not groups:
         raise ValueError("build_train_batch: no groups")

@@ -30,8 +30,9 @@ def test_cluster_slurm_selects_and_fills_the_submitit_launcher():
     cfg = _compose(["cluster=slurm", "cluster.partition=gpu", "cluster.nodes=2", "cluster.gpus_per_node=4",
                     "cluster.mem_gb=64", "cluster.timeout_min=90", 'cluster.setup=["module load cuda"]'])
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
-    # submitit's Slurm launcher, polling through a watcher that waits out a requeue
-    assert launcher["_target_"] == "rlharness.launch.submitit_requeue.SlurmLauncher"
+    assert launcher["_target_"].endswith("submitit_launcher.SlurmLauncher")
+    # submitit polls the jobs through a watcher that waits out a requeue (installed by a callback)
+    assert cfg.hydra.callbacks.requeue_aware_watcher._target_ == "rlharness.launch.submitit_requeue.RequeueAwareWatching"
     assert cfg.hydra.runtime.choices["hydra/launcher"] == "submitit_slurm"
     assert {k: launcher[k] for k in ("partition", "nodes", "gpus_per_node", "mem_gb", "timeout_min",
                                      "cpus_per_task", "max_num_timeout", "setup")} == {

@@ -68,3 +68,18 @@ def test_submitits_own_watcher_would_have_ended_the_wait(tmp_path, state):
     w.set(state)
     assert SlurmInfoWatcher.is_done(w, "42", mode="cache")
     assert not w.is_done("42", mode="cache")
+
+
+def test_cluster_slurm_installs_the_watcher_for_the_sweep():
+    from omegaconf import OmegaConf
+    from submitit.slurm import slurm as submitit_slurm
+
+    from rlharness.launch.submitit_requeue import RequeueAwareWatching
+
+    before = submitit_slurm.SlurmJob.watcher
+    try:
+        RequeueAwareWatching().on_multirun_start(OmegaConf.create({"cluster": {"requeue_grace_s": 7}}))
+        watcher = submitit_slurm.SlurmJob.watcher
+        assert isinstance(watcher, RequeueAwareWatcher) and watcher.grace_s == 7.0
+    finally:
+        submitit_slurm.SlurmJob.watcher = before
