@@ -159,6 +159,8 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
 
         require_vllm()
     set_threads_from_env()
+    # The first lines a person sees: where the run is and how to follow it.
+    log.info("run directory: %s (follow it with: tail -f %s)", run_dir, run_dir / "train.log")
     os.environ.setdefault("WANDB_MODE", getattr(conf.logger, "mode", "disabled"))
     seed_everything(conf.seed)
     engine = backend = components = trainer = None
@@ -172,7 +174,6 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
         if stop.requested:
             return {}, None
         trainer = Trainer(conf, components, run_dir, config_dict, stop=stop)
-        log.info("run directory: %s", run_dir)
         gc_thresholds = tune_gc()  # start-up is done: freeze it, collect less often (rlharness/gc_tuning.py)
         try:
             return asyncio.run(trainer.fit()), trainer

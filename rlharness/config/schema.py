@@ -670,9 +670,16 @@ class WandbLoggerConf(LoggerConf):
     entity: Optional[str] = None
     mode: str = "offline"  # offline | online | disabled
     tags: list[str] = field(default_factory=list)
+    # A wandb.Table of the step's samples every this many steps (0 = never); every eval also
+    # logs a table of its completions. Each table holds at most max_sample_rows rows, whole
+    # groups (whole prompts for eval) only.
+    log_samples_every: int = 10
+    max_sample_rows: int = 64
 
     def __post_init__(self) -> None:
         _one_of("logger.mode", self.mode, ("offline", "online", "disabled"))
+        _check(self.log_samples_every >= 0, "logger.log_samples_every", self.log_samples_every, ">= 0 (0 = never)")
+        _check(self.max_sample_rows >= 1, "logger.max_sample_rows", self.max_sample_rows, ">= 1")
 
 
 @dataclass
