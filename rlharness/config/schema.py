@@ -697,6 +697,8 @@ class EvalConf:
     pass_k: int = 1
     temperature: float = 1.0  # for the n samples; eval/accuracy is greedy
     max_tokens: int = 0  # 0 = agent.sampling.max_tokens
+    # evaluate.py resume=<run dir>: the checkpoint to evaluate (null = the newest complete one).
+    checkpoint_step: Optional[int] = None
 
     def __post_init__(self) -> None:
         _check(self.num_prompts >= 1, "eval.num_prompts", self.num_prompts, ">= 1")
