@@ -115,11 +115,13 @@ def fit_prompt_lengths(conf: RunConf, entry, task_data, tokenizer):
 
 def build_engine_for(conf: RunConf, tokenizer, decode):
     from rlharness.engine import build_engine
+    from rlharness.logging_utils.progress import phase
 
     if conf.engine.name == "sim":
         return build_engine(conf.engine, conf.model, conf.seed, vocab_size=len(tokenizer),
                             eos_token_id=tokenizer.eos_token_id, decode=decode)
-    return build_engine(conf.engine, conf.model, conf.seed)
+    with phase(f"starting engine={conf.engine.name} with {conf.model.path}"):  # vLLM: ~30 s on a CPU
+        return build_engine(conf.engine, conf.model, conf.seed)
 
 
 def load_tasks(conf: RunConf, check_data: Callable[[RunConf, dict[str, Any]], None]):
@@ -184,6 +186,7 @@ def build_evaluator(conf: RunConf, task_data: dict[str, Any], encode, agent_loop
 def build_components(conf: RunConf, engine=None, backend=None) -> Components:
     """Build everything; `engine`/`backend` may be passed in (e.g. Ray actor proxies)."""
     from rlharness.backend import build_backend
+    from rlharness.logging_utils.progress import phase
     from rlharness.producer.manager import AgentLoopManager
     from rlharness.producer.strategies import build_strategy
     from rlharness.replay_buffer import ReplayBuffer
@@ -195,7 +198,8 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
     if engine is None:
         engine = build_engine_for(conf, tokenizer, decode)
     if backend is None:
-        backend = build_backend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed)
+        with phase(f"loading {conf.model.path} into backend={conf.backend.name}"):
+            backend = build_backend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed)
 
     replay_buffer = ReplayBuffer(max_staleness=conf.max_staleness, sync_weights_interval=conf.sync_weights_interval,
                                  staleness_mode=conf.strategy.staleness_mode,

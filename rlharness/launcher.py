@@ -167,8 +167,10 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
     try:
         if uses_ray(conf):
             from rlharness.distributed import build_remote_components
+            from rlharness.logging_utils.progress import phase
 
-            engine, backend = build_remote_components(conf)
+            with phase("starting Ray and its actors (engines, training workers)"):
+                engine, backend = build_remote_components(conf)
             stop.install()  # ray.init installed its own SIGTERM handler (abort with a C++ stack)
         components = build_components(conf, engine=engine, backend=backend)
         if stop.requested:

@@ -33,6 +33,7 @@ from rlharness.config.schema import RunConf
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, format_step_line
 from rlharness.logging_utils.plots import write_plots
+from rlharness.logging_utils.progress import phase
 from rlharness.logging_utils.samples import eval_file, forget_evals_after, write_eval_rows
 from rlharness.logging_utils.wandb_logger import WandbLogger
 from rlharness.sampler import DataExhausted
@@ -219,13 +220,11 @@ class Trainer:
 
     async def _evaluate(self, step: int) -> dict[str, Any]:
         """Eval metrics; the completions go to evals/step_N.jsonl and a W&B table."""
-        t0 = time.monotonic()
-        log.info("eval at step %d: %d prompt(s) ...", step, self.c.evaluator.num_prompts)
-        metrics = await self.c.evaluator.evaluate()
+        with phase(f"eval at step {step}: {self.c.evaluator.num_prompts} prompt(s)", log):
+            metrics = await self.c.evaluator.evaluate()
         rows = self.c.evaluator.last_rows
         write_eval_rows(eval_file(self.run_dir, step), rows)
         self.wandb.log_eval(step, rows)
-        log.info("eval at step %d done in %.1fs", step, time.monotonic() - t0)
         return metrics
 
     # ------------------------------------------------------------------ logging
@@ -287,7 +286,8 @@ class Trainer:
         read_meta(path)
         state = load_state(path / "trainer.pt")  # data only: a crafted file is refused, never run
         try:
-            await self.c.backend.load(str(path / "backend"))  # may be remote (Ray actors)
+            with phase(f"loading checkpoint {path}"):
+                await self.c.backend.load(str(path / "backend"))  # may be remote (Ray actors)
         except CheckpointError:
             raise
         except Exception as exc:  # noqa: BLE001 - any unreadable file is a corrupted checkpoint
