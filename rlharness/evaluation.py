@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from rlharness.config.schema import ConfigError, RunConf
 
 log = logging.getLogger("rlharness")
@@ -83,7 +81,9 @@ def _key(override: str) -> str:
 def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, OutputGuard | None]:
     """Check the command line before Hydra makes a directory; `resume=<run dir>` becomes that run's
     overrides plus `model.path=<its checkpoint's model>`. Returns (argv for Hydra, source, guard)."""
+    from rlharness.checkpoint import CheckpointError
     from rlharness.export import find_checkpoint, model_dir
+    from rlharness.launcher import read_run_overrides
     from rlharness.preflight import compose_checked, holds_run
 
     args = argv[1:]
@@ -106,20 +106,14 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
         if any(_key(o) in ("model.path", "model") for o in overrides):
             raise ConfigError(f"resume={resume} with model.path: pass one of them (resume=<run dir> evaluates "
                               f"that run's checkpoint; model.path=<folder> any model)")
-        run = Path(resume).expanduser().resolve()
-        if not run.is_dir():
-            raise ConfigError(f"resume={resume}: no such directory")
-        saved = run / ".hydra" / "overrides.yaml"
-        if not saved.is_file():
-            raise ConfigError(f"resume={resume}: not a run directory (no .hydra/overrides.yaml)")
+        run, saved = read_run_overrides(resume)
         step = compose_checked(overrides, "evaluate").eval.checkpoint_step
         try:
             found_step, ckpt = find_checkpoint(run, step)
             model = model_dir(ckpt)
-        except Exception as exc:  # CheckpointError: say it as the key the user typed
+        except CheckpointError as exc:  # said as the key the user typed
             raise ConfigError(f"resume={resume}: {exc}") from None
-        old = [o for o in (yaml.safe_load(saved.read_text()) or [])
-               if _key(o) not in ("resume", "model.path") and not _key(o).startswith("hydra.")]
+        old = [o for o in saved if _key(o) != "model.path" and not _key(o).startswith("hydra.")]
         new_keys = {_key(o) for o in overrides}
         merged = [o for o in old if _key(o) not in new_keys] + overrides + [f"model.path={model}"]
         cfg = compose_checked(merged, "evaluate")
