@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rlharness.config.schema import ConfigError, RunConf
+from rlharness.launcher import _key
 
 log = logging.getLogger("rlharness")
 
@@ -72,10 +73,6 @@ class OutputGuard:
                 shutil.rmtree(p, ignore_errors=True)
             else:
                 p.unlink(missing_ok=True)
-
-
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, OutputGuard | None]:
