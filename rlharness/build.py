@@ -115,45 +115,41 @@ def fit_prompt_lengths(conf: RunConf, entry, task_data, tokenizer):
 
 def build_engine_for(conf: RunConf, tokenizer, decode):
     from rlharness.engine import build_engine
+    from rlharness.logging_utils.progress import phase
 
     if conf.engine.name == "sim":
         return build_engine(conf.engine, conf.model, conf.seed, vocab_size=len(tokenizer),
                             eos_token_id=tokenizer.eos_token_id, decode=decode)
-    return build_engine(conf.engine, conf.model, conf.seed)
+    with phase(f"starting engine={conf.engine.name} with {conf.model.path}"):  # vLLM: ~30 s on a CPU
+        return build_engine(conf.engine, conf.model, conf.seed)
 
 
-def build_components(conf: RunConf, engine=None, backend=None) -> Components:
-    """Build everything; `engine`/`backend` may be passed in (e.g. Ray actor proxies)."""
-    from rlharness.agent import build_agent_loop
-    from rlharness.backend import build_backend
-    from rlharness.evaluator import Evaluator, MultiTaskEvaluator
+def load_tasks(conf: RunConf, check_data: Callable[[RunConf, dict[str, Any]], None]):
+    """(tokenizer, task data, judgers) of every task: data fitted, then `check_data`, then each
+    judger checked against its task's rows. What training and `evaluate.py` both start from."""
     from rlharness.judger import build_judger
     from rlharness.model import load_tokenizer
-    from rlharness.producer.manager import AgentLoopManager
-    from rlharness.producer.strategies import build_strategy
-    from rlharness.replay_buffer import ReplayBuffer
-    from rlharness.sampler import Sampler
 
     tokenizer = load_tokenizer(conf.model)
-    encode, decode = text_codec(tokenizer)
     entries = conf.task_entries()
     task_data = {name: _load_task(conf, name, e, tokenizer) for name, e in entries.items()}
-    validate_data(conf, task_data)
+    check_data(conf, task_data)
     judgers = {}
     for name, entry in entries.items():
         judger_conf = conf.judger_for(entry)
         judgers[name] = build_judger(judger_conf)
-        check_judger_fits(name, entry.task.name, judger_conf.name, judgers[name].label_keys,
-                          task_data[name].train[0].label, f"tasks.{name}.judger" if conf.tasks else "judger")
-    if engine is None:
-        engine = build_engine_for(conf, tokenizer, decode)
-    if backend is None:
-        backend = build_backend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed)
+        rows = task_data[name].train or task_data[name].eval
+        if rows:
+            check_judger_fits(name, entry.task.name, judger_conf.name, judgers[name].label_keys, rows[0].label,
+                              f"tasks.{name}.judger" if conf.tasks else "judger")
+    return tokenizer, task_data, judgers
 
-    replay_buffer = ReplayBuffer(max_staleness=conf.max_staleness, sync_weights_interval=conf.sync_weights_interval,
-                                 staleness_mode=conf.strategy.staleness_mode,
-                                 task_max_staleness={name: e.max_staleness for name, e in entries.items()
-                                                     if e.max_staleness is not None})
+
+def agent_loop_factory(conf: RunConf, engine, judgers: dict[str, Any], tokenizer, decode):
+    """`make(task name, temperature=None, max_tokens=None)` -> that task's agent loop."""
+    from rlharness.agent import build_agent_loop
+
+    entries = conf.task_entries()
 
     # Text the agent loop inserts mid-response (tool output) must not get a BOS of its own.
     def agent_loop_with(name: str, temperature: float | None = None, max_tokens: int | None = None):
@@ -163,6 +159,53 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
             sampling = replace(sampling, temperature=temperature, max_tokens=max_tokens or sampling.max_tokens)
         return build_agent_loop(replace(agent, sampling=sampling), engine, judgers[name], decode,
                                 encode=lambda text: tokenizer.encode(text, add_special_tokens=False))
+
+    return agent_loop_with
+
+
+def build_evaluator(conf: RunConf, task_data: dict[str, Any], encode, agent_loop_with):
+    """The run's evaluator: one task's, or every evaluated task's (`MultiTaskEvaluator`)."""
+    from rlharness.evaluator import Evaluator, MultiTaskEvaluator
+
+    entries = conf.task_entries()
+    evaluators = {}
+    for name, entry in entries.items():
+        if not task_data[name].eval:  # a multi-task run's task without eval split: trained, not evaluated
+            log.info("task %s has no eval split: it is trained, not evaluated", name)
+            continue
+        eval_tokens = conf.eval.max_tokens or conf.sampling_for(entry).max_tokens
+        evaluators[name] = Evaluator(
+            conf.eval, name, task_data[name].eval, encode,
+            greedy_loop=agent_loop_with(name, temperature=0.0, max_tokens=eval_tokens),
+            sampled_loop=agent_loop_with(name, conf.eval.temperature, eval_tokens) if conf.eval.n > 1 else None,
+            seed=conf.seed)
+    return evaluators[next(iter(evaluators))] if not conf.tasks else MultiTaskEvaluator(
+        evaluators, {name: e.weight for name, e in entries.items() if name in evaluators})
+
+
+def build_components(conf: RunConf, engine=None, backend=None) -> Components:
+    """Build everything; `engine`/`backend` may be passed in (e.g. Ray actor proxies)."""
+    from rlharness.backend import build_backend
+    from rlharness.logging_utils.progress import phase
+    from rlharness.producer.manager import AgentLoopManager
+    from rlharness.producer.strategies import build_strategy
+    from rlharness.replay_buffer import ReplayBuffer
+    from rlharness.sampler import Sampler
+
+    tokenizer, task_data, judgers = load_tasks(conf, validate_data)
+    encode, decode = text_codec(tokenizer)
+    entries = conf.task_entries()
+    if engine is None:
+        engine = build_engine_for(conf, tokenizer, decode)
+    if backend is None:
+        with phase(f"loading {conf.model.path} into backend={conf.backend.name}"):
+            backend = build_backend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed)
+
+    replay_buffer = ReplayBuffer(max_staleness=conf.max_staleness, sync_weights_interval=conf.sync_weights_interval,
+                                 staleness_mode=conf.strategy.staleness_mode,
+                                 task_max_staleness={name: e.max_staleness for name, e in entries.items()
+                                                     if e.max_staleness is not None})
+    agent_loop_with = agent_loop_factory(conf, engine, judgers, tokenizer, decode)
 
     tasks = {}
     for name, entry in entries.items():
@@ -181,17 +224,5 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
                                 if e.over_sample_threshold is not None},
         last_step=conf.total_steps,
     )
-    evaluators = {}
-    for name, entry in entries.items():
-        if not task_data[name].eval:  # a multi-task run's task without eval split: trained, not evaluated
-            log.info("task %s has no eval split: it is trained, not evaluated", name)
-            continue
-        eval_tokens = conf.eval.max_tokens or conf.sampling_for(entry).max_tokens
-        evaluators[name] = Evaluator(
-            conf.eval, name, task_data[name].eval, encode,
-            greedy_loop=agent_loop_with(name, temperature=0.0, max_tokens=eval_tokens),
-            sampled_loop=agent_loop_with(name, conf.eval.temperature, eval_tokens) if conf.eval.n > 1 else None,
-            seed=conf.seed)
-    evaluator = evaluators[next(iter(evaluators))] if not conf.tasks else MultiTaskEvaluator(
-        evaluators, {name: e.weight for name, e in entries.items() if name in evaluators})
+    evaluator = build_evaluator(conf, task_data, encode, agent_loop_with)
     return Components(tokenizer, encode, decode, task_data, judgers, engine, manager, backend, evaluator)

@@ -13,6 +13,10 @@ when its score is at least 1. A failed judgement (judger error, timeout, remote
 judger down) is never counted as a wrong answer: it is left out of the accuracy and
 counted in `eval/judge_failed`; when nothing could be judged, `eval/accuracy` is
 absent from the row rather than 0.
+
+After each `evaluate()`, `last_rows` holds what was written: one row per prompt with its
+samples, extracted answers and judgements (rlharness/logging_utils/samples.py), for
+`evals/step_XXXXXXXX.jsonl` and the W&B eval table.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Callable
 from rlharness.agent.base import AgentLoop
 from rlharness.config.schema import EvalConf
 from rlharness.data.base import PromptRow
+from rlharness.logging_utils.samples import eval_rows
 from rlharness.types import Group, Status, make_group
 
 log = logging.getLogger(__name__)
@@ -65,6 +70,11 @@ class Evaluator:
         self.greedy_loop = greedy_loop
         self.sampled_loop = sampled_loop
         self.seed = seed
+        self.last_rows: list[dict] = []
+
+    @property
+    def num_prompts(self) -> int:
+        return len(self.rows)
 
     async def _groups(self, loop: AgentLoop, k: int) -> list[Group]:
         groups = [
@@ -73,9 +83,6 @@ class Evaluator:
             for row, ids in zip(self.rows, self.prompt_ids)
         ]
         return list(await asyncio.gather(*(loop.generate_group(g, enable_partial_rollout=False) for g in groups)))
-
-    async def _run(self, loop: AgentLoop, k: int) -> list[list[bool | None]]:
-        return [_correct(g) for g in await self._groups(loop, k)]
 
     async def evaluate(self) -> dict[str, float]:
         greedy_groups = await self._groups(self.greedy_loop, 1)
@@ -87,8 +94,10 @@ class Evaluator:
             metrics["eval/accuracy"] = sum(judged) / len(judged)
         metrics.update(tool_metrics([g[0] for g in greedy_groups]))
         n, k = self.conf.n, self.conf.pass_k
+        sampled_groups = None
         if self.sampled_loop is not None and n > 1:
-            sampled = await self._run(self.sampled_loop, n)
+            sampled_groups = await self._groups(self.sampled_loop, n)
+            sampled = [_correct(g) for g in sampled_groups]
             failed += sum(c.count(None) for c in sampled)
             # Over the samples that were judged: avg over prompts with any, pass@k over those with >= k.
             judged_sets = [[bool(x) for x in c if x is not None] for c in sampled]
@@ -101,6 +110,7 @@ class Evaluator:
         metrics["eval/judge_failed"] = float(failed)
         if failed:
             log.warning("eval: %d judgement(s) failed; left out of the accuracy (see eval/judge_failed)", failed)
+        self.last_rows = eval_rows(greedy_groups, sampled_groups, self.greedy_loop.judger.extract_answer)
         return metrics
 
 
@@ -128,3 +138,11 @@ class MultiTaskEvaluator:
         means = {k: v for k, v in means.items() if all(k in r for r in results)}
         means["eval/judge_failed"] = float(sum(r.get("eval/judge_failed", 0.0) for r in results))
         return {**means, **metrics}
+
+    @property
+    def num_prompts(self) -> int:
+        return sum(e.num_prompts for e in self.evaluators.values())
+
+    @property
+    def last_rows(self) -> list[dict]:
+        return [row for e in self.evaluators.values() for row in e.last_rows]

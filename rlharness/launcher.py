@@ -51,16 +51,9 @@ def prepare_resume_argv(argv: list[str], require_checkpoint: bool = True) -> tup
     value = resume_args[-1].split("=", 1)[1]
     if value in ("auto", "never"):
         return argv, []
-    run_dir = Path(value).expanduser().resolve()
-    if not run_dir.is_dir():
-        raise ConfigError(f"resume={value}: no such directory")
-    saved = run_dir / ".hydra" / "overrides.yaml"
-    if not saved.is_file():
-        raise ConfigError(f"resume={value}: not a run directory (no .hydra/overrides.yaml)")
+    run_dir, old = read_run_overrides(value)
     if require_checkpoint and latest_checkpoint(run_dir) is None:
         raise ConfigError(f"resume={value}: holds no complete checkpoint (checkpoints/step_*/DONE)")
-    old = [o for o in (yaml.safe_load(saved.read_text()) or [])
-           if _key(o) not in ("resume", "hydra.run.dir", "hydra.output_subdir")]
     new = [a for a in argv[1:] if _key(a) != "resume"]
     old_values = {_key(o): o for o in old}
     for o in new:
@@ -74,6 +67,19 @@ def prepare_resume_argv(argv: list[str], require_checkpoint: bool = True) -> tup
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return ([argv[0], *merged, "resume=auto", f"hydra.run.dir={run_dir}",
              f"hydra.output_subdir=.hydra/resumed-{stamp}"], new)
+
+
+def read_run_overrides(value: str) -> tuple[Path, list[str]]:
+    """(run dir, the overrides it was started with) for `resume=<value>`, less where it ran and how
+    it resumed; refused unless it is a run directory."""
+    run_dir = Path(value).expanduser().resolve()
+    if not run_dir.is_dir():
+        raise ConfigError(f"resume={value}: no such directory")
+    saved = run_dir / ".hydra" / "overrides.yaml"
+    if not saved.is_file():
+        raise ConfigError(f"resume={value}: not a run directory (no .hydra/overrides.yaml)")
+    return run_dir, [o for o in (yaml.safe_load(saved.read_text()) or [])
+                     if _key(o) not in ("resume", "hydra.run.dir", "hydra.output_subdir")]
 
 
 def set_threads_from_env() -> None:
@@ -159,20 +165,23 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
 
         require_vllm()
     set_threads_from_env()
+    # The first lines a person sees: where the run is and how to follow it.
+    log.info("run directory: %s (follow it with: tail -f %s)", run_dir, run_dir / "train.log")
     os.environ.setdefault("WANDB_MODE", getattr(conf.logger, "mode", "disabled"))
     seed_everything(conf.seed)
     engine = backend = components = trainer = None
     try:
         if uses_ray(conf):
             from rlharness.distributed import build_remote_components
+            from rlharness.logging_utils.progress import phase
 
-            engine, backend = build_remote_components(conf)
+            with phase("starting Ray and its actors (engines, training workers)"):
+                engine, backend = build_remote_components(conf)
             stop.install()  # ray.init installed its own SIGTERM handler (abort with a C++ stack)
         components = build_components(conf, engine=engine, backend=backend)
         if stop.requested:
             return {}, None
         trainer = Trainer(conf, components, run_dir, config_dict, stop=stop)
-        log.info("run directory: %s", run_dir)
         gc_thresholds = tune_gc()  # start-up is done: freeze it, collect less often (rlharness/gc_tuning.py)
         try:
             return asyncio.run(trainer.fit()), trainer

@@ -133,7 +133,7 @@ def sweep_points(overrides: list[str]) -> list[list[str]]:
         return []
 
 
-def compose_checked(overrides: list[str]):
+def compose_checked(overrides: list[str], config_name: str = "config"):
     """Compose and validate like the job will; every failure is one ConfigError line."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -148,7 +148,7 @@ def compose_checked(overrides: list[str]):
     try:
         with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "conf"),
                                    version_base=None):
-            cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+            cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
         job = cfg.copy()
         with open_dict(job):
             del job["hydra"]

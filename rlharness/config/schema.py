@@ -12,6 +12,7 @@ never `RunConf`.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
@@ -30,6 +31,26 @@ def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
 
 def _one_of(key: str, value: Any, options: tuple) -> None:
     _check(value in options, key, value, "one of " + ", ".join(map(str, options)))
+
+
+# A config value "env:NAME" names an environment variable read at use (secrets stay out of files).
+ENV_PREFIX = "env:"
+
+
+def refuse_url_credentials(key: str, url: str | None) -> None:
+    """A URL with user:password@ would be written into .hydra/, the log and W&B: refused (the
+    message leaves the credentials out)."""
+    from urllib.parse import urlsplit
+
+    if url is None:
+        return
+    parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None:
+        shown = parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]).geturl()
+        raise ConfigError(
+            f"{key}={shown} (with user:password@ in it) is not allowed: credentials in a URL are written into "
+            f".hydra/, the log and W&B; put them in judger.headers as an environment variable, e.g. "
+            f"+judger.headers.Authorization=env:JUDGE_TOKEN with JUDGE_TOKEN exported")
 
 
 # ----------------------------------------------------------------------------- strategy
@@ -239,9 +260,24 @@ class RemoteJudgerConf(JudgerConf):
     max_retries: int = 3
     backoff_s: float = 0.5
     backoff_max_s: float = 8.0
+    # Sent with every request. A value "env:NAME" is read from the environment variable NAME
+    # when each request is made, so a token never reaches .hydra/, logs, W&B or checkpoints:
+    # +judger.headers.Authorization=env:JUDGE_TOKEN with JUDGE_TOKEN="Bearer ..." exported.
+    headers: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check(self.url.startswith(("http://", "https://")), "judger.url", self.url, "an http:// or https:// URL")
+        for key in ("url", "batch_url"):
+            refuse_url_credentials(f"judger.{key}", getattr(self, key))
+        for name, value in self.headers.items():
+            _check(bool(re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", str(name))), f"judger.headers.{name}", "...",
+                   "a header name (letters, digits, -)")
+            ref = str(value)[len(ENV_PREFIX):] if str(value).startswith(ENV_PREFIX) else None
+            _check(ref is None or bool(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", ref)), f"judger.headers.{name}",
+                   value, f"{ENV_PREFIX}<environment variable name> or a literal value")
+            if ref is not None and ref not in os.environ:  # refused before the run starts, not at its first request
+                raise ConfigError(f"judger.headers.{name}={value} is not allowed: the environment variable {ref} "
+                                  f"is not set (export it before starting)")
         _check(self.batch_url is None or self.batch_url.startswith(("http://", "https://")), "judger.batch_url",
                self.batch_url, "null or an http:// or https:// URL")
         _check(self.timeout_s > 0, "judger.timeout_s", self.timeout_s, "> 0")
@@ -649,9 +685,16 @@ class WandbLoggerConf(LoggerConf):
     entity: Optional[str] = None
     mode: str = "offline"  # offline | online | disabled
     tags: list[str] = field(default_factory=list)
+    # A wandb.Table of the step's samples every this many steps (0 = never); every eval also
+    # logs a table of its completions. Each table holds at most max_sample_rows rows, whole
+    # groups (whole prompts for eval) only.
+    log_samples_every: int = 10
+    max_sample_rows: int = 64
 
     def __post_init__(self) -> None:
         _one_of("logger.mode", self.mode, ("offline", "online", "disabled"))
+        _check(self.log_samples_every >= 0, "logger.log_samples_every", self.log_samples_every, ">= 0 (0 = never)")
+        _check(self.max_sample_rows >= 1, "logger.max_sample_rows", self.max_sample_rows, ">= 1")
 
 
 @dataclass
@@ -669,6 +712,8 @@ class EvalConf:
     pass_k: int = 1
     temperature: float = 1.0  # for the n samples; eval/accuracy is greedy
     max_tokens: int = 0  # 0 = agent.sampling.max_tokens
+    # evaluate.py resume=<run dir>: the checkpoint to evaluate (null = the newest complete one).
+    checkpoint_step: Optional[int] = None
 
     def __post_init__(self) -> None:
         _check(self.num_prompts >= 1, "eval.num_prompts", self.num_prompts, ">= 1")

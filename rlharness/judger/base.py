@@ -52,6 +52,11 @@ class Judger(abc.ABC):
     def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
         """Return at least {"score": float}."""
 
+    def extract_answer(self, response_text: str) -> str | None:
+        """The final answer this judger reads from a response, for people reading eval completions
+        (None: the judger scores the whole response, or extracts nothing)."""
+        return None
+
     def score_inline(self, response_text: str, label: dict[str, Any]) -> dict[str, float] | None:
         """The reward if it is cheap to compute here (microseconds, no I/O, cannot hang), else None.
 

@@ -115,6 +115,9 @@ class MathJudger(Judger):
         gold = last_boxed(gold_text) or gold_text.strip()
         return gold, extract_final_answer(response_text, self.conf.fallback_last_number)
 
+    def extract_answer(self, response_text: str) -> str | None:
+        return extract_final_answer(response_text, self.conf.fallback_last_number)
+
     def score_inline(self, response_text: str, label: dict[str, Any]) -> dict[str, float] | None:
         """No answer, or two plain numbers: decided here; anything else needs math-verify (None)."""
         gold, pred = self._gold_and_pred(response_text, label)

@@ -12,6 +12,10 @@ POST into a bodiless GET, possibly to another scheme), other 4xx, a reply that i
 not JSON or has no numeric "score". Any of these raises RemoteJudgeError, so
 `Judger.judge_group` marks the group FAILED rather than scoring it 0. Other numeric
 keys in a reply are kept in the reward.
+
+`judger.headers` go with every request; a value `env:NAME` is read from the environment
+when the request is made (never stored in the config, so a token stays out of every file).
+A variable that is not set is refused with the config (before anything starts), naming it.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ import asyncio
 import json
 import logging
 import math
+import os
 import random
 from typing import Any
 
-from rlharness.config.schema import RemoteJudgerConf
+from rlharness.config.schema import ENV_PREFIX, RemoteJudgerConf
 from rlharness.judger.base import Judger, gather_fail_fast
 from rlharness.types import RolloutState
 
@@ -48,6 +53,19 @@ class RemoteJudger(Judger):
         self.conf = conf or RemoteJudgerConf()
         # Jitter from a generator of its own: the run's global RNG state must not depend on judging.
         self._jitter = random.Random()
+
+    def _headers(self) -> dict[str, str]:
+        """The request headers, `env:NAME` values read now (a rotated token is picked up)."""
+        headers = {"Content-Type": "application/json"}
+        for name, value in self.conf.headers.items():
+            var = _env_var(value)
+            if var is None:
+                headers[name] = str(value)
+            elif var in os.environ:
+                headers[name] = os.environ[var]
+            else:
+                raise RemoteJudgeError(f"judger.headers.{name}: the environment variable {var} is no longer set")
+        return headers
 
     # ------------------------------------------------------------------ synchronous (tests, tools)
     def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
@@ -109,7 +127,7 @@ class RemoteJudger(Judger):
         async with limit:
             self.counts["requests"] += 1
             try:
-                reply = await client.post(url, content=body, headers={"Content-Type": "application/json"})
+                reply = await client.post(url, content=body, headers=self._headers())
             except httpx.TimeoutException:
                 raise _Retryable(f"{url}: no reply within judger.timeout_s={self.conf.timeout_s:g}") from None
             except httpx.TransportError as exc:  # connection refused/reset, DNS, protocol errors
@@ -146,6 +164,11 @@ class RemoteJudger(Judger):
         if held is not None and held[0] is asyncio.get_running_loop():
             await held[1].aclose()
         await super().close()
+
+
+def _env_var(value: Any) -> str | None:
+    text = str(value)
+    return text[len(ENV_PREFIX):] if text.startswith(ENV_PREFIX) else None
 
 
 def _reward(result: Any, url: str) -> dict[str, float]:

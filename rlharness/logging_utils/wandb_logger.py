@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from rlharness.config.schema import LoggerConf
+from rlharness.logging_utils.samples import eval_table, sample_table
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +19,7 @@ class WandbLogger:
     def __init__(self, conf: LoggerConf, run_dir: str, run_name: str, config: dict[str, Any],
                  run_id: str | None = None):
         self.run = None
+        self.conf = conf
         if conf.name != "wandb" or conf.mode == "disabled":
             return
         import wandb
@@ -29,6 +31,8 @@ class WandbLogger:
             settings=wandb.Settings(console="off", x_disable_stats=True),
         )
         log.info("W&B run %s (%s) in %s", self.run.id, conf.mode, run_dir)
+        if conf.mode == "offline":
+            log.info("upload it to W&B with: wandb sync %s", self.run.dir.rsplit("/files", 1)[0])
 
     @property
     def run_id(self) -> str | None:
@@ -37,6 +41,24 @@ class WandbLogger:
     def log(self, row: dict[str, Any]) -> None:
         if self.run is not None:
             self.run.log({k: v for k, v in row.items() if k != "step" and v is not None}, step=int(row["step"]))
+
+    def log_samples(self, step: int, groups: list) -> None:
+        """The step's samples as a table, every `logger.log_samples_every` steps."""
+        if self.run is None or not groups:
+            return
+        every = self.conf.log_samples_every
+        if every and step % every == 0:
+            self._table("rollout/samples", step, *sample_table(step, groups, self.conf.max_sample_rows))
+
+    def log_eval(self, step: int, rows: list[dict]) -> None:
+        """An eval's completions with their judgement."""
+        if self.run is not None and rows:
+            self._table("eval/samples", step, *eval_table(step, rows, self.conf.max_sample_rows))
+
+    def _table(self, key: str, step: int, columns: list[str], rows: list[list]) -> None:
+        import wandb
+
+        self.run.log({key: wandb.Table(columns=columns, data=rows)}, step=step)
 
     def finish(self) -> None:
         if self.run is not None:

@@ -33,6 +33,8 @@ from rlharness.config.schema import RunConf
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, format_step_line
 from rlharness.logging_utils.plots import write_plots
+from rlharness.logging_utils.progress import phase
+from rlharness.logging_utils.samples import eval_file, forget_evals_after, write_eval_rows
 from rlharness.logging_utils.wandb_logger import WandbLogger
 from rlharness.sampler import DataExhausted
 from rlharness.stopping import StopController
@@ -72,6 +74,7 @@ class Trainer:
         stop_event = self.stop.attach(asyncio.get_running_loop())
         self.metrics = MetricsWriter(self.run_dir, resume_step=self.step)
         self.ledger = RolloutLedger(self.run_dir, resume_step=self.step)
+        forget_evals_after(self.run_dir, self.step)
         self.wandb = WandbLogger(conf.logger, str(self.run_dir), self.run_dir.name, self.config_dict,
                                  run_id=self.wandb_run_id)
         self.wandb_run_id = self.wandb.run_id
@@ -81,7 +84,7 @@ class Trainer:
         try:
             self._judge_window()  # count from here
             if self.step == 0 and not self.stop.requested:
-                self._log_row({"step": 0, **await self.c.evaluator.evaluate(), **self._judge_window()})
+                self._log_row({"step": 0, **await self._evaluate(0), **self._judge_window()})
             if conf.mode == "disagg" and not self.stop.requested:
                 producer = asyncio.create_task(self.c.manager.produce_loop())
             with progress_bar(conf.total_steps, self.step) as bar:
@@ -171,11 +174,12 @@ class Trainer:
             sync_s = await self._sync_weights(step)
         self.ledger.write_step(step, produced.groups)
         self.ledger.write_dropped(step, c.manager.pop_dropped())
+        self.wandb.log_samples(step, produced.groups)
         row: dict[str, Any] = {"step": step, **batch_metrics, **train_metrics, **produced.stats}
         step_s = loop.time() - t0  # evaluation is timed on its own
         if self._due(step, conf.eval_every) or step == conf.total_steps:
             t_eval = loop.time()
-            row.update(await c.evaluator.evaluate())
+            row.update(await self._evaluate(step))
             row["perf/eval_s"] = loop.time() - t_eval
         row.update(self._judge_window())  # all judging since the previous row, this row's eval included
         trained_tokens = int(batch.response_mask.sum().item())
@@ -228,6 +232,15 @@ class Trainer:
                     now[f"{task}/{k}"] = v
         before, self._judge_marks = getattr(self, "_judge_marks", {}), now
         return {f"judge/{k}": v - before.get(k, 0.0) for k, v in now.items()}
+
+    async def _evaluate(self, step: int) -> dict[str, Any]:
+        """Eval metrics; the completions go to evals/step_N.jsonl and a W&B table."""
+        with phase(f"eval at step {step}: {self.c.evaluator.num_prompts} prompt(s)", log):
+            metrics = await self.c.evaluator.evaluate()
+        rows = self.c.evaluator.last_rows
+        write_eval_rows(eval_file(self.run_dir, step), rows)
+        self.wandb.log_eval(step, rows)
+        return metrics
 
     # ------------------------------------------------------------------ logging
     def _log_row(self, row: dict[str, Any]) -> None:
@@ -288,7 +301,8 @@ class Trainer:
         read_meta(path)
         state = load_state(path / "trainer.pt")  # data only: a crafted file is refused, never run
         try:
-            await self.c.backend.load(str(path / "backend"))  # may be remote (Ray actors)
+            with phase(f"loading checkpoint {path}"):
+                await self.c.backend.load(str(path / "backend"))  # may be remote (Ray actors)
         except CheckpointError:
             raise
         except Exception as exc:  # noqa: BLE001 - any unreadable file is a corrupted checkpoint

@@ -8,7 +8,8 @@ POST /batch {"items": [...]} -> {"results": [...]}, the same rule per item. Mode
 - flaky: every 10th request (10th, 20th, ...) answers HTTP 500;
 - by_label: a label whose answer starts with "R" gets a 302 to ftp://127.0.0.1:9/x,
   one starting with "M" a reply that is not JSON; the rest as ok.
-It stops by itself after --max-requests requests or --max-s seconds and writes its
+With --auth-env NAME every request must carry `Authorization: <value of $NAME>` (else HTTP 401,
+counted as "unauthorized"). It stops by itself after --max-requests requests or --max-s seconds and writes its
 counts (requests, by method and path, 500s, redirects, malformed replies) to
 --stats-file after every request, so a test reads them while it runs or after.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,6 +38,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802
         n = self.server.count(f"POST {self.path}")
+        if self.server.auth is not None and self.headers.get("Authorization") != self.server.auth:
+            self.server.count("unauthorized")
+            self.send_error(401, "missing or wrong Authorization header")
+            return
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         mode = self.server.mode
         if mode == "slow":
@@ -80,8 +86,9 @@ class JudgeServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # the listen backlog (5 by default would reset bursts of new connections)
 
-    def __init__(self, mode: str, delay_s: float, max_requests: int, stats_file: Path):
+    def __init__(self, mode: str, delay_s: float, max_requests: int, stats_file: Path, auth: str | None = None):
         super().__init__(("127.0.0.1", 0), Handler)
+        self.auth = auth
         self.mode, self.delay_s, self.max_requests, self.stats_file = mode, delay_s, max_requests, stats_file
         self.lock = threading.Lock()
         self.stats: dict[str, int] = {"requests": 0}
@@ -108,8 +115,10 @@ def main() -> None:
     ap.add_argument("--delay-s", type=float, default=1.5)
     ap.add_argument("--max-requests", type=int, default=5000)
     ap.add_argument("--max-s", type=float, default=300.0)
+    ap.add_argument("--auth-env", default=None)
     args = ap.parse_args()
-    server = JudgeServer(args.mode, args.delay_s, args.max_requests, args.stats_file)
+    auth = os.environ[args.auth_env] if args.auth_env else None
+    server = JudgeServer(args.mode, args.delay_s, args.max_requests, args.stats_file, auth)
     args.stats_file.write_text(json.dumps(server.stats))
     timer = threading.Timer(args.max_s, server.shutdown)
     timer.daemon = True

@@ -1,0 +1,108 @@
+"""`python -m rlharness.export <run dir> [--step N] <out dir>`: a real run's checkpoint becomes an
+ordinary HF folder (weights equal to the checkpoint's, tokenizer with its chat template, generation
+config, no training state) that `AutoModelForCausalLM.from_pretrained` loads and that generates what
+the checkpoint's model generates; torch and DeepSpeed checkpoints; refusals in one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlharness.checkpoint import complete_checkpoints
+from tests.helpers import ROOT, run_cli
+
+pytestmark = [pytest.mark.timeout(600)]
+
+# The embedded chat model (ChatML template), 2 steps, a checkpoint at each.
+CHAT_RUN = ["experiment=chat_math", "total_steps=2", "save_every=1", "batch_size=2", "sampler.prompt_repeat_k=2",
+            "eval.num_prompts=4", "eval_every=0", "agent.sampling.max_tokens=24", "logger.mode=disabled"]
+HF_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+            "chat_template.jinja"}
+
+
+def export(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "rlharness.export", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def chat_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("export") / "run"
+    run_cli([*CHAT_RUN, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
+    assert [s for s, _ in complete_checkpoints(run_dir)] == [1, 2]
+    return run_dir
+
+
+def check_export(out: Path, ckpt: Path) -> None:
+    """Only the model's files; its weights and tokenizer are the checkpoint's; it generates the same."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert {p.name for p in out.iterdir()} <= HF_FILES and {"config.json", "model.safetensors"} <= {
+        p.name for p in out.iterdir()}, sorted(p.name for p in out.iterdir())
+    src = ckpt / "backend"
+    exported, saved = load_file(str(out / "model.safetensors")), load_file(str(src / "model.safetensors"))
+    # DeepSpeed's save also writes a tied output layer's copy; the export keeps it once, as HF does.
+    assert exported.keys() <= saved.keys() and all(torch.equal(exported[k], saved[k]) for k in exported)
+    model = AutoModelForCausalLM.from_pretrained(str(out))
+    reference = AutoModelForCausalLM.from_pretrained(str(src))
+    mine, theirs = model.state_dict(), reference.state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    tok, ref_tok = AutoTokenizer.from_pretrained(str(out)), AutoTokenizer.from_pretrained(str(src))
+    assert tok.get_vocab() == ref_tok.get_vocab() and tok.chat_template == ref_tok.chat_template
+    ids = torch.tensor([ref_tok.encode("12+34=")])
+    kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=ref_tok.eos_token_id)
+    assert torch.equal(model.generate(ids, **kw), reference.generate(ids, **kw))
+
+
+def test_export_of_a_torch_run_is_an_hf_folder(chat_run, tmp_path):
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "model"
+    proc = export(chat_run, out)
+    assert "step 2" in proc.stderr
+    check_export(out, complete_checkpoints(chat_run)[-1][1])
+    tok = AutoTokenizer.from_pretrained(str(out))
+    assert tok.chat_template and "<|im_start|>" in tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False)
+    out1 = tmp_path / "model1"
+    out1.mkdir()  # an empty folder is fine
+    export(chat_run, "--step", 1, out1)
+    check_export(out1, complete_checkpoints(chat_run)[0][1])
+
+
+def test_export_refuses_a_missing_step_and_a_non_empty_folder(chat_run, tmp_path):
+    proc = export(chat_run, "--step", 7, tmp_path / "x", check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: {chat_run} has no complete checkpoint at step 7; the steps there are: 1, 2"]
+    assert not (tmp_path / "x").exists()
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine")
+    proc = export(chat_run, full, check=False)
+    assert proc.returncode == 2 and "not empty" in proc.stderr and "Traceback" not in proc.stderr
+    assert [p.name for p in full.iterdir()] == ["keep.txt"]
+    proc = export(tmp_path / "nothing", tmp_path / "y", check=False)
+    assert proc.returncode == 2 and "no such directory" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.deepspeed
+def test_export_of_a_deepspeed_run(tmp_path):
+    """A backend=deepspeed checkpoint (ZeRO shards beside the gathered HF files) exports the same way,
+    without its DeepSpeed state."""
+    run_dir = tmp_path / "run"
+    run_cli(["backend=deepspeed", "cluster=local_ray", "total_steps=1", "batch_size=4", "eval.num_prompts=8",
+             "eval_every=0", "logger.mode=disabled", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    (step, ckpt), = complete_checkpoints(run_dir)
+    assert (ckpt / "backend" / "deepspeed").is_dir()
+    export(run_dir, tmp_path / "model")
+    check_export(tmp_path / "model", ckpt)

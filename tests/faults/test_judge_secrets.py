@@ -1,0 +1,78 @@
+"""A remote judger's token stays out of every file: `judger.headers` values `env:NAME` are read
+from the environment at request time. A real run (train.py, W&B offline, checkpoints) against
+tests/faults/judge_server.py, which answers 401 unless the header carries the secret; then
+every byte of the run directory (W&B's files included) is searched for the secret."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlharness.checkpoint import latest_checkpoint
+from rlharness.logging_utils.metrics import read_metrics
+from tests.faults.test_judging_faults import SERVER, col, write_task
+from tests.faults.test_refused_input import refused
+from tests.helpers import run_cli
+
+pytestmark = [pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+def auth_server(tmp_path):
+    """The judge server requiring `Authorization: <secret>`; yields (url base, secret, stats reader)."""
+    secret = "Bearer " + secrets.token_hex(16)
+    port_file, stats_file = tmp_path / "auth.port", tmp_path / "auth.stats.json"
+    proc = subprocess.Popen([sys.executable, str(SERVER), "--mode", "ok", "--port-file", str(port_file),
+                             "--stats-file", str(stats_file), "--max-s", "240", "--auth-env", "SERVER_TOKEN"],
+                            env={"SERVER_TOKEN": secret, "PATH": "/usr/bin:/bin"})
+    for _ in range(200):
+        if port_file.exists() and port_file.read_text():
+            break
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port_file.read_text()}", secret, lambda: json.loads(stats_file.read_text())
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_a_token_named_by_env_reaches_the_judge_and_no_file(tmp_path, auth_server):
+    base, secret, stats = auth_server
+    run_dir = tmp_path / "run"
+    overrides = [o for o in write_task(tmp_path / "data", [str(i + i % 7) for i in range(16)])
+                 if o not in ("logger=none", "save_every=0")]
+    overrides += ["sampler.prompt_repeat_k=2", "total_steps=2", "save_every=1", "logger.mode=offline",
+                  "judger=remote", f"judger.url={base}/judge", "+judger.headers.Authorization=env:JUDGE_TOKEN",
+                  f"hydra.run.dir={run_dir}"]
+    proc = run_cli(overrides, cwd=tmp_path, env={"JUDGE_TOKEN": secret})
+    served = stats()
+    # The server saw the header on every request (a missing or wrong one is a 401, which fails groups).
+    assert served["requests"] > 0 and "unauthorized" not in served, served
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    assert col(metrics, "judge/groups_failed") == 0 and col(metrics, "judge/requests") == served["requests"]
+    assert latest_checkpoint(run_dir)[0] == 2
+    # The config went to .hydra/ and W&B's offline file (where a resolved value would show up in plain bytes).
+    assert "env:JUDGE_TOKEN" in (run_dir / ".hydra" / "config.yaml").read_text()  # the reference, not the value
+    wandb_file = next((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert b"env:JUDGE_TOKEN" in wandb_file.read_bytes()
+    token = secret.split()[1].encode()
+    leaked = [str(p) for p in run_dir.rglob("*") if p.is_file() and token in p.read_bytes()]
+    assert leaked == [], f"the secret was written to {leaked}"
+    assert secret.split()[1] not in proc.stdout + proc.stderr
+
+
+def test_a_header_naming_an_unset_variable_is_refused(tmp_path):
+    overrides = write_task(tmp_path / "data", ["1"] * 8) + [
+        "judger=remote", "judger.url=http://127.0.0.1:9/judge", "+judger.headers.Authorization=env:NOT_SET_ANYWHERE"]
+    refused(overrides, tmp_path, ["judger.headers.Authorization=env:NOT_SET_ANYWHERE", "NOT_SET_ANYWHERE is not set"])
+
+
+def test_a_url_with_credentials_is_refused_without_echoing_them(tmp_path):
+    overrides = write_task(tmp_path / "data", ["1"] * 8) + [
+        "judger=remote", "judger.url=http://judge:hunter2@127.0.0.1:9/judge"]
+    line = refused(overrides, tmp_path, ["judger.url=http://127.0.0.1:9/judge", "user:password@", "judger.headers"])
+    assert "hunter2" not in line
