@@ -6,7 +6,8 @@ disagg:    the manager's producer loop runs concurrently; each step waits for a 
            batch (`get_batch`), trains, then pauses production for the weight sync.
 
 Version bookkeeping: the initial weights are version 0; after step t the engines get
-version t (every `sync_weights_interval` steps). A sample trained at step t whose
+version t (every `sync_weights_interval` steps, and before every evaluation, which always
+runs on the weights just trained). A sample trained at step t whose
 oldest token came from version v has staleness t - 1 - v.
 """
 
@@ -170,6 +171,11 @@ class Trainer:
         step_s = loop.time() - t0  # evaluation is timed on its own
         if self._due(step, conf.eval_every) or step == conf.total_steps:
             t_eval = loop.time()
+            if self.model_version != step:
+                # sync_weights_interval > 1: the engines hold older weights than the ones just trained;
+                # evaluate those (the eval row, and the value returned to Hydra sweepers, is this step's
+                # model). From here the engines sample with them too, and their tokens say so.
+                row["perf/weight_sync_s"] = await self._sync_weights(step)
             row.update(await c.evaluator.evaluate())
             row["perf/eval_s"] = loop.time() - t_eval
         row.update(self._judge_window())  # all judging since the previous row, this row's eval included
@@ -178,7 +184,7 @@ class Trainer:
             "perf/step_s": step_s,
             "perf/rollout_s": t_rollout - t0,
             "perf/train_s": t_train - t_rollout,
-            "perf/weight_sync_s": sync_s,
+            "perf/weight_sync_s": sync_s + row.get("perf/weight_sync_s", 0.0),
             "perf/tokens_per_s": trained_tokens / max(step_s, 1e-9),
             "perf/samples_per_s": sum(len(g) for g in produced.groups) / max(step_s, 1e-9),
             # Share of the step the trainer waited for its batch (disagg: production fell behind).
@@ -279,7 +285,14 @@ class Trainer:
         except Exception as exc:  # noqa: BLE001 - any unreadable file is a corrupted checkpoint
             raise CheckpointError(f"checkpoint {path} is corrupted or incompatible: {exc}") from exc
         self.step = state["step"]
-        self.model_version = state["model_version"]
+        # The engines get the checkpoint's weights, which are the weights after its step: that is their
+        # version (with sync_weights_interval > 1 the first life's engines may have held older ones, but
+        # those are not saved; stamping these with the older number would make the ledger lie).
+        self.model_version = self.step
+        if state["model_version"] != self.step:
+            log.info("resuming at step %d: the engines get the weights of step %d (the first life's engines "
+                     "held version %d; sync_weights_interval=%d)", self.step, self.step, state["model_version"],
+                     self.conf.sync_weights_interval)
         self.wandb_run_id = state["wandb_run_id"]
         set_rng_state(state["rng"])
         self._rng_at_step = state["rng"]
