@@ -45,7 +45,7 @@ from rlharness.algo.losses import (
 from rlharness.backend.base import TrainingBackend
 from rlharness.backend.lr_plan import (LRPlan, apply_optimizer_settings, lr_multiplier,  # noqa: F401 - re-exported
                                       planned, replan)
-from rlharness.checkpoint import load_state, save_state
+from rlharness.checkpoint import load_state, save_state, writing
 from rlharness.config.schema import AlgoConf, ModelConf, TorchBackendConf
 from rlharness.model import load_model, load_tokenizer
 from rlharness.types import TrainBatch
@@ -262,8 +262,14 @@ class TorchBackend(TrainingBackend):
     def save_blocking(self, directory: str) -> None:
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out)
-        self.tokenizer.save_pretrained(out)
+        with writing(out / "model.safetensors"):
+            self.model.save_pretrained(out)
+        with writing(out / "tokenizer.json"):
+            self.tokenizer.save_pretrained(out)
+        with writing(out / STATE_FILE):
+            self._save_state(out)
+
+    def _save_state(self, out: Path) -> None:
         save_state({
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -28,8 +29,8 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from rlharness.build import Components
-from rlharness.checkpoint import (CheckpointError, begin_checkpoint, commit_checkpoint, latest_checkpoint, load_state,
-                                  read_meta, save_state, step_dir_name)
+from rlharness.checkpoint import (CheckpointError, CheckpointWriteError, begin_checkpoint, commit_checkpoint,
+                                  latest_checkpoint, load_state, read_meta, save_state, step_dir_name, writing)
 from rlharness.config.schema import RunConf
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, format_step_line
@@ -258,16 +259,27 @@ class Trainer:
         # account for every prompt drawn.
         self.ledger.write_dropped(self.step, self.c.manager.pop_dropped())
         tmp = begin_checkpoint(self.run_dir, self.step)
-        await self.c.backend.save(str(tmp / "backend"))  # may be remote (Ray actors)
-        save_state({
-            "step": self.step,
-            "model_version": self.model_version,
-            "wandb_run_id": self.wandb_run_id,
-            "producer": self.c.manager.state_dict(),
-            "rng": self._rng_at_step,
-        }, tmp / "trainer.pt")
-        commit_checkpoint(self.run_dir, self.step, tmp, self.conf.keep_checkpoints,
-                          meta={"model_version": self.model_version})
+        try:
+            await self.c.backend.save(str(tmp / "backend"))  # may be remote (Ray actors)
+            with writing(tmp / "trainer.pt"):
+                save_state({
+                    "step": self.step,
+                    "model_version": self.model_version,
+                    "wandb_run_id": self.wandb_run_id,
+                    "producer": self.c.manager.state_dict(),
+                    "rng": self._rng_at_step,
+                }, tmp / "trainer.pt")
+            commit_checkpoint(self.run_dir, self.step, tmp, self.conf.keep_checkpoints,
+                              meta={"model_version": self.model_version})
+        except Exception as exc:
+            # A full disk, a quota: say which file, free what the half-written one took, and say what is
+            # kept (the previous checkpoint was never touched: a new one is renamed into place only whole).
+            shutil.rmtree(tmp, ignore_errors=True)
+            found = latest_checkpoint(self.run_dir)
+            kept = (f"the previous checkpoint {found[1]} is intact (a resume continues from step {found[0]})"
+                    if found else "there is no earlier checkpoint")
+            what = str(exc) if isinstance(exc, CheckpointWriteError) else f"{type(exc).__name__}: {exc}"
+            raise CheckpointWriteError(f"checkpoint of step {self.step} not saved: {what}; {kept}") from exc
         self._last_save_s = time.monotonic() - t0
 
     async def _resume(self) -> None:
