@@ -74,7 +74,9 @@ def prepare_resume_argv(argv: list[str], require_checkpoint: bool = True) -> tup
     new_keys = {_key(o) for o in new}
     merged = [o for o in old if _key(o) not in new_keys] + new
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return ([argv[0], *merged, "resume=auto", f"hydra.run.dir={run_dir}",
+    from rlharness.preflight import path_override
+
+    return ([argv[0], *merged, "resume=auto", path_override("hydra.run.dir", run_dir),
              f"hydra.output_subdir=.hydra/resumed-{stamp}"], new)
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass, fields, is_dataclass
@@ -128,7 +129,7 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
         return _preflight_multirun(argv[0], ns, overrides, source)
 
     applied: list[str] = []
-    given_dir = next((o.split("=", 1)[1] for o in reversed(overrides) if _key(o) == "hydra.run.dir"), None)
+    given_dir = next((_value(o) for o in reversed(overrides) if _key(o) == "hydra.run.dir"), None)
     if explicit_resume is not None:
         new_argv, applied = prepare_resume_argv([argv[0], *overrides])
         overrides = new_argv[1:]
@@ -156,7 +157,7 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
             overrides = new_argv[1:]
             explicit_resume = run_dir
         elif given_dir is None:
-            overrides = [*overrides, f"hydra.run.dir={run_dir}"]  # Hydra's `now` must not move it a second on
+            overrides = [*overrides, path_override("hydra.run.dir", run_dir)]  # Hydra's `now` must not move it
     cfg = compose_checked(overrides, source)
     if cfg.cluster.name == "slurm":
         raise ConfigError("cluster=slurm without -m is not allowed: Slurm jobs are submitted by "
@@ -171,8 +172,27 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
     return hydra_argv(argv[0], ns, overrides), applied, guard
 
 
+def _value(override: str) -> str:
+    """An override's value as Hydra reads it (quotes removed); the raw text if it does not parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        return str(OverridesParser.create().parse_override(override).value())
+    except HydraException:
+        return override.split("=", 1)[1]
+
+
+def path_override(key: str, path: Path) -> str:
+    """`key=path` as Hydra's override parser reads it back (quoted when the path has spaces, commas...)."""
+    text = str(path)
+    if re.fullmatch(r"[\w/.\-:+@~]+", text):
+        return f"{key}={text}"
+    return f"{key}='" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def _resume_target(overrides: list[str]) -> Path | None:
-    values = [o.split("=", 1)[1] for o in overrides if _key(o) == "resume"]
+    values = [_value(o) for o in overrides if _key(o) == "resume"]
     if not values or values[-1] in ("auto", "never"):
         return None
     return Path(values[-1]).expanduser().resolve()
@@ -198,11 +218,11 @@ def _adopt_saved_source(ns, run_dir: Path) -> None:
     sources = (saved.get("runtime") or {}).get("config_sources") or []
     extra = next((s.get("path") for s in sources if s.get("provider") == "command-line"), None)
     if extra and ns.config_dir is None:
+        if not os.path.isdir(extra):
+            raise ConfigError(f"the run in {run_dir} was composed with --config-dir={extra}, which no longer "
+                              f"exists: pass --config-dir=<where those files are now>")
         ns.config_dir = extra
         print(f"note: composing with the run's --config-dir={extra}", file=sys.stderr)
-    main = next((s.get("path") for s in sources if s.get("provider") == "main"), None)
-    if main and ns.config_path is None and Path(main) != TRAIN_PY.parent / "conf":
-        ns.config_path = main
 
 
 def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSource):
