@@ -40,8 +40,8 @@ from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from rlharness.config.schema import ConfigError, adopt_strategy_max_staleness
 from rlharness import run_lock
+from rlharness.config.schema import ConfigError, adopt_strategy_max_staleness
 from rlharness.launch.slurm_capacity import check_capacity
 
 # Hydra's flags after which it does not run the job (help, printing the config, completion,
