@@ -28,8 +28,9 @@ from rlharness.data.jsonl import DataFileError
 log = logging.getLogger(__name__)
 
 # Changing these makes a checkpoint unusable (other weights, vocabulary, data or data order:
-# `sampler.shuffle` changes the order of the epoch under way, whose position the checkpoint holds).
-FROZEN_ON_RESUME = ("model", "task", "tasks", "sampler.prompt_repeat_k", "sampler.shuffle", "seed")
+# `sampler.shuffle` changes the order of the epoch under way, whose position the checkpoint holds;
+# `batch_size` the producer's saved split of the data into steps, which the checkpoint refuses anyway).
+FROZEN_ON_RESUME = ("model", "task", "tasks", "sampler.prompt_repeat_k", "sampler.shuffle", "batch_size", "seed")
 
 
 def _key(override: str) -> str:

@@ -41,6 +41,7 @@ def config_dir(tmp_path) -> Path:
     (["-cp", str(ROOT / "conf"), "-cn", "config", "hydra.run.dir={run}", "task.seed=7", "total_steps=6"],
      ["task.seed=7", "fixed"]),
     (["resume={run}", "sampler.shuffle=false"], ["sampler.shuffle=false", "fixed"]),
+    (["resume={run}", "batch_size=4", "total_steps=6"], ["batch_size=4", "fixed"]),
     (["-m", "resume={run}", "total_steps=6"], ["-m", "resume="]),
     # A sweep into a directory that holds runs would overwrite their .hydra/: refused.
     (["-m", "--config-dir", "{cd}", "hydra.sweep.dir={parent}", "total_steps=1"], ["hydra.sweep.dir", "holds runs"]),
