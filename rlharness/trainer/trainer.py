@@ -173,9 +173,9 @@ class Trainer:
         if self._due(step, conf.eval_every) or step == conf.total_steps:
             t_eval = loop.time()
             if self.model_version != step:
-                # sync_weights_interval > 1: the engines hold older weights than the ones just trained;
-                # evaluate those (the eval row, and the value returned to Hydra sweepers, is this step's
-                # model). From here the engines sample with them too, and their tokens say so.
+                # sync_weights_interval > 1: the engines hold older weights than the ones just trained. Sync
+                # first, so the eval row (and the value returned to Hydra sweepers) is this step's model;
+                # from here the engines sample with these weights too, and their tokens' versions say so.
                 row["perf/weight_sync_s"] = await self._sync_weights(step)
             row.update(await c.evaluator.evaluate())
             row["perf/eval_s"] = loop.time() - t_eval
