@@ -12,6 +12,7 @@ when a run is resumed (`load_state`); JSON and safetensors hold the rest.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,6 +33,27 @@ _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used; the message names the path and what is wrong."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (a full disk, a quota); the message names the file."""
+
+
+@contextlib.contextmanager
+def writing(path: str | Path):
+    """Name the file being written when writing it fails: safetensors' and DeepSpeed's errors name
+    none (`Error while serializing: IoError(Os { code: 28, kind: StorageFull, ...`)."""
+    try:
+        yield
+    except CheckpointWriteError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any writer's failure, named
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, OSError) and exc.strerror:
+            text = exc.strerror
+        elif "StorageFull" in text or "No space left" in text:
+            text = f"no space left on device ({text[:160]})"
+        raise CheckpointWriteError(f"cannot write {path}: {text}") from exc
 
 
 def step_dir_name(step: int) -> str:
@@ -72,11 +94,14 @@ def commit_checkpoint(run_dir: str | Path, step: int, tmp: Path, keep: int,
     """Publish what was written into `tmp`: fsync, `DONE` last, atomic rename, prune."""
     root = Path(run_dir) / "checkpoints"
     final = root / step_dir_name(step)
-    (tmp / "meta.json").write_text(json.dumps({"step": step, **(meta or {})}, indent=1))
-    _fsync_tree(tmp)
+    with writing(tmp / "meta.json"):
+        (tmp / "meta.json").write_text(json.dumps({"step": step, **(meta or {})}, indent=1))
+    with writing(tmp):
+        _fsync_tree(tmp)
     if os.environ.get(KILL_IN_CHECKPOINT_ENV) == str(step):  # fault injection for the resume tests
         os.kill(os.getpid(), signal.SIGKILL)
-    (tmp / DONE).write_text("ok\n")
+    with writing(tmp / DONE):
+        (tmp / DONE).write_text("ok\n")
     if final.exists():  # same step saved again (e.g. final save right after a periodic one)
         shutil.rmtree(final)
     os.replace(tmp, final)

@@ -81,7 +81,9 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
     from rlharness.checkpoint import CheckpointError
     from rlharness.export import find_checkpoint, model_dir
     from rlharness.launcher import read_run_overrides
-    from rlharness.preflight import compose_checked, holds_run
+    from rlharness.preflight import ConfigSource, compose_checked, holds_run
+
+    evaluate_conf = ConfigSource(config_name="evaluate")  # evaluate.py's primary config, same conf/
 
     args = argv[1:]
     if any(a.split("=", 1)[0] in _NO_RUN_FLAGS for a in args):
@@ -94,7 +96,7 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
     overrides = [o for o in overrides if _key(o) != "resume"]
     if resume in (None, "auto", "never"):
         merged = overrides
-        cfg = compose_checked(merged, "evaluate")
+        cfg = compose_checked(merged, evaluate_conf)
         if cfg.eval.checkpoint_step is not None:
             raise ConfigError(f"eval.checkpoint_step={cfg.eval.checkpoint_step} is not allowed without "
                               f"resume=<run dir> (it picks that run's checkpoint)")
@@ -104,7 +106,7 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
             raise ConfigError(f"resume={resume} with model.path: pass one of them (resume=<run dir> evaluates "
                               f"that run's checkpoint; model.path=<folder> any model)")
         run, saved = read_run_overrides(resume)
-        step = compose_checked(overrides, "evaluate").eval.checkpoint_step
+        step = compose_checked(overrides, evaluate_conf).eval.checkpoint_step
         try:
             found_step, ckpt = find_checkpoint(run, step)
             model = model_dir(ckpt)
@@ -113,7 +115,7 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
         old = [o for o in saved if _key(o) != "model.path" and not _key(o).startswith("hydra.")]
         new_keys = {_key(o) for o in overrides}
         merged = [o for o in old if _key(o) not in new_keys] + overrides + [f"model.path={model}"]
-        cfg = compose_checked(merged, "evaluate")
+        cfg = compose_checked(merged, evaluate_conf)
         source = Source(model_path=str(model), run_dir=str(run), checkpoint_step=found_step)
     out_dir = Path(str(cfg.hydra.run.dir)).expanduser().resolve()
     output_subdir = str(cfg.hydra.output_subdir)

@@ -20,14 +20,17 @@ from typing import Any
 
 import yaml
 
+from rlharness import run_lock
 from rlharness.checkpoint import CheckpointError, latest_checkpoint
 from rlharness.config.schema import ConfigError, RunConf
 from rlharness.data.jsonl import DataFileError
 
 log = logging.getLogger(__name__)
 
-# Changing these makes a checkpoint unusable (other weights, vocabulary or data order).
-FROZEN_ON_RESUME = ("model", "task", "tasks", "sampler.prompt_repeat_k", "seed")
+# Changing these makes a checkpoint unusable (other weights, vocabulary, data or data order:
+# `sampler.shuffle` changes the order of the epoch under way, whose position the checkpoint holds;
+# `batch_size` the producer's saved split of the data into steps, which the checkpoint refuses anyway).
+FROZEN_ON_RESUME = ("model", "task", "tasks", "sampler.prompt_repeat_k", "sampler.shuffle", "batch_size", "seed")
 
 
 def _key(override: str) -> str:
@@ -65,21 +68,30 @@ def prepare_resume_argv(argv: list[str], require_checkpoint: bool = True) -> tup
     new_keys = {_key(o) for o in new}
     merged = [o for o in old if _key(o) not in new_keys] + new
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return ([argv[0], *merged, "resume=auto", f"hydra.run.dir={run_dir}",
+    from rlharness.preflight import path_override
+
+    return ([argv[0], *merged, "resume=auto", path_override("hydra.run.dir", run_dir),
              f"hydra.output_subdir=.hydra/resumed-{stamp}"], new)
 
 
 def read_run_overrides(value: str) -> tuple[Path, list[str]]:
-    """(run dir, the overrides it was started with) for `resume=<value>`, less where it ran and how
-    it resumed; refused unless it is a run directory."""
+    """(run dir, the overrides its newest life ran with) for `resume=<value>`, less where it ran
+    and how it resumed; refused unless it is a run directory."""
     run_dir = Path(value).expanduser().resolve()
     if not run_dir.is_dir():
         raise ConfigError(f"resume={value}: no such directory")
-    saved = run_dir / ".hydra" / "overrides.yaml"
-    if not saved.is_file():
+    if not (run_dir / ".hydra" / "overrides.yaml").is_file():
         raise ConfigError(f"resume={value}: not a run directory (no .hydra/overrides.yaml)")
+    saved = newest_hydra_dir(run_dir) / "overrides.yaml"  # the run as its last life had it
     return run_dir, [o for o in (yaml.safe_load(saved.read_text()) or [])
                      if _key(o) not in ("resume", "hydra.run.dir", "hydra.output_subdir")]
+
+
+def newest_hydra_dir(run_dir: Path) -> Path:
+    """The newest life's Hydra output: `.hydra/resumed-<time>/` (each holds that life's whole
+    config and overrides, the run's saved ones included), else the first life's `.hydra/`."""
+    lives = sorted(p for p in (run_dir / ".hydra").glob("resumed-*") if (p / "overrides.yaml").is_file())
+    return lives[-1] if lives else run_dir / ".hydra"
 
 
 def set_threads_from_env() -> None:
@@ -125,14 +137,20 @@ def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
 
         return serve_worker_node(conf.cluster, uses_ray(conf), conf.run_dir)
     run_dir = Path(conf.run_dir)
+    if conf.resume == "never" and any((run_dir / m).exists() for m in RUN_OUTPUTS):
+        raise refused(ConfigError(f"resume=never with run directory {run_dir} is not allowed: it holds a run; "
+                                  f"choose a new directory"))
+    # One live process per run directory: train.py took it already; a sweep's or Slurm's job (and its
+    # requeued lives, which never pass through train.py's preflight) takes it here, before writing.
+    try:
+        locked_here = run_lock.acquire(run_dir)
+    except run_lock.RunDirLocked as exc:
+        raise refused(exc) from None
     multi_node = conf.cluster.name == "slurm" and conf.cluster.nodes > 1 and "SLURM_JOB_ID" in os.environ
     if multi_node:  # the other nodes' Ray workers tell a finished run from a dead node 0 by this marker
         from rlharness.launch.ray_cluster import mark_run_ended
 
         mark_run_ended(conf.run_dir, os.environ["SLURM_JOB_ID"], ended=False)
-    if conf.resume == "never" and any((run_dir / m).exists() for m in RUN_OUTPUTS):
-        raise refused(ConfigError(f"resume=never with run directory {run_dir} is not allowed: it holds a run; "
-                                  f"choose a new directory"))
     stop = StopController(conf.stop_timeout_s).install()
     try:
         last, trainer = _build_and_fit(conf, config_dict, run_dir, stop)
@@ -144,6 +162,8 @@ def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
     finally:
         if multi_node:
             mark_run_ended(conf.run_dir, os.environ["SLURM_JOB_ID"], ended=True)
+        if locked_here:  # the next job of an in-process sweep; train.py's own lock lasts the process
+            run_lock.release(run_dir)
     if not stop.requested:
         stop.uninstall()
         return last

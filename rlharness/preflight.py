@@ -3,7 +3,9 @@
 Hydra makes the run directory (and writes `.hydra/` and `train.log` into it) before the
 task function runs, so anything refused there would leave a new directory behind or
 change an existing run. `preflight(argv)` composes the same config first and refuses,
-with one line naming key, value and what is allowed:
+with one line naming key, value and what is allowed. Every entry form goes through the
+same checks: the command line is parsed by Hydra's own parser, and the config is composed
+from the same search path Hydra builds (`--config-dir`, `--config-name`, `--config-path`).
 
 - a config that does not compose or validate (unknown keys, `+algo.lrr=...` typos
   included, bad values, impossible combinations), every point of a `-m` sweep;
@@ -13,7 +15,12 @@ with one line naming key, value and what is allowed:
 - `resume=never` into a directory that holds a run;
 - any start in a directory that holds a run (`hydra.run.dir=<run>`) is a resume: it is
   rewritten exactly as `resume=<dir>` and passes the same checks (model/task/seed fixed,
-  `.hydra/` kept, the new config saved under `.hydra/resumed-<time>/`);
+  `.hydra/` kept, the new config saved under `.hydra/resumed-<time>/`); a fixed key is
+  compared by value with the run's first `.hydra/config.yaml`, so an edited experiment
+  file or another `--config-dir` cannot change it either;
+- `-m` into a sweep directory that holds runs, or with `resume=<dir>`;
+- a directory another live process holds (`rlharness.run_lock`, taken here, before Hydra
+  writes anything, and held until the process ends);
 - a resume with nothing left to train (`total_steps` at or below the checkpoint's step)
   ends here with one line (`Finished`).
 
@@ -25,28 +32,40 @@ removed; in an existing run the new `.hydra/resumed-*` and the appended log are 
 from __future__ import annotations
 
 import difflib
+import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from rlharness import run_lock
 from rlharness.config.schema import ConfigError, adopt_strategy_max_staleness
 from rlharness.launch.slurm_capacity import check_capacity
 
-# Flags after which Hydra does not run the job (help, printing the config, completion) or
-# composes a config other than ours: nothing to check.
-_NO_RUN_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc",
-                 "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun")
-_MULTIRUN_FLAGS = ("-m", "--multirun")
+# Hydra's flags after which it does not run the job (help, printing the config, completion,
+# a rerun of a pickled config): nothing is checked, `resume=<dir>` is still rewritten.
+_NO_RUN = ("help", "hydra_help", "cfg", "info", "shell_completion", "experimental_rerun")
 # A directory holds a run once any of these exist (written by Hydra or the trainer).
 RUN_MARKERS = (".hydra", "checkpoints", "metrics.jsonl", "rollouts")
 # More sweep points than this are not each composed up front (each costs ~0.1 s).
 MAX_SWEEP_POINTS_CHECKED = 64
+TRAIN_PY = Path(__file__).resolve().parent.parent / "train.py"
 
 
 class Finished(Exception):
     """Nothing to do (a resumed run is already at its total_steps); the message says so."""
+
+
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where Hydra composes the config from: train.py's `conf/` (or `--config-path`), the primary
+    config (`--config-name`), and an extra directory searched first (`--config-dir`)."""
+
+    config_path: str = "conf"
+    config_name: str = "config"
+    config_dir: str | None = None
 
 
 def holds_run(run_dir: Path) -> bool:
@@ -57,57 +76,217 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def parse_command_line(args: list[str]):
+    """Hydra's own parser (flags and their values apart from the overrides). Flags may come after
+    overrides (Hydra's argv is rebuilt flags first); a bad flag is one ConfigError line."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+
+    def refuse(message: str):
+        raise ConfigError(f"{' '.join(args)}: {message} (see python train.py --help)")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    return parser.parse_intermixed_args(args)
+
+
+def hydra_argv(argv0: str, ns, overrides: list[str]) -> list[str]:
+    """The command line for Hydra: the parsed flags as `--flag=value`, then the overrides."""
+    out = [argv0]
+    for attr, flag in (("help", "--help"), ("hydra_help", "--hydra-help"), ("resolve", "--resolve"),
+                       ("run", "--run"), ("multirun", "--multirun"), ("shell_completion", "--shell-completion")):
+        if getattr(ns, attr):
+            out.append(flag)
+    for attr, flag in (("cfg", "--cfg"), ("package", "--package"), ("info", "--info"),
+                       ("config_path", "--config-path"), ("config_name", "--config-name"),
+                       ("config_dir", "--config-dir"), ("experimental_rerun", "--experimental-rerun")):
+        if getattr(ns, attr) is not None:
+            out.append(f"{flag}={getattr(ns, attr)}")
+    return out + list(overrides)
+
+
 def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None]:
-    """Check the command line; returns (argv for Hydra, overrides applied on resume, guard)."""
+    """Check the command line; returns (argv for Hydra, overrides applied on resume, guard).
+
+    Every entry form goes through here: plain, `--config-dir`/`-cd`, `--config-name`/`-cn`,
+    `--config-path`/`-cp`, `-m`/`--multirun`, `hydra.run.dir=`, `resume=`."""
     from rlharness.launcher import prepare_resume_argv
 
-    args = argv[1:]
-    if any(a.split("=", 1)[0] in _NO_RUN_FLAGS for a in args):
-        return (*prepare_resume_argv(argv), None)
-    multirun = any(a in _MULTIRUN_FLAGS for a in args)
-    overrides = [a for a in args if not a.startswith("-")]
-    if multirun:
-        argv, applied = prepare_resume_argv(argv)
-        asked: set[tuple] = set()
-        for point in sweep_points([a for a in argv[1:] if not a.startswith("-")])[:MAX_SWEEP_POINTS_CHECKED]:
-            cfg = compose_checked(point)
-            if cfg.cluster.name == "slurm":
-                c = cfg.cluster
-                request = (c.partition, c.nodes, c.gpus_per_node, c.cpus_per_task, c.constraint)
-                if request not in asked:  # one sinfo per distinct request
-                    asked.add(request)
-                    check_capacity(c)
-        return argv, applied, None
+    ns = parse_command_line(argv[1:])
+    if ns.config_dir is not None:
+        ns.config_dir = os.path.abspath(ns.config_dir)  # as Hydra does; the same on resume from elsewhere
+        if not os.path.isdir(ns.config_dir):
+            raise ConfigError(f"--config-dir={ns.config_dir} is not allowed: no such directory")
+    overrides = list(ns.overrides)
+    if any(getattr(ns, a) for a in _NO_RUN):
+        new_argv, applied = prepare_resume_argv([argv[0], *overrides])
+        return hydra_argv(argv[0], ns, new_argv[1:]), applied, None
+    explicit_resume = _resume_target(overrides)
+    if explicit_resume is not None:
+        _adopt_saved_source(ns, explicit_resume)
+    source = ConfigSource(ns.config_path or "conf", ns.config_name or "config", ns.config_dir)
+    if ns.multirun:
+        return _preflight_multirun(argv[0], ns, overrides, source)
 
-    cfg = compose_checked(overrides)
+    applied: list[str] = []
+    given_dir = next((_value(o) for o in reversed(overrides) if _key(o) == "hydra.run.dir"), None)
+    if explicit_resume is not None:
+        new_argv, applied = prepare_resume_argv([argv[0], *overrides])
+        overrides = new_argv[1:]
+        run_dir = explicit_resume
+    else:
+        # The run directory without composing when it is given: a start in a run's directory is a
+        # resume, and overrides of keys of that run's experiment only compose once merged with its own.
+        run_dir = Path(given_dir if given_dir is not None else
+                       str(compose_checked(overrides, source).hydra.run.dir)).expanduser().resolve()
+        never = any(_key(o) == "resume" and o.split("=", 1)[1] == "never" for o in overrides)
+        if never and holds_run(run_dir):
+            raise ConfigError(f"resume=never with hydra.run.dir={run_dir} is not allowed: that directory holds "
+                              f"a run; choose a new directory (or remove that run yourself)")
+        if holds_run(run_dir) and given_dir is None:
+            raise ConfigError(f"hydra.run.dir={run_dir} is not allowed: the default directory of this start "
+                              f"already holds a run (another run started in the same second?); start again, or "
+                              f"pass resume=<that run> to continue it")
+        if holds_run(run_dir):
+            # Starting in a run's directory is a resume, whatever route led there.
+            _adopt_saved_source(ns, run_dir)
+            source = ConfigSource(ns.config_path or "conf", ns.config_name or "config", ns.config_dir)
+            rest = [o for o in overrides if _key(o) not in ("hydra.run.dir", "resume")]
+            new_argv, applied = prepare_resume_argv([argv[0], f"resume={run_dir}", *rest], require_checkpoint=False)
+            print(f"note: hydra.run.dir={run_dir} holds a run: continuing it as resume={run_dir}", file=sys.stderr)
+            overrides = new_argv[1:]
+            explicit_resume = run_dir
+        elif given_dir is None:
+            overrides = [*overrides, path_override("hydra.run.dir", run_dir)]  # Hydra's `now` must not move it
+    cfg = compose_checked(overrides, source)
     if cfg.cluster.name == "slurm":
         raise ConfigError("cluster=slurm without -m is not allowed: Slurm jobs are submitted by "
                           "hydra-submitit-launcher, which Hydra runs only for -m (--multirun); use "
                           "`python train.py -m cluster=slurm ...` (one job per sweep point)")
-    run_dir = Path(str(cfg.hydra.run.dir)).expanduser().resolve()
-    explicit_resume = any(_key(o) == "resume" and o.split("=", 1)[1] not in ("auto", "never") for o in overrides)
-    if cfg.resume == "never" and holds_run(run_dir):
-        raise ConfigError(f"resume=never with hydra.run.dir={run_dir} is not allowed: that directory holds a run; "
-                          f"choose a new directory (or remove that run yourself)")
-    if not explicit_resume and holds_run(run_dir) and not any(_key(o) == "hydra.run.dir" for o in overrides):
-        raise ConfigError(f"hydra.run.dir={run_dir} is not allowed: the default directory of this start already "
-                          f"holds a run (another run started in the same second?); start again, or pass "
-                          f"resume=<that run> to continue it")
-    if not explicit_resume and holds_run(run_dir):
-        # Starting in a run's directory is a resume, whatever route led there.
-        rest = [o for o in overrides if _key(o) not in ("hydra.run.dir", "resume")]
-        new_argv, applied = prepare_resume_argv([argv[0], f"resume={run_dir}", *rest], require_checkpoint=False)
-        print(f"note: hydra.run.dir={run_dir} holds a run: continuing it as resume={run_dir}", file=sys.stderr)
-        argv = [*new_argv, *(a for a in args if a.startswith("-"))]
-        cfg = compose_checked([a for a in argv[1:] if not a.startswith("-")])
-    else:
-        argv, applied = prepare_resume_argv(argv)
-        if applied or explicit_resume:
-            cfg = compose_checked([a for a in argv[1:] if not a.startswith("-")])
-    run_dir = Path(str(cfg.hydra.run.dir)).expanduser().resolve()
+    if explicit_resume is not None:
+        check_fixed_values(run_dir, cfg)
     _refuse_if_finished(run_dir, cfg.total_steps)
     # Hydra names the job (and its log file) after the script.
-    return argv, applied, RunDirGuard.record(run_dir, str(cfg.hydra.output_subdir), Path(argv[0]).stem)
+    guard = RunDirGuard.record(run_dir, str(cfg.hydra.output_subdir), Path(argv[0]).stem)
+    run_lock.acquire(run_dir)  # before Hydra writes anything there; held until this process ends
+    return hydra_argv(argv[0], ns, overrides), applied, guard
+
+
+def _value(override: str) -> str:
+    """An override's value as Hydra reads it (quotes removed); the raw text if it does not parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        return str(OverridesParser.create().parse_override(override).value())
+    except HydraException:
+        return override.split("=", 1)[1]
+
+
+def path_override(key: str, path: Path) -> str:
+    """`key=path` as Hydra's override parser reads it back (quoted when the path has spaces, commas...)."""
+    text = str(path)
+    if re.fullmatch(r"[\w/.\-:+@~]+", text):
+        return f"{key}={text}"
+    return f"{key}='" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _resume_target(overrides: list[str]) -> Path | None:
+    values = [_value(o) for o in overrides if _key(o) == "resume"]
+    if not values or values[-1] in ("auto", "never"):
+        return None
+    return Path(values[-1]).expanduser().resolve()
+
+
+def _adopt_saved_source(ns, run_dir: Path) -> None:
+    """A resume composes from where the run was composed: its `--config-name` and `--config-dir`
+    (from its newest life's `hydra.yaml`) unless given again; another primary config is refused."""
+    import yaml
+
+    from rlharness.launcher import newest_hydra_dir
+
+    try:
+        saved = (yaml.safe_load((newest_hydra_dir(run_dir) / "hydra.yaml").read_text()) or {}).get("hydra", {})
+    except (OSError, yaml.YAMLError):
+        return  # prepare_resume_argv says what is wrong with the directory
+    name = (saved.get("job") or {}).get("config_name")
+    if name and ns.config_name is not None and ns.config_name != name:
+        raise ConfigError(f"--config-name={ns.config_name} is not allowed: the run in {run_dir} was composed "
+                          f"from config {name!r}, and its primary config is fixed for a run")
+    if name and name != "config" and ns.config_name is None:
+        ns.config_name = name
+    sources = (saved.get("runtime") or {}).get("config_sources") or []
+    extra = next((s.get("path") for s in sources if s.get("provider") == "command-line"), None)
+    if extra and ns.config_dir is None:
+        if not os.path.isdir(extra):
+            raise ConfigError(f"the run in {run_dir} was composed with --config-dir={extra}, which no longer "
+                              f"exists: pass --config-dir=<where those files are now>")
+        ns.config_dir = extra
+        print(f"note: composing with the run's --config-dir={extra}", file=sys.stderr)
+
+
+def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSource):
+    from rlharness.launcher import prepare_resume_argv
+
+    new_argv, applied = prepare_resume_argv([argv0, *overrides])
+    overrides = new_argv[1:]
+    points = sweep_points(overrides)
+    if applied or _resume_target(ns.overrides) is not None:
+        raise ConfigError("-m with resume=<run dir> is not allowed: a sweep starts new runs; continue a run "
+                          "without -m (python train.py resume=<run dir>)")
+    asked: set[tuple] = set()
+    for point in points[:MAX_SWEEP_POINTS_CHECKED]:
+        cfg = compose_checked(point, source)
+        if cfg.cluster.name == "slurm":
+            c = cfg.cluster
+            request = (c.partition, c.nodes, c.gpus_per_node, c.cpus_per_task, c.constraint)
+            if request not in asked:  # one sinfo per distinct request
+                asked.add(request)
+                check_capacity(c)
+    if points:
+        sweep_dir = Path(str(compose_checked(points[0], source).hydra.sweep.dir)).expanduser().resolve()
+        held = sorted(p.name for p in sweep_dir.iterdir() if holds_run(p)) if sweep_dir.is_dir() else []
+        if held:
+            raise ConfigError(f"hydra.sweep.dir={sweep_dir} is not allowed: it holds runs ({', '.join(held[:5])}); "
+                              f"a sweep starts new runs in new directories: choose another hydra.sweep.dir, or "
+                              f"continue one run with python train.py resume={sweep_dir / held[0]}")
+    return hydra_argv(argv0, ns, overrides), applied, None
+
+
+def check_fixed_values(run_dir: Path, cfg) -> None:
+    """Refuse a resume whose composed config changes a fixed key, however it changed (an override,
+    an edited experiment file, another `--config-dir`): the run's first `.hydra/config.yaml` decides."""
+    from omegaconf import OmegaConf
+
+    from rlharness.launcher import FROZEN_ON_RESUME
+
+    saved_path = run_dir / ".hydra" / "config.yaml"
+    if not saved_path.is_file():
+        return
+    saved = OmegaConf.load(saved_path)
+    for key in FROZEN_ON_RESUME:
+        old, new = OmegaConf.select(saved, key), OmegaConf.select(cfg, key)
+        if old is None or new is None:
+            continue
+        for path, was, now in _differences(_plain(old), _plain(new), key):
+            raise ConfigError(f"{path}={now!r} is not allowed on resume: the run in {run_dir} has {path}={was!r} "
+                              f"and {key} is fixed for a run (start a new run instead)")
+
+
+def _plain(node):
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    return OmegaConf.to_container(node, resolve=False) if isinstance(node, (DictConfig, ListConfig)) else node
+
+
+def _differences(old, new, prefix: str):
+    """(key, old, new) where both sides have the key and differ (a key only one side has is a default
+    added or removed by another version of the code, not a change of the run)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for k in old.keys() & new.keys():
+            yield from _differences(old[k], new[k], f"{prefix}.{k}")
+    elif old != new:
+        yield prefix, old, new
 
 
 def _refuse_if_finished(run_dir: Path, total_steps: int) -> None:
@@ -133,11 +312,15 @@ def sweep_points(overrides: list[str]) -> list[list[str]]:
         return []
 
 
-def compose_checked(overrides: list[str], config_name: str = "config"):
-    """Compose and validate like the job will; every failure is one ConfigError line."""
-    from hydra import compose, initialize_config_dir
+def compose_checked(overrides: list[str], source: ConfigSource = ConfigSource()):
+    """Compose and validate like the job will (the same search path as Hydra builds for train.py,
+    `--config-dir` included); every failure is one ConfigError line."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_automatic_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
+    from hydra.types import RunMode
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
@@ -146,9 +329,13 @@ def compose_checked(overrides: list[str], config_name: str = "config"):
     register_configs()
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "conf"),
-                                   version_base=None):
-            cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+        search_path = create_automatic_config_search_path(str(TRAIN_PY), None, source.config_path)
+        if source.config_dir is not None:
+            search_path.prepend(provider="command-line", path=f"file://{source.config_dir}",
+                                anchor=SearchPathQuery(provider="schema"))
+        hydra = Hydra.create_main_hydra2(task_name=TRAIN_PY.stem, config_search_path=search_path)
+        cfg = hydra.compose_config(source.config_name, list(overrides), run_mode=RunMode.RUN,
+                                   with_log_configuration=False)
         job = cfg.copy()
         with open_dict(job):
             del job["hydra"]
@@ -251,12 +438,15 @@ class RunDirGuard:
     output_subdir: str
     log_name: str
     log_size: int | None
+    lock_bytes: bytes | None = None  # the lock file as it was (it names the last holder's PID)
 
     @classmethod
     def record(cls, run_dir: Path, output_subdir: str, job_name: str) -> RunDirGuard:
         log = run_dir / f"{job_name}.log"
+        lock = run_dir / run_lock.LOCK_NAME
         return cls(run_dir, run_dir.exists(), output_subdir, log.name,
-                   log.stat().st_size if log.is_file() else None)
+                   log.stat().st_size if log.is_file() else None,
+                   lock.read_bytes() if lock.is_file() else None)
 
     def rollback(self) -> None:
         """Undo this start's traces: a directory it created goes; an existing run is left as it was."""
@@ -271,3 +461,10 @@ class RunDirGuard:
         elif log.is_file():
             with open(log, "r+b") as fh:
                 fh.truncate(self.log_size)
+        lock = self.run_dir / run_lock.LOCK_NAME
+        if self.lock_bytes is None:
+            lock.unlink(missing_ok=True)
+        else:  # in place: the lock stays held (on this open file) until the process ends
+            with open(lock, "r+b") as fh:
+                fh.write(self.lock_bytes)
+                fh.truncate()

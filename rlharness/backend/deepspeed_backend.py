@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from rlharness.checkpoint import check_state_files
+from rlharness.checkpoint import check_state_files, writing
 from rlharness.backend.lr_plan import LRPlan, planned
 from rlharness.backend.torch_backend import TorchBackend, _Sums
 from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, ModelConf
@@ -208,13 +208,16 @@ class DeepSpeedWorker(TorchBackend):
     def save_blocking(self, directory: str) -> None:
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        self.engine.save_checkpoint(str(out / DS_SUBDIR), tag=DS_TAG, save_latest=False, client_state={
-            "scheduler": self.scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
-            "lr_plan": self.lr_plan.state_dict()})
+        with writing(out / DS_SUBDIR):
+            self.engine.save_checkpoint(str(out / DS_SUBDIR), tag=DS_TAG, save_latest=False, client_state={
+                "scheduler": self.scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
+                "lr_plan": self.lr_plan.state_dict()})
         state = self.get_weights_blocking()
         if self.rank == 0:
-            self.engine.module.save_pretrained(out, state_dict=state)
-            self.tokenizer.save_pretrained(out)
+            with writing(out / "model.safetensors"):
+                self.engine.module.save_pretrained(out, state_dict=state)
+            with writing(out / "tokenizer.json"):
+                self.tokenizer.save_pretrained(out)
         torch.distributed.barrier()
 
     def load_blocking(self, directory: str) -> None:

@@ -9,6 +9,14 @@ the current LR to `min_lr_ratio` at the new `total_steps` (a run still in warmup
 finishes warmup and decays over the new length; extending a finished run continues at its
 floor). The plan is saved with the optimizer, so resuming an extended run again
 continues the same re-planned curve.
+
+A resume also **applies this run's optimizer settings from the resumed step**: loading the
+optimizer and scheduler state would otherwise bring back the first life's `algo.lr`,
+`algo.weight_decay` and `algo.adam_beta1/2` (recorded in `.hydra/resumed-*/` yet ignored).
+`apply_optimizer_settings` puts the configured values into the loaded state and says what
+changed; the schedule's shape (`lr_schedule`, `warmup_steps`, `min_lr_ratio`) is read from the
+config at every step, so a change of it applies from the resumed step too, and the LR the
+resumed step trains with is logged when it differs from the one the checkpoint held.
 """
 
 from __future__ import annotations
@@ -72,3 +80,23 @@ def replan(saved: dict[str, Any] | None, step: int, total_steps: int, current_mu
     return new, (f"LR schedule re-planned for total_steps={total_steps} ({was}): from step {step} the LR goes "
                  f"{algo.lr * current_multiplier:.3g} -> {algo.lr * end:.3g} ({algo.lr_schedule}) instead of "
                  f"restarting the schedule")
+
+
+def apply_optimizer_settings(optimizer, scheduler, algo) -> list[str]:
+    """Set `algo`'s lr (the scheduler's base), weight decay and betas on a loaded optimizer; returns
+    `key: old -> new` for every setting the checkpoint held otherwise."""
+    changes: list[str] = []
+    wanted = {"weight_decay": algo.weight_decay, "betas": (algo.adam_beta1, algo.adam_beta2)}
+    for group in optimizer.param_groups:
+        for name, value in wanted.items():
+            old = tuple(group[name]) if name == "betas" else group[name]
+            if old != value:
+                changes.append(f"algo.{name}: {old} -> {value}" if name != "betas" else
+                               f"algo.adam_beta1/2: {old[0]}, {old[1]} -> {value[0]}, {value[1]}")
+                group[name] = value
+        if group.get("initial_lr", algo.lr) != algo.lr:
+            changes.append(f"algo.lr: {group['initial_lr']:.3g} -> {algo.lr:.3g}")
+        group["initial_lr"] = algo.lr
+    if any(b != algo.lr for b in scheduler.base_lrs):
+        scheduler.base_lrs = [algo.lr] * len(scheduler.base_lrs)
+    return list(dict.fromkeys(changes))  # once, not once per parameter group

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from rlharness.backend.base import TrainingBackend
+from rlharness.checkpoint import writing
 from rlharness.config.schema import SimBackendConf
 from rlharness.types import TrainBatch
 
@@ -54,7 +55,7 @@ class SimBackend(TrainingBackend):
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, _STATE_FILE)
         tmp = path + ".tmp"
-        with open(tmp, "w") as f:
+        with writing(path), open(tmp, "w") as f:
             json.dump({"version": self.version, "tokens_trained": self.tokens_trained}, f)
         os.replace(tmp, path)
 

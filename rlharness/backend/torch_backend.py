@@ -23,8 +23,8 @@ The heavy work runs inline in the async methods; the caller decides the thread. 
 from __future__ import annotations
 
 import asyncio
-
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,9 @@ from rlharness.algo.losses import (
     token_logprobs,
 )
 from rlharness.backend.base import TrainingBackend
-from rlharness.backend.lr_plan import LRPlan, lr_multiplier, planned, replan  # noqa: F401 - lr_multiplier re-exported
-from rlharness.checkpoint import load_state, save_state
+from rlharness.backend.lr_plan import (LRPlan, apply_optimizer_settings, lr_multiplier,  # noqa: F401 - re-exported
+                                      planned, replan)
+from rlharness.checkpoint import load_state, save_state, writing
 from rlharness.config.schema import AlgoConf, ModelConf, TorchBackendConf
 from rlharness.model import load_model, load_tokenizer
 from rlharness.types import TrainBatch
@@ -271,8 +272,14 @@ class TorchBackend(TrainingBackend):
     def save_blocking(self, directory: str) -> None:
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out)
-        self.tokenizer.save_pretrained(out)
+        with writing(out / "model.safetensors"):
+            self.model.save_pretrained(out)
+        with writing(out / "tokenizer.json"):
+            self.tokenizer.save_pretrained(out)
+        with writing(out / STATE_FILE):
+            self._save_state(out)
+
+    def _save_state(self, out: Path) -> None:
         save_state({
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -282,12 +289,24 @@ class TorchBackend(TrainingBackend):
         }, out / STATE_FILE)
 
     def restore_lr_plan(self, saved: dict[str, Any] | None) -> None:
-        """After loading optimizer and scheduler: continue the saved plan, re-planned if total_steps changed."""
+        """After loading optimizer and scheduler: this run's optimizer settings apply from the resumed
+        step (lr_plan.apply_optimizer_settings), and the saved plan continues, re-planned if total_steps
+        changed. What changed is logged."""
         step = self.scheduler.last_epoch
-        current = self.optimizer.param_groups[0]["lr"] / self.algo.lr if self.algo.lr else 1.0
+        was_lr = self.optimizer.param_groups[0]["lr"]
+        old_base = self.scheduler.base_lrs[0]
+        current = was_lr / old_base if old_base else 1.0  # where the old schedule had got to
+        changes = apply_optimizer_settings(self.optimizer, self.scheduler, self.algo)
         self.lr_plan, message = replan(saved, step, self.total_steps, current, self.algo)
         if message:
             log.info(message)
+        lr = self.algo.lr * planned(step, self.lr_plan, self.algo)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if changes or not math.isclose(lr, was_lr, rel_tol=1e-9, abs_tol=0.0):
+            log.warning("resumed at step %d with this run's optimizer settings (applied from here on)%s; "
+                        "the LR is %.4g (the checkpoint's was %.4g)", step,
+                        ": " + "; ".join(changes) if changes else "", lr, was_lr)
 
     def load_blocking(self, directory: str) -> None:
         from transformers import AutoModelForCausalLM

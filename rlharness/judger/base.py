@@ -177,6 +177,12 @@ class Judger(abc.ABC):
 async def gather_fail_fast(coros: list) -> list:
     """Results of `coros` run concurrently; the first exception cancels the others and is raised."""
     tasks = [asyncio.ensure_future(c) for c in coros]
+    for t in tasks:
+        # A task cancelled below can still end with its own exception (Python 3.11's wait_for returns the
+        # inner result when the cancel arrives as the inner task finishes: a refused judge reply arriving
+        # for every member at once). Retrieve it whenever it ends, else asyncio logs "Task exception was
+        # never retrieved" with a traceback for each.
+        t.add_done_callback(_retrieve)
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     finally:
@@ -189,6 +195,11 @@ async def gather_fail_fast(coros: list) -> list:
         if exc is not None:
             raise exc
     return [t.result() for t in tasks]
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _reason(exc: BaseException) -> str:

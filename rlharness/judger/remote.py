@@ -9,7 +9,8 @@ answered by {"results": [...]}.
 
 Refused, never retried: redirects (a 3xx is not followed: following would turn the
 POST into a bodiless GET, possibly to another scheme), other 4xx, a reply that is
-not JSON or has no numeric "score". Any of these raises RemoteJudgeError, so
+not JSON (or nested deeper than the parser goes) or has no numeric "score" (these three are
+counted in `malformed_replies`). Any of these raises RemoteJudgeError, so
 `Judger.judge_group` marks the group FAILED rather than scoring it 0. Other numeric
 keys in a reply are kept in the reward.
 
@@ -93,15 +94,17 @@ class RemoteJudger(Judger):
             raise
 
     async def _post_one(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
-        return _reward(await self._post(self.conf.url, {"response": response_text, "label": label}), self.conf.url)
+        return self._reward(await self._post(self.conf.url, {"response": response_text, "label": label}), self.conf.url)
 
     async def _post_batch(self, members: list[RolloutState]) -> list[dict[str, float]]:
         url = self.conf.batch_url
         reply = await self._post(url, {"items": [{"response": s.response_text, "label": s.label} for s in members]})
         results = reply.get("results") if isinstance(reply, dict) else None
         if not isinstance(results, list) or len(results) != len(members):
-            raise RemoteJudgeError(f"{url}: reply needs 'results', a list of {len(members)} objects: {str(reply)[:200]}")
-        return [_reward(r, url) for r in results]
+            self.counts["malformed_replies"] += 1
+            raise RemoteJudgeError(f"{url}: reply needs 'results', a list of {len(members)} objects: "
+                                   f"{_head(reply)}")
+        return [self._reward(r, url) for r in results]
 
     async def _post(self, url: str, payload: dict[str, Any]) -> Any:
         """POST with retries; the parsed JSON reply."""
@@ -142,9 +145,10 @@ class RemoteJudger(Judger):
             raise RemoteJudgeError(f"{url}: HTTP {reply.status_code} {reply.reason_phrase}")
         try:
             return json.loads(reply.content)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested deeper than the parser goes
             self.counts["malformed_replies"] += 1
-            raise RemoteJudgeError(f"{url}: reply is not JSON ({exc}): {reply.content[:200]!r}") from None
+            why = "nested too deeply to parse" if isinstance(exc, RecursionError) else f"not JSON ({exc})"
+            raise RemoteJudgeError(f"{url}: reply is {why}: {reply.content[:200]!r}") from None
 
     def _client(self):
         """The HTTP client and request limit of the running event loop (a run may use several loops)."""
@@ -159,6 +163,13 @@ class RemoteJudger(Judger):
             held = self.__dict__["_http"] = (loop, client, asyncio.Semaphore(self.conf.max_concurrent_requests))
         return held[1], held[2]
 
+    def _reward(self, result: Any, url: str) -> dict[str, float]:
+        """The reward of one reply; a reply without a numeric score is malformed (counted, refused)."""
+        if not isinstance(result, dict) or not _is_number(result.get("score")):
+            self.counts["malformed_replies"] += 1
+            raise RemoteJudgeError(f"{url}: reply has no numeric 'score': {_head(result)}")
+        return {k: float(v) for k, v in result.items() if _is_number(v)}
+
     async def close(self) -> None:
         held = self.__dict__.pop("_http", None)
         if held is not None and held[0] is asyncio.get_running_loop():
@@ -171,10 +182,11 @@ def _env_var(value: Any) -> str | None:
     return text[len(ENV_PREFIX):] if text.startswith(ENV_PREFIX) else None
 
 
-def _reward(result: Any, url: str) -> dict[str, float]:
-    if not isinstance(result, dict) or not _is_number(result.get("score")):
-        raise RemoteJudgeError(f"{url}: reply has no numeric 'score': {str(result)[:200]}")
-    return {k: float(v) for k, v in result.items() if _is_number(v)}
+def _head(value: Any) -> str:
+    try:
+        return str(value)[:200]
+    except RecursionError:
+        return "(nested too deeply to print)"
 
 
 def _is_number(value: Any) -> bool:

@@ -9,11 +9,14 @@ each tool output in order). Together with the checkpoint's buffer they account f
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
-from rlharness.logging_utils.metrics import replace_text
+from rlharness.logging_utils.metrics import jsonl_rows, replace_text
 from rlharness.types import Group, RolloutState
+
+log = logging.getLogger(__name__)
 
 
 def sample_row(s: RolloutState, train_step: int) -> dict[str, Any]:
@@ -46,16 +49,30 @@ def sample_row(s: RolloutState, train_step: int) -> dict[str, Any]:
 class RolloutLedger:
     def __init__(self, run_dir: str | Path, resume_step: int = 0):
         self.dir = Path(run_dir) / "rollouts"
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.dropped_path = self.dir / "dropped.jsonl"
+        if resume_step > 0:
+            self._say_what_is_missing(resume_step)
+        self.dir.mkdir(parents=True, exist_ok=True)
         # A resumed run redoes the steps after its checkpoint: forget what they wrote.
         for p in self.dir.glob("step_*.jsonl"):
             if int(p.stem.split("_")[1]) > resume_step:
                 p.unlink()
-        if self.dropped_path.exists():
-            keep = [ln for ln in self.dropped_path.read_text().splitlines()
-                    if ln.strip() and _row_step(ln) <= resume_step]
+        if self.dropped_path.exists():  # a line that does not read is said (file:line) and left out
+            keep = [raw for row, raw in jsonl_rows(self.dropped_path, "train_step", warn=True)
+                    if row["train_step"] <= resume_step]
             replace_text(self.dropped_path, "".join(ln + "\n" for ln in keep))
+
+    def _say_what_is_missing(self, resume_step: int) -> None:
+        """A resume finds the ledger of the steps up to its checkpoint; what is gone is said, once."""
+        if not self.dir.is_dir():
+            log.warning("%s is missing (deleted?): the ledger of steps 1-%d is lost; the resumed run writes "
+                        "its steps from %d on", self.dir, resume_step, resume_step + 1)
+            return
+        missing = [s for s in range(1, resume_step + 1) if not (self.dir / f"step_{s:08d}.jsonl").is_file()]
+        if missing:
+            shown = ", ".join(str(s) for s in missing[:10]) + (", ..." if len(missing) > 10 else "")
+            log.warning("%s: the ledger files of %d of the checkpoint's %d steps are missing (deleted?): steps "
+                        "%s", self.dir, len(missing), resume_step, shown)
 
     def write_step(self, train_step: int, groups: list[Group]) -> None:
         replace_text(self.dir / f"step_{train_step:08d}.jsonl",
@@ -68,13 +85,6 @@ class RolloutLedger:
             for group, reason in dropped:
                 for s in group:
                     fh.write(json.dumps({**sample_row(s, train_step), "reason": reason}) + "\n")
-
-
-def _row_step(line: str) -> int:
-    try:
-        return int(json.loads(line)["train_step"])
-    except (ValueError, KeyError, TypeError):
-        return 1 << 62  # unreadable tail of a killed write: drop it
 
 
 def read_ledger(run_dir: str | Path) -> tuple[list[dict], list[dict]]:

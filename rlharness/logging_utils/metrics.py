@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+log = logging.getLogger(__name__)
 
 
 class MetricsWriter:
     def __init__(self, run_dir: str | Path, resume_step: int = 0):
         self.path = Path(run_dir) / "metrics.jsonl"
         # After a resume, rows written past the checkpoint step were not kept by the
-        # checkpoint; drop them so every step appears exactly once.
+        # checkpoint; drop them so every step appears exactly once. A line that does not
+        # read is said (file:line) and left out; the rest is kept.
         if self.path.exists():
-            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
-            replace_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+            kept = [raw for row, raw in jsonl_rows(self.path, warn=True) if row["step"] <= resume_step]
+            replace_text(self.path, "".join(raw + "\n" for raw in kept))
+        elif resume_step > 0:
+            log.warning("%s is missing (deleted?): the rows of steps 0-%d are lost; the resumed run writes "
+                        "its steps from %d on", self.path, resume_step, resume_step + 1)
         self._fh = open(self.path, "a", buffering=1)
 
     def write(self, row: dict[str, Any]) -> None:
@@ -33,20 +40,32 @@ def replace_text(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    rows = []
+def jsonl_rows(path: str | Path, step_key: str = "step", warn: bool = False) -> Iterator[tuple[dict[str, Any], str]]:
+    """(row, line as written) for every line of a run's JSON-lines file that is a JSON object with
+    an integer `step_key`. Any other line (cut by a kill mid-write, or changed by hand) is skipped,
+    with a warning naming file and line when `warn`."""
     p = Path(path)
     if not p.exists():
-        return rows
-    for line in p.read_text().splitlines():
+        return
+    lines = p.read_text(errors="replace").splitlines()
+    for number, line in enumerate(lines, start=1):
         line = line.strip()
         if not line:
             continue
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill mid-write
-    return rows
+            row = json.loads(line)
+            problem = None if isinstance(row, dict) and type(row.get(step_key)) is int else f"no integer {step_key!r}"
+        except json.JSONDecodeError as exc:
+            problem = f"not JSON ({exc})"
+        if problem is None:
+            yield row, line
+        elif warn:
+            cut = " (cut by a kill mid-write?)" if number == len(lines) else ""
+            log.warning("%s:%d: %s%s: left out, the other lines are kept", p, number, problem, cut)
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    return [row for row, _ in jsonl_rows(path)]
 
 
 def _jsonable(v: Any) -> Any:

@@ -6,7 +6,8 @@ disagg:    the manager's producer loop runs concurrently; each step waits for a 
            batch (`get_batch`), trains, then pauses production for the weight sync.
 
 Version bookkeeping: the initial weights are version 0; after step t the engines get
-version t (every `sync_weights_interval` steps). A sample trained at step t whose
+version t (every `sync_weights_interval` steps, and before every evaluation, which always
+runs on the weights just trained). A sample trained at step t whose
 oldest token came from version v has staleness t - 1 - v.
 """
 
@@ -16,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -27,8 +29,8 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from rlharness.build import Components
-from rlharness.checkpoint import (CheckpointError, begin_checkpoint, commit_checkpoint, latest_checkpoint, load_state,
-                                  read_meta, save_state, step_dir_name)
+from rlharness.checkpoint import (CheckpointError, CheckpointWriteError, begin_checkpoint, commit_checkpoint,
+                                  latest_checkpoint, load_state, read_meta, save_state, step_dir_name, writing)
 from rlharness.config.schema import RunConf
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, format_step_line
@@ -179,6 +181,11 @@ class Trainer:
         step_s = loop.time() - t0  # evaluation is timed on its own
         if self._due(step, conf.eval_every) or step == conf.total_steps:
             t_eval = loop.time()
+            if self.model_version != step:
+                # sync_weights_interval > 1: the engines hold older weights than the ones just trained. Sync
+                # first, so the eval row (and the value returned to Hydra sweepers) is this step's model;
+                # from here the engines sample with these weights too, and their tokens' versions say so.
+                row["perf/weight_sync_s"] = await self._sync_weights(step)
             row.update(await self._evaluate(step))
             row["perf/eval_s"] = loop.time() - t_eval
         row.update(self._judge_window())  # all judging since the previous row, this row's eval included
@@ -187,7 +194,7 @@ class Trainer:
             "perf/step_s": step_s,
             "perf/rollout_s": t_rollout - t0,
             "perf/train_s": t_train - t_rollout,
-            "perf/weight_sync_s": sync_s,
+            "perf/weight_sync_s": sync_s + row.get("perf/weight_sync_s", 0.0),
             "perf/tokens_per_s": trained_tokens / max(step_s, 1e-9),
             "perf/samples_per_s": sum(len(g) for g in produced.groups) / max(step_s, 1e-9),
             # Share of the step the trainer waited for its batch (disagg: production fell behind).
@@ -280,16 +287,27 @@ class Trainer:
         # account for every prompt drawn.
         self.ledger.write_dropped(self.step, self.c.manager.pop_dropped())
         tmp = begin_checkpoint(self.run_dir, self.step)
-        await self.c.backend.save(str(tmp / "backend"))  # may be remote (Ray actors)
-        save_state({
-            "step": self.step,
-            "model_version": self.model_version,
-            "wandb_run_id": self.wandb_run_id,
-            "producer": self.c.manager.state_dict(),
-            "rng": self._rng_at_step,
-        }, tmp / "trainer.pt")
-        commit_checkpoint(self.run_dir, self.step, tmp, self.conf.keep_checkpoints,
-                          meta={"model_version": self.model_version})
+        try:
+            await self.c.backend.save(str(tmp / "backend"))  # may be remote (Ray actors)
+            with writing(tmp / "trainer.pt"):
+                save_state({
+                    "step": self.step,
+                    "model_version": self.model_version,
+                    "wandb_run_id": self.wandb_run_id,
+                    "producer": self.c.manager.state_dict(),
+                    "rng": self._rng_at_step,
+                }, tmp / "trainer.pt")
+            commit_checkpoint(self.run_dir, self.step, tmp, self.conf.keep_checkpoints,
+                              meta={"model_version": self.model_version})
+        except Exception as exc:
+            # A full disk, a quota: say which file, free what the half-written one took, and say what is
+            # kept (the previous checkpoint was never touched: a new one is renamed into place only whole).
+            shutil.rmtree(tmp, ignore_errors=True)
+            found = latest_checkpoint(self.run_dir)
+            kept = (f"the previous checkpoint {found[1]} is intact (a resume continues from step {found[0]})"
+                    if found else "there is no earlier checkpoint")
+            what = str(exc) if isinstance(exc, CheckpointWriteError) else f"{type(exc).__name__}: {exc}"
+            raise CheckpointWriteError(f"checkpoint of step {self.step} not saved: {what}; {kept}") from exc
         self._last_save_s = time.monotonic() - t0
 
     async def _resume(self) -> None:
@@ -308,7 +326,14 @@ class Trainer:
         except Exception as exc:  # noqa: BLE001 - any unreadable file is a corrupted checkpoint
             raise CheckpointError(f"checkpoint {path} is corrupted or incompatible: {exc}") from exc
         self.step = state["step"]
-        self.model_version = state["model_version"]
+        # The engines get the checkpoint's weights, which are the weights after its step: that is their
+        # version (with sync_weights_interval > 1 the first life's engines may have held older ones, but
+        # those are not saved; stamping these with the older number would make the ledger lie).
+        self.model_version = self.step
+        if state["model_version"] != self.step:
+            log.info("resuming at step %d: the engines get the weights of step %d (the first life's engines "
+                     "held version %d; sync_weights_interval=%d)", self.step, self.step, state["model_version"],
+                     self.conf.sync_weights_interval)
         self.wandb_run_id = state["wandb_run_id"]
         set_rng_state(state["rng"])
         self._rng_at_step = state["rng"]

@@ -7,7 +7,7 @@ POST /batch {"items": [...]} -> {"results": [...]}, the same rule per item. Mode
 - ok: as above;  slow: every reply after --delay-s (default 1.5 s);
 - flaky: every 10th request (10th, 20th, ...) answers HTTP 500;
 - by_label: a label whose answer starts with "R" gets a 302 to ftp://127.0.0.1:9/x,
-  one starting with "M" a reply that is not JSON; the rest as ok.
+  one starting with "M" a reply that is not JSON, "D" valid JSON nested 10^5 deep; the rest as ok.
 With --auth-env NAME every request must carry `Authorization: <value of $NAME>` (else HTTP 401,
 counted as "unauthorized"). It stops by itself after --max-requests requests or --max-s seconds and writes its
 counts (requests, by method and path, 500s, redirects, malformed replies) to
@@ -60,6 +60,10 @@ class Handler(BaseHTTPRequestHandler):
                 self.send_header("Location", "ftp://127.0.0.1:9/x")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+                return
+            if mode == "by_label" and answer.startswith("D"):  # valid JSON, nested 10^5 deep
+                self.server.count("deep")
+                self._reply(b'{"score": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
                 return
             if mode == "by_label" and answer.startswith("M"):
                 self.server.count("malformed")

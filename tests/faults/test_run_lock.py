@@ -1,0 +1,79 @@
+"""One live process per run directory (issue 22, item 3): a second start is refused in one line
+naming the PID that holds the directory, exit 2, the directory untouched; the lock dies with its
+process (SIGKILL leaves none behind)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlharness import run_lock
+from rlharness.checkpoint import latest_checkpoint
+from tests.faults.test_refused_input import SIM
+from tests.helpers import ROOT, run_cli, run_in_process
+
+pytestmark = [pytest.mark.timeout(600)]
+
+HOLD = "import sys, time; from rlharness import run_lock; run_lock.acquire(sys.argv[1]); print('held', flush=True); time.sleep(600)"
+
+
+def _wait_for(predicate, timeout_s: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_a_held_directory_is_refused_naming_the_pid_and_a_killed_holder_leaves_no_lock(tmp_path):
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True,
+                              cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(run_lock.RunDirLocked, match=f"in use by PID {holder.pid}"):
+            run_lock.acquire(run_dir)
+        # A job that never passed through train.py's preflight (a sweep point, a Slurm job) is refused too.
+        with pytest.raises(run_lock.RunDirLocked, match=f"PID {holder.pid}"):
+            run_in_process(run_dir, [*SIM, "total_steps=1"])
+        assert sorted(p.name for p in run_dir.iterdir()) == [run_lock.LOCK_NAME]  # nothing written
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run_lock.acquire(run_dir)  # SIGKILL: the kernel dropped the lock with the process
+    assert (run_dir / run_lock.LOCK_NAME).read_text() == f"{os.getpid()}\n"
+    assert not run_lock.acquire(run_dir)  # this process holds it already
+    run_lock.release(run_dir)
+
+
+def test_two_real_starts_into_one_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    slow = [*SIM, "engine.time_per_token_s=0.02", "save_every=1", "total_steps=1000", f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    first = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *slow], cwd=tmp_path, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(lambda: (run_dir / "checkpoints" / "step_00000001" / "DONE").is_file())
+        assert (run_dir / run_lock.LOCK_NAME).read_text() == f"{first.pid}\n"
+        for args in ([*SIM, f"hydra.run.dir={run_dir}", "total_steps=1000"], [f"resume={run_dir}"]):
+            proc = run_cli(args, cwd=tmp_path, check=False)
+            lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+            assert proc.returncode == 2, proc.stderr[-2000:]
+            assert lines[-1].startswith("error: ") and f"in use by PID {first.pid}" in lines[-1], lines
+            assert "Traceback" not in proc.stderr
+            assert not list((run_dir / ".hydra").glob("resumed-*")), "the refused start wrote into the run"
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    # No stale lock: the next start continues the killed run.
+    last = latest_checkpoint(run_dir)[0]
+    proc = run_cli([*SIM, f"hydra.run.dir={run_dir}", f"total_steps={last + 1}"], cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "continuing it as resume=" in proc.stderr
+    assert latest_checkpoint(run_dir)[0] == last + 1
+    assert Path(run_dir / run_lock.LOCK_NAME).read_text().strip() != str(first.pid)
