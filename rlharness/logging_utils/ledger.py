@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlharness.logging_utils.metrics import replace_text
+from rlharness.logging_utils.metrics import json_line, replace_text
 from rlharness.types import Group, RolloutState
 
 
@@ -59,7 +59,7 @@ class RolloutLedger:
 
     def write_step(self, train_step: int, groups: list[Group]) -> None:
         replace_text(self.dir / f"step_{train_step:08d}.jsonl",
-                     "".join(json.dumps(sample_row(s, train_step)) + "\n" for g in groups for s in g))
+                     "".join(json_line(sample_row(s, train_step)) + "\n" for g in groups for s in g))
 
     def write_dropped(self, train_step: int, dropped: list[tuple[Group, str]]) -> None:
         if not dropped:
@@ -67,7 +67,7 @@ class RolloutLedger:
         with open(self.dropped_path, "a") as fh:
             for group, reason in dropped:
                 for s in group:
-                    fh.write(json.dumps({**sample_row(s, train_step), "reason": reason}) + "\n")
+                    fh.write(json_line({**sample_row(s, train_step), "reason": reason}) + "\n")
 
 
 def _row_step(line: str) -> int:

@@ -15,11 +15,11 @@ class MetricsWriter:
         # checkpoint; drop them so every step appears exactly once.
         if self.path.exists():
             kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
-            replace_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+            replace_text(self.path, "".join(json_line(r) + "\n" for r in kept))
         self._fh = open(self.path, "a", buffering=1)
 
     def write(self, row: dict[str, Any]) -> None:
-        self._fh.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+        self._fh.write(json_line(row) + "\n")
         self._fh.flush()
 
     def close(self) -> None:
@@ -49,8 +49,20 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def json_line(obj: Any) -> str:
+    """`obj` as one line of strict JSON, for every run file (metrics.jsonl, rollouts/*.jsonl).
+
+    Python writes NaN and Infinity as bare words that JSON readers refuse: a non-finite
+    number is written as null here (the one place this is decided), at any depth."""
+    return json.dumps(_jsonable(obj), allow_nan=False)
+
+
 def _jsonable(v: Any) -> Any:
-    if hasattr(v, "item"):
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if hasattr(v, "item"):  # NumPy / torch scalars
         v = v.item()
     if isinstance(v, float) and not math.isfinite(v):
         return None

@@ -37,6 +37,7 @@ from rlharness.logging_utils.wandb_logger import WandbLogger
 from rlharness.sampler import DataExhausted
 from rlharness.stopping import StopController
 from rlharness.trainer.batch import build_train_batch
+from rlharness.trainer.nonfinite import NonFiniteGuard, batch_problem, step_problem
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class Trainer:
         self.stop_report = ""  # what a signal stop did, for its one line
         self._rng_at_step = rng_state()  # generators as of the last completed step (what a checkpoint holds)
         self._last_save_s: float | None = None
+        self.nonfinite = NonFiniteGuard(conf.trainer.max_nonfinite_steps, conf.algo)
 
     # ------------------------------------------------------------------ main loop
     async def fit(self) -> dict[str, Any]:
@@ -158,7 +160,10 @@ class Trainer:
             max_response_len=conf.max_response_tokens(), temperature=conf.agent.sampling.temperature)
         if producer is None:  # colocated: the engine may hand its device to training (vLLM sleep mode)
             await c.engine.sleep()
-        train_metrics = await c.backend.train_step(batch)
+        problem = batch_problem(batch)  # such a batch is not trained at all (its loss could only be NaN)
+        train_metrics = await c.backend.train_step(batch) if problem is None else {}
+        problem = problem or step_problem(train_metrics)
+        train_metrics.update(self.nonfinite.record(step, problem, train_metrics, batch_metrics))
         t_train = loop.time()
         self.step = step
         sync_s = 0.0
@@ -235,6 +240,9 @@ class Trainer:
         if self.step == 0:
             self.stop_report = "no step trained, nothing to save"
             return
+        if self.nonfinite.weights_bad:
+            self.stop_report = "the weights are non-finite: no checkpoint written, the last one is kept"
+            return
         left_s = self.stop.time_left_s()
         # The save must end before the watchdog's deadline; the last one's duration says how long one takes.
         if self._last_save_s is not None and self._last_save_s * 1.5 > left_s:
@@ -247,6 +255,9 @@ class Trainer:
         self.stop_report = f"{name} saved in {self._last_save_s:.1f}s"
 
     async def _save(self) -> None:
+        if self.nonfinite.weights_bad:  # the backend would refuse too; say it once, keep the last checkpoint
+            log.error("no checkpoint at step %d: the weights are non-finite; the last checkpoint is kept", self.step)
+            return
         t0 = time.monotonic()
         # Everything dropped so far goes to the ledger first, so ledger + checkpoint
         # account for every prompt drawn.
