@@ -38,6 +38,7 @@ from rlharness.sampler import DataExhausted
 from rlharness.stopping import StopController
 from rlharness.trainer.batch import build_train_batch
 from rlharness.trainer.nonfinite import NonFiniteGuard, batch_problem, step_problem
+from rlharness.trainer.zero_signal import ZeroSignalWatch, warn_if_greedy
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class Trainer:
         self._rng_at_step = rng_state()  # generators as of the last completed step (what a checkpoint holds)
         self._last_save_s: float | None = None
         self.nonfinite = NonFiniteGuard(conf.trainer.max_nonfinite_steps, conf.algo)
+        self.zero_signal = ZeroSignalWatch(conf.trainer.zero_signal_warn_steps)
 
     # ------------------------------------------------------------------ main loop
     async def fit(self) -> dict[str, Any]:
@@ -68,6 +70,8 @@ class Trainer:
                      "N > %d to extend it", self.run_dir, self.step, conf.total_steps, self.step)
             return {}
         self.started = True
+        warn_if_greedy({("agent.sampling" if not conf.tasks else f"tasks.{name}.sampling"): conf.sampling_for(entry)
+                        for name, entry in conf.task_entries().items()}, conf.algo.advantage)
         stop_event = self.stop.attach(asyncio.get_running_loop())
         self.metrics = MetricsWriter(self.run_dir, resume_step=self.step)
         self.ledger = RolloutLedger(self.run_dir, resume_step=self.step)
@@ -97,6 +101,7 @@ class Trainer:
                         break
                     last = row
                     self._log_row(last)
+                    self.zero_signal.update(step, row.get("rollout/groups_zero_signal_frac"))
                     if self._due(step, conf.save_every):
                         await self._save()
                     bar.update(1)
