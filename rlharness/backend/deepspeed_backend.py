@@ -41,7 +41,7 @@ import torch
 
 from rlharness.checkpoint import check_state_files
 from rlharness.backend.lr_plan import LRPlan, planned
-from rlharness.backend.torch_backend import TorchBackend, _Sums, require_finite_weights
+from rlharness.backend.torch_backend import TorchBackend, _Sums, all_finite, require_finite_weights
 from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, ModelConf
 from rlharness.model import load_model, load_tokenizer
 from rlharness.types import TrainBatch
@@ -167,8 +167,8 @@ class DeepSpeedWorker(TorchBackend):
     def _optimizer_step(self, train_step: int) -> torch.Tensor:
         # ZeRO 1-3 skip an update whose gradient norm is non-finite themselves (`_step_applied`); stage 0
         # applies whatever the gradient is, so a non-finite one is refused here, on every rank alike.
-        if self.conf.zero_stage == 0 and not self._all_ranks(all(
-                p.grad is None or bool(torch.isfinite(p.grad).all()) for p in self.engine.module.parameters())):
+        if self.conf.zero_stage == 0 and not self._all_ranks(all_finite(
+                [p.grad for p in self.engine.module.parameters() if p.grad is not None])):
             log.warning("train_step %d: non-finite gradient; skipping the optimizer step", train_step)
             self.engine.zero_grad()
             self._update_skipped = True
@@ -188,8 +188,7 @@ class DeepSpeedWorker(TorchBackend):
 
     def weights_finite(self) -> bool:
         """Every rank's parameters finite (ZeRO-3: each rank's own partition, `ds_tensor`)."""
-        local = [getattr(p, "ds_tensor", p) for p in self.engine.module.parameters()]
-        return self._all_ranks(all(bool(torch.isfinite(t).all()) for t in local))
+        return self._all_ranks(all_finite([getattr(p, "ds_tensor", p) for p in self.engine.module.parameters()]))
 
     def _reduce_sums(self, sums: _Sums) -> None:
         same_everywhere = {"updates", "grad_norm", "skipped_updates"}
