@@ -487,8 +487,9 @@ class AlgoConf:
         # The schedule's floor as a share of algo.lr: below 0 the LR turns negative (gradient ascent).
         _check(0 <= self.min_lr_ratio <= 1, "algo.min_lr_ratio", self.min_lr_ratio, "0 <= ratio <= 1")
         _check(self.warmup_steps >= 0, "algo.warmup_steps", self.warmup_steps, ">= 0 (0 = no warmup)")
-        # The ratio's clip range is [1 - clip_eps_low, 1 + clip_eps_high]: its low end must stay >= 0.
-        _check(0 < self.clip_eps_low <= 1, "algo.clip_eps_low", self.clip_eps_low, "0 < eps <= 1")
+        # The ratio's clip range is [1 - clip_eps_low, 1 + clip_eps_high] (clip_eps_low >= 1: no lower bound,
+        # as CISPO may want).
+        _check(self.clip_eps_low > 0, "algo.clip_eps_low", self.clip_eps_low, "> 0")
         _check(self.clip_eps_high > 0, "algo.clip_eps_high", self.clip_eps_high, "> 0")
         _check(self.clip_ratio_c > 1, "algo.clip_ratio_c", self.clip_ratio_c, "> 1")
         _check(self.kl_coef >= 0, "algo.kl_coef", self.kl_coef, ">= 0")

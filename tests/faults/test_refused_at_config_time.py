@@ -32,7 +32,8 @@ pytestmark = [pytest.mark.timeout(300)]
     (["algo.tis_cap=1e-30"], ["algo.tis_cap=1e-30", "0 (disables", ">= 1"]),
     (["algo.tis_cap=0.5"], ["algo.tis_cap=0.5"]),  # would down-weight on-policy tokens too
     (["algo.warmup_steps=-3"], ["algo.warmup_steps=-3"]),
-    (["algo.clip_eps_low=1.5"], ["algo.clip_eps_low=1.5", "0 < eps <= 1"]),
+    (["algo.clip_eps_low=0"], ["algo.clip_eps_low=0.0", "> 0"]),
+    (["algo.clip_eps_high=inf"], ["algo.clip_eps_high=inf", "finite"]),
     (["eval.temperature=nan"], ["eval.temperature=nan", "finite"]),  # its own key, not agent.sampling's
     (["eval.temperature=-1"], ["eval.temperature=-1.0"]),
     (["eval.max_tokens=-1"], ["eval.max_tokens=-1"]),
