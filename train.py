@@ -26,12 +26,14 @@ from rlharness.config.schema import adopt_strategy_max_staleness
 from rlharness.config.store import register_configs
 from rlharness.launcher import REFUSED_ERRORS, is_refused_input, run
 from rlharness.preflight import Finished, RunDirGuard, preflight
+from rlharness.trainer.nonfinite import NonFiniteTraining
 
 log = logging.getLogger("rlharness")
 register_configs()
 _RESUME_OVERRIDES: list[str] = []
 _GUARD: RunDirGuard | None = None
 EXIT_REFUSED = 2
+EXIT_FAILED = 1
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
@@ -49,6 +51,11 @@ def main(cfg: DictConfig) -> float | None:
         _GUARD.rollback()
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_REFUSED)
+    except NonFiniteTraining as exc:  # the run trained, then had to stop: one line, not a traceback
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_FAILED)
     # Returned to Hydra (sweepers may optimise it): final eval accuracy if any.
     return last.get("eval/accuracy") if last else None
 

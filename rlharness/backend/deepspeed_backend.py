@@ -41,7 +41,7 @@ import torch
 
 from rlharness.checkpoint import check_state_files, writing
 from rlharness.backend.lr_plan import LRPlan, planned
-from rlharness.backend.torch_backend import TorchBackend, _Sums
+from rlharness.backend.torch_backend import TorchBackend, _Sums, all_finite, require_finite_weights
 from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, ModelConf
 from rlharness.model import load_model, load_tokenizer
 from rlharness.types import TrainBatch
@@ -175,12 +175,33 @@ class DeepSpeedWorker(TorchBackend):
         self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
 
     def _optimizer_step(self, train_step: int) -> torch.Tensor:
+        # ZeRO 1-3 skip an update whose gradient norm is non-finite themselves (`_step_applied`); stage 0
+        # applies whatever the gradient is, so a non-finite one is refused here, on every rank alike.
+        if self.conf.zero_stage == 0 and not self._all_ranks(all_finite(
+                [p.grad for p in self.engine.module.parameters() if p.grad is not None])):
+            log.warning("train_step %d: non-finite gradient; skipping the optimizer step", train_step)
+            self.engine.zero_grad()
+            self._update_skipped = True
+            return torch.tensor(float("nan"))
         self.engine.step()
+        self._update_skipped = not getattr(self.engine, "_step_applied", True)
+        if self._update_skipped:
+            log.warning("train_step %d: non-finite gradient; deepspeed skipped the optimizer step", train_step)
         norm = self.engine.get_global_grad_norm()
         return torch.tensor(float("nan") if norm is None else float(norm))
 
+    def _all_ranks(self, ok: bool) -> bool:
+        """`ok` on every rank (a collective: every rank must call it)."""
+        flag = torch.tensor([1.0 if ok else 0.0])
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def weights_finite(self) -> bool:
+        """Every rank's parameters finite (ZeRO-3: each rank's own partition, `ds_tensor`)."""
+        return self._all_ranks(all_finite([getattr(p, "ds_tensor", p) for p in self.engine.module.parameters()]))
+
     def _reduce_sums(self, sums: _Sums) -> None:
-        same_everywhere = {"updates", "grad_norm"}
+        same_everywhere = {"updates", "grad_norm", "skipped_updates"}
         keys = sorted(k for k in sums.v if k not in same_everywhere)
         values = torch.tensor([sums.v[k] for k in keys], dtype=torch.float64)
         torch.distributed.all_reduce(values)
@@ -206,6 +227,7 @@ class DeepSpeedWorker(TorchBackend):
             return {k: v.detach().to("cpu", copy=True) for k, v in self.engine.module.state_dict().items()}
 
     def save_blocking(self, directory: str) -> None:
+        require_finite_weights(self.weights_finite(), directory)  # every rank: a collective
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         with writing(out / DS_SUBDIR):

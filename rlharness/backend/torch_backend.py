@@ -73,10 +73,30 @@ class _Sums:
         return self.v.get(num, 0.0) / d if d > 0 else 0.0
 
 
+class NonFiniteWeights(RuntimeError):
+    """The policy holds a NaN or inf weight: nothing may be saved or sent to the engines."""
+
+
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """No NaN or inf in `tensors`. Their max-abs norms: one fused pass that reads each tensor once,
+    never overflows for finite values (a 2-norm would) and is NaN when any element is."""
+    tensors = [t.detach() for t in tensors if t.numel() > 0]
+    if not tensors:
+        return True
+    return bool(torch.stack(torch._foreach_norm(tensors, float("inf"))).isfinite().all())
+
+
+def require_finite_weights(finite: bool, directory: str) -> None:
+    if not finite:
+        raise NonFiniteWeights(f"not writing the checkpoint {directory}: the policy's weights are non-finite "
+                               f"(NaN or inf); the previous checkpoint is kept")
+
+
 class TorchBackend(TrainingBackend):
     def __init__(self, conf: TorchBackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int, seed: int):
         self.conf, self.algo, self.total_steps = conf, algo, total_steps
         self._updates_done = 0  # optimizer updates so far in the current training step (proximal policy)
+        self._update_skipped = False  # the last optimizer step was skipped (non-finite gradient)
         self.device = torch.device(conf.device)
         torch.manual_seed(seed)
         self.tokenizer = load_tokenizer(model_conf)
@@ -167,6 +187,7 @@ class TorchBackend(TrainingBackend):
                     step_pg += pg
                 grad_norm = self._optimizer_step(batch.train_step)
                 self._updates_done += 1
+                sums.add("skipped_updates", float(self._update_skipped))
                 sums.add("grad_norm", grad_norm)
                 sums.add("loss", step_loss)
                 sums.add("pg_loss", step_pg)
@@ -188,6 +209,10 @@ class TorchBackend(TrainingBackend):
             "train/logprob_diff_rollout_max": sums.maxes.get("abs_diff_max", 0.0),
             "train/rejected_frac": sums.ratio("rejected_sum", "tis_tokens"),
             "train/num_updates": sums.v.get("updates", 0.0),
+            # Updates not applied because the loss or gradient was non-finite (the trainer counts the step).
+            "train/skipped_updates": sums.v.get("skipped_updates", 0.0),
+            # 0 when an applied update left a NaN/inf weight (a finite but far too high LR): the run stops.
+            "train/weights_finite": float(self.weights_finite()),
             "train/response_tokens": float(tensors["response_mask"].sum()),
         }
 
@@ -196,16 +221,21 @@ class TorchBackend(TrainingBackend):
         loss.backward()
 
     def _optimizer_step(self, train_step: int) -> torch.Tensor:
-        """Clip, step, return the grad norm (skips the step on a non-finite norm)."""
+        """Clip, step, return the grad norm; skips the step on a non-finite norm (`_update_skipped`)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         clip = self.algo.grad_clip if self.algo.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
-        if not torch.isfinite(grad_norm):
+        self._update_skipped = not bool(torch.isfinite(grad_norm))
+        if self._update_skipped:
             log.warning("train_step %d: non-finite grad norm %s; skipping the optimizer step", train_step, grad_norm)
             self.optimizer.zero_grad(set_to_none=True)
         else:
             self.optimizer.step()
         return grad_norm
+
+    def weights_finite(self) -> bool:
+        """Every parameter finite (checked after each step and before any checkpoint is written)."""
+        return all_finite(list(self.model.parameters()))
 
     def _reduce_sums(self, sums: _Sums) -> None:
         """Combine the metric sums of data-parallel processes (one process here: nothing to do)."""
@@ -270,6 +300,7 @@ class TorchBackend(TrainingBackend):
         return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()}
 
     def save_blocking(self, directory: str) -> None:
+        require_finite_weights(self.weights_finite(), directory)
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         with writing(out / "model.safetensors"):

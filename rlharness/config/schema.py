@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Optional, Sequence
 
 from omegaconf import II, MISSING, DictConfig, OmegaConf
@@ -25,8 +25,36 @@ class ConfigError(ValueError):
 
 
 def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={value!r} is not allowed: expected {allowed}")
+    # NaN fails every comparison but inf passes `> 0`: a non-finite number is refused whatever the range says.
+    if not ok or not _finite(value):
+        raise ConfigError(f"{key}={value!r} is not allowed: expected {'a finite number, ' if not _finite(value) else ''}"
+                          f"{allowed}")
+
+
+def _finite(value: Any) -> bool:
+    """False for a non-finite float (or a tuple holding one); True for anything else."""
+    if isinstance(value, tuple):
+        return all(_finite(v) for v in value)
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def non_finite_values(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
+    """(key, value) of every non-finite float in a config tree (dataclasses, dicts, lists), keys dotted.
+
+    One generic pass (RunConf runs it first), so a float key added later is covered without its own
+    check; the per-key ranges stay with each schema."""
+    if is_dataclass(obj):
+        items = [(f.name, getattr(obj, f.name)) for f in fields(obj)]
+    elif isinstance(obj, dict):
+        items = list(obj.items())
+    elif isinstance(obj, (list, tuple)):
+        items = list(enumerate(obj))
+    else:
+        return [(prefix.rstrip("."), obj)] if isinstance(obj, float) and not math.isfinite(obj) else []
+    found = []
+    for name, value in items:
+        found += non_finite_values(value, f"{prefix}{name}.")
+    return found
 
 
 def _one_of(key: str, value: Any, options: tuple) -> None:
@@ -91,6 +119,10 @@ class SyncStrategyConf(StrategyConf):
     name: str = "sync"
 
 
+# More over-sampling than this keeps over 100x the batch in flight: a typo, not a setting.
+MAX_OVER_SAMPLE = 100.0
+
+
 @dataclass
 class AsyncStrategyConf(StrategyConf):
     name: str = "async"
@@ -104,8 +136,9 @@ class AsyncStrategyConf(StrategyConf):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.over_sample_threshold >= 0, "strategy.over_sample_threshold",
-               self.over_sample_threshold, "a number >= 0")
+        _check(0 <= self.over_sample_threshold <= MAX_OVER_SAMPLE, "strategy.over_sample_threshold",
+               self.over_sample_threshold, f"a number from 0 to {MAX_OVER_SAMPLE} (extra groups in flight per "
+               f"batch group)")
         _check(self.tail_batch_trigger_size >= 0, "strategy.tail_batch_trigger_size",
                self.tail_batch_trigger_size, "an integer >= 0")
 
@@ -133,7 +166,7 @@ class SamplingConf:
     stop: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        _check(self.temperature >= 0, "agent.sampling.temperature", self.temperature, ">= 0")
+        _check(self.temperature >= 0, "agent.sampling.temperature", self.temperature, ">= 0 (0 = greedy)")
         _check(0 < self.top_p <= 1, "agent.sampling.top_p", self.top_p, "0 < top_p <= 1")
         _check(self.top_k >= 0, "agent.sampling.top_k", self.top_k, ">= 0 (0 = off)")
         _check(self.max_tokens >= 1, "agent.sampling.max_tokens", self.max_tokens, ">= 1")
@@ -367,6 +400,9 @@ class SimEngineConf(EngineConf):
         _check(self.mean_response_len > 0, "engine.mean_response_len", self.mean_response_len, "> 0")
         _check(self.cv >= 0, "engine.cv", self.cv, ">= 0")
         _check(self.slots >= 1, "engine.slots", self.slots, ">= 1")
+        _check(self.max_len >= 0, "engine.max_len", self.max_len, ">= 0 (0 = agent.sampling.max_tokens)")
+        _check(self.time_per_token_s >= 0, "engine.time_per_token_s", self.time_per_token_s, ">= 0")
+        _check(self.prefill_s >= 0, "engine.prefill_s", self.prefill_s, ">= 0")
 
 
 # ----------------------------------------------------------------------------- backend
@@ -399,6 +435,10 @@ class SimBackendConf(BackendConf):
     name: str = "sim"
     step_time_s: float = 0.05
     time_per_token_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check(self.step_time_s >= 0, "backend.step_time_s", self.step_time_s, ">= 0")
+        _check(self.time_per_token_s >= 0, "backend.time_per_token_s", self.time_per_token_s, ">= 0")
 
 
 # ----------------------------------------------------------------------------- algo
@@ -484,12 +524,27 @@ class AlgoConf:
         _one_of("algo.tis_level", self.tis_level, ("token", "sequence"))
         _one_of("algo.rejection", self.rejection, ("none", "token", "sequence"))
         _check(self.lr > 0, "algo.lr", self.lr, "> 0")
-        _check(self.clip_eps_low > 0 and self.clip_eps_high > 0, "algo.clip_eps_low/high",
-               (self.clip_eps_low, self.clip_eps_high), "> 0")
+        _check(self.weight_decay >= 0, "algo.weight_decay", self.weight_decay, ">= 0")
+        # torch's AdamW raises on betas outside [0, 1) only at its first step, after the run started.
+        for key in ("adam_beta1", "adam_beta2"):
+            _check(0 <= getattr(self, key) < 1, f"algo.{key}", getattr(self, key), "0 <= beta < 1")
+        # The schedule's floor as a share of algo.lr: below 0 the LR turns negative (gradient ascent).
+        _check(0 <= self.min_lr_ratio <= 1, "algo.min_lr_ratio", self.min_lr_ratio, "0 <= ratio <= 1")
+        _check(self.warmup_steps >= 0, "algo.warmup_steps", self.warmup_steps, ">= 0 (0 = no warmup)")
+        # The ratio's clip range is [1 - clip_eps_low, 1 + clip_eps_high] (clip_eps_low >= 1: no lower bound,
+        # as CISPO may want).
+        _check(self.clip_eps_low > 0, "algo.clip_eps_low", self.clip_eps_low, "> 0")
+        _check(self.clip_eps_high > 0, "algo.clip_eps_high", self.clip_eps_high, "> 0")
         _check(self.clip_ratio_c > 1, "algo.clip_ratio_c", self.clip_ratio_c, "> 1")
         _check(self.kl_coef >= 0, "algo.kl_coef", self.kl_coef, ">= 0")
         _check(self.kl_clamp >= 0, "algo.kl_clamp", self.kl_clamp, ">= 0 (0 = off)")
-        _check(self.tis_cap >= 0, "algo.tis_cap", self.tis_cap, ">= 0 (0 disables)")
+        # The loss subtracts entropy_coef x entropy (a bonus); a negative coefficient would reward collapsing
+        # the distribution, which rlharness does not apply (it would be silently ignored).
+        _check(self.entropy_coef >= 0, "algo.entropy_coef", self.entropy_coef,
+               ">= 0 (an entropy bonus; entropy minimisation is not supported)")
+        # A cap below 1 would down-weight even on-policy tokens (rho = 1), shrinking the whole loss.
+        _check(self.tis_cap == 0 or self.tis_cap >= 1, "algo.tis_cap", self.tis_cap,
+               "0 (disables truncated importance sampling) or >= 1")
         _check(0 <= self.rejection_low < 1, "algo.rejection_low", self.rejection_low, "0 <= low < 1")
         _check(self.rejection_high > 1, "algo.rejection_high", self.rejection_high, "> 1")
         _check(self.overlong_buffer_len >= 0, "algo.overlong_buffer_len", self.overlong_buffer_len, ">= 0 (0 = off)")
@@ -517,6 +572,8 @@ class TaskConf:
     long_prompts: str = "refuse"
 
     def __post_init__(self) -> None:
+        _check(isinstance(self.seed, int) and self.seed >= 0, "task.seed", self.seed, "an integer >= 0")
+        _check(self.num_eval >= 0, "task.num_eval", self.num_eval, ">= 0")
         _check(self.max_prompt_tokens >= 0, "task.max_prompt_tokens", self.max_prompt_tokens,
                ">= 0 (0 = the model's positions minus the response budget)")
         _one_of("task.long_prompts", self.long_prompts, ("refuse", "drop"))
@@ -536,7 +593,16 @@ class ArithmeticTaskConf(TaskConf):
         _check(1 <= self.digits <= 9, "task.digits", self.digits, "1..9")
         for op in self.operators:
             _one_of("task.operators[]", op, ("+", "-", "*"))
+        _check(len(self.operators) >= 1 and len(set(self.operators)) == len(self.operators), "task.operators",
+               list(self.operators), "one or more distinct operators among +, -, *")
         _check(self.num_train >= 1, "task.num_train", self.num_train, ">= 1")
+        # Problems are drawn without repeats; more than exist could never be drawn (the draw would not end).
+        space = 10 ** (2 * self.digits) * len(self.operators)
+        if self.num_train + self.num_eval > space:
+            raise ConfigError(
+                f"task.num_train + task.num_eval = {self.num_train + self.num_eval} is not allowed with "
+                f"task.digits={self.digits} and task.operators={list(self.operators)}: there are only {space} distinct "
+                f"problems; raise task.digits or lower task.num_train/num_eval")
 
 
 @dataclass
@@ -568,7 +634,6 @@ class JsonlTaskConf(TaskConf):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.num_eval >= 0, "task.num_eval", self.num_eval, ">= 0")
 
 
 # ----------------------------------------------------------------------------- tasks (multi-task)
@@ -624,6 +689,13 @@ class LocalRayClusterConf(ClusterConf):
     # Ray's session files; "" = a short per-process dir under the system temp dir.
     temp_dir: str = ""
 
+    def __post_init__(self) -> None:
+        _check(self.num_cpus >= 1, "cluster.num_cpus", self.num_cpus, ">= 1")
+        _check(self.object_store_memory_mb >= 0, "cluster.object_store_memory_mb", self.object_store_memory_mb,
+               ">= 0")
+        _check(self.engine_cpus > 0, "cluster.engine_cpus", self.engine_cpus, "> 0")
+        _check(self.trainer_cpus > 0, "cluster.trainer_cpus", self.trainer_cpus, "> 0")
+
 
 @dataclass
 class SlurmClusterConf(ClusterConf):
@@ -661,6 +733,11 @@ class SlurmClusterConf(ClusterConf):
     def __post_init__(self) -> None:
         _check(self.nodes >= 1, "cluster.nodes", self.nodes, ">= 1")
         _check(self.requeue_grace_s >= 0, "cluster.requeue_grace_s", self.requeue_grace_s, ">= 0")
+        _check(self.mem_gb >= 1, "cluster.mem_gb", self.mem_gb, ">= 1")
+        _check(self.timeout_min >= 1, "cluster.timeout_min", self.timeout_min, ">= 1")
+        _check(self.max_num_timeout >= 0, "cluster.max_num_timeout", self.max_num_timeout, ">= 0")
+        _check(0 <= self.ray_port <= 65535, "cluster.ray_port", self.ray_port, "0 (derived from the job id) or a port")
+        _check(self.ray_timeout_s > 0, "cluster.ray_timeout_s", self.ray_timeout_s, "> 0")
         _check(self.cpus_per_task >= 1, "cluster.cpus_per_task", self.cpus_per_task, ">= 1")
         _check(self.gpus_per_node >= 0, "cluster.gpus_per_node", self.gpus_per_node, ">= 0")
         _check(self.object_store_memory_mb >= 0, "cluster.object_store_memory_mb", self.object_store_memory_mb,
@@ -717,6 +794,8 @@ class EvalConf:
 
     def __post_init__(self) -> None:
         _check(self.num_prompts >= 1, "eval.num_prompts", self.num_prompts, ">= 1")
+        _check(self.temperature >= 0, "eval.temperature", self.temperature, ">= 0")
+        _check(self.max_tokens >= 0, "eval.max_tokens", self.max_tokens, ">= 0 (0 = agent.sampling.max_tokens)")
         _check(self.pass_k >= 1, "eval.pass_k", self.pass_k, ">= 1")
         _check(self.num_samples == 0 or self.num_samples >= self.pass_k, "eval.num_samples", self.num_samples,
                f"0 (= pass_k) or >= eval.pass_k={self.pass_k} (pass@k needs n >= k samples)")
@@ -725,6 +804,23 @@ class EvalConf:
     def n(self) -> int:
         """Samples per prompt for avg@n and pass@k (1 = no sampled eval)."""
         return self.num_samples or self.pass_k
+
+
+# ----------------------------------------------------------------------------- trainer
+@dataclass
+class TrainerConf:
+    # A step whose loss or gradient is non-finite is skipped (the weights stay as they were) and
+    # counted (train/nonfinite_steps); this many in a row stop the run, naming the step and the
+    # likely cause (the last checkpoint is kept; none is written from non-finite weights).
+    max_nonfinite_steps: int = 3
+    # Warn when every group of this many consecutive steps had equal rewards (no learning signal:
+    # rollout/groups_zero_signal_frac = 1); 0 = never.
+    zero_signal_warn_steps: int = 5
+
+    def __post_init__(self) -> None:
+        _check(self.max_nonfinite_steps >= 1, "trainer.max_nonfinite_steps", self.max_nonfinite_steps, ">= 1")
+        _check(self.zero_signal_warn_steps >= 0, "trainer.zero_signal_warn_steps", self.zero_signal_warn_steps,
+               ">= 0 (0 = never)")
 
 
 # ----------------------------------------------------------------------------- run
@@ -742,6 +838,7 @@ class RunConf:
     cluster: ClusterConf = MISSING
     logger: LoggerConf = MISSING
     eval: EvalConf = field(default_factory=EvalConf)
+    trainer: TrainerConf = field(default_factory=TrainerConf)
     # Multi-task runs: name -> task entry (experiment=arith_mix). Empty = the single
     # task `task` with `judger`, named by its task (today's runs, unchanged).
     tasks: dict[str, TaskEntryConf] = field(default_factory=dict)
@@ -765,6 +862,10 @@ class RunConf:
     run_dir: str = ""
 
     def __post_init__(self) -> None:
+        bad = non_finite_values(self)
+        if bad:
+            key, value = bad[0]
+            raise ConfigError(f"{key}={value!r} is not allowed: expected a finite number")
         _one_of("mode", self.mode, ("colocate", "disagg"))
         # NumPy's seed sequences (data order, sampling) take only non-negative integers.
         _check(isinstance(self.seed, int) and 0 <= self.seed < 2**63, "seed", self.seed, "an integer >= 0")
@@ -849,8 +950,9 @@ class RunConf:
                 raise ConfigError(f"tasks.{name}: task names may use only {TASK_NAME_CHARS}")
             _check(entry.weight > 0 and math.isfinite(entry.weight), f"tasks.{name}.weight", entry.weight,
                    "a finite number > 0")
-            _check(entry.over_sample_threshold is None or entry.over_sample_threshold >= 0,
-                   f"tasks.{name}.over_sample_threshold", entry.over_sample_threshold, "a number >= 0 or null")
+            _check(entry.over_sample_threshold is None or 0 <= entry.over_sample_threshold <= MAX_OVER_SAMPLE,
+                   f"tasks.{name}.over_sample_threshold", entry.over_sample_threshold,
+                   f"null or a number from 0 to {MAX_OVER_SAMPLE}")
             _check(entry.over_sample_threshold is None or self.strategy.name == "async",
                    f"tasks.{name}.over_sample_threshold", entry.over_sample_threshold,
                    f"null with strategy={self.strategy.name} (only strategy=async over-samples)")

@@ -7,9 +7,14 @@ Field names, the prompt template (`str.format` over the row's fields, plus
 `apply_chat_template` is on and the tokenizer has a chat template, the prompt is
 wrapped as one user message with the generation prompt appended.
 
-Files are read with the `datasets` library. JSONL lines are first checked one by one
-with `json.loads`, so a malformed row is reported as `path:line` (the `datasets`
-error would name neither); Parquet rows are reported by row index.
+JSONL lines are parsed one by one with `json.loads`, so a bad row is reported as
+`path:line`, and each row is kept exactly as written (the `datasets` library would
+name neither file nor line, and would coerce a column: `1` becomes `1.0` when another
+row holds `1.5`, `NaN` becomes None). Parquet files are read with `datasets`; their
+rows are reported by row index. Refused, naming the row: NaN, Infinity or a number
+beyond float64 (e.g. `1e309`) anywhere in a row, a missing, null, empty or non-scalar
+prompt or answer, an answer with nothing after its delimiter, a prompt that renders
+empty.
 
 Relative paths resolve against the current directory first, then the project root
 (as `model.path`), so the data shipped in `assets/` works from any directory.
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import string
 from pathlib import Path
 from typing import Any
@@ -51,11 +57,31 @@ def _file_format(path: Path, key: str) -> str:
     )
 
 
-def _check_jsonl_lines(path: Path, required: list[str]) -> list[int]:
+class _NonFinite(str):
+    """A number JSON allows Python to read but no float holds: NaN, Infinity, 1e309 (its text)."""
+
+
+def _parse_float(text: str) -> float | _NonFinite:
+    value = float(text)
+    return value if math.isfinite(value) else _NonFinite(text)
+
+
+def _non_finite_field(value: Any, where: str = "") -> tuple[str, str] | None:
+    """(field path, text) of the first non-finite number in a parsed row, or None."""
+    if isinstance(value, _NonFinite):
+        return where, str(value)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite_field(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def _read_jsonl(path: Path, required: list[str]) -> tuple[list[dict[str, Any]], list[int]]:
     """Every non-blank line is UTF-8 text holding a JSON object with the required fields, else
-    `path:line`; a file without a row is refused here (the datasets library would say StopIteration).
-    Returns the line number of each row."""
-    lines = []
+    `path:line`; a file without a row is refused here. Returns the rows and the line number of each."""
+    rows, lines = [], []
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
             try:
@@ -67,34 +93,46 @@ def _check_jsonl_lines(path: Path, required: list[str]) -> list[int]:
                 continue
             lines.append(lineno)
             try:
-                row = json.loads(line)
+                row = json.loads(line, parse_float=_parse_float, parse_constant=_NonFinite)
             except json.JSONDecodeError as exc:
                 raise DataFileError(f"{path}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+            except RecursionError:
+                raise DataFileError(f"{path}:{lineno}: invalid JSON: nested too deeply") from None
             if not isinstance(row, dict):
                 raise DataFileError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            bad = _non_finite_field(row)
+            if bad is not None:
+                raise DataFileError(f"{path}:{lineno}: field {bad[0]!r} is {bad[1]}, not a finite number (NaN, "
+                                    f"Infinity or beyond float64's range); write it as a string if it is text")
             _check_row(row, required, f"{path}:{lineno}")
+            rows.append(row)
     if not lines:
         raise DataFileError(f"{path}: no rows (the file is empty or blank); expected one JSON object per line")
-    return lines
+    return rows, lines
 
 
-def _check_row(row: dict[str, Any], required: list[str], where: str) -> None:
+def _check_row(row: dict[str, Any], required: list[str], where: str, non_empty: tuple[str, ...] = ()) -> None:
+    """The required fields are present, scalar and finite; those in `non_empty` hold some text."""
     for name in required:
-        if name not in row or row[name] is None:
+        value = row.get(name)
+        if value is None:  # absent, JSON null, or a Parquet null
             raise DataFileError(f"{where}: missing field {name!r} (fields: {sorted(row)})")
-        if not isinstance(row[name], (str, int, float)) or isinstance(row[name], bool):
-            raise DataFileError(
-                f"{where}: field {name!r} is {type(row[name]).__name__}, expected a string or number"
-            )
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise DataFileError(f"{where}: field {name!r} is {type(value).__name__}, expected a string or number")
+        if isinstance(value, float) and not math.isfinite(value):  # Parquet (JSONL refused them already)
+            raise DataFileError(f"{where}: field {name!r} is {value}, not a finite number")
+        if name in non_empty and not str(value).strip():
+            raise DataFileError(f"{where}: field {name!r} is empty")
 
 
-def read_rows(path_str: str, required: list[str], key: str = "task.path") -> list[dict[str, Any]]:
+def read_rows(path_str: str, required: list[str], key: str = "task.path",
+              non_empty: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """The rows of a JSONL or Parquet file as dicts, each checked for the required fields."""
-    return read_rows_with_sources(path_str, required, key)[0]
+    return read_rows_with_sources(path_str, required, key, non_empty)[0]
 
 
-def read_rows_with_sources(path_str: str, required: list[str],
-                           key: str = "task.path") -> tuple[list[dict[str, Any]], list[str]]:
+def read_rows_with_sources(path_str: str, required: list[str], key: str = "task.path",
+                           non_empty: tuple[str, ...] = ()) -> tuple[list[dict[str, Any]], list[str]]:
     """`read_rows` plus where each row is: "path:line" (JSONL) or "path: row i" (Parquet)."""
     path = Path(path_str).expanduser()
     if not path.is_file() and not path.is_absolute() and (PROJECT_ROOT / path).is_file():
@@ -102,15 +140,17 @@ def read_rows_with_sources(path_str: str, required: list[str],
     if not path.is_file():
         raise ConfigError(f"{key}={path_str!r}: no such file ({path.resolve()})")
     fmt = _file_format(path, key)
-    lines = _check_jsonl_lines(path, required) if fmt == "json" else []
-
+    if fmt == "json":
+        rows, lines = _read_jsonl(path, required)
+        for row, n in zip(rows, lines):
+            _check_row(row, required, f"{path}:{n}", non_empty)
+        return rows, [f"{path}:{n}" for n in lines]
     rows = _load_with_datasets(path, fmt)
-    if fmt == "parquet":
-        for i, row in enumerate(rows):
-            _check_row(row, required, f"{path}: row {i}")
     if not rows:
         raise DataFileError(f"{path}: no rows")
-    sources = [f"{path}:{n}" for n in lines] if len(lines) == len(rows) else [f"{path}: row {i}" for i in range(len(rows))]
+    sources = [f"{path}: row {i}" for i in range(len(rows))]
+    for row, src in zip(rows, sources):
+        _check_row(row, required, src, non_empty)
     return rows, sources
 
 
@@ -153,21 +193,34 @@ def render_prompt(row: dict[str, Any], conf: JsonlTaskConf, tokenizer=None) -> s
 def _rows_to_prompts(rows: list[dict[str, Any]], conf: JsonlTaskConf, tokenizer,
                      sources: list[str] | None = None) -> list[PromptRow]:
     sources = sources if sources is not None else [""] * len(rows)
-    return [
-        PromptRow(index=i, prompt_text=render_prompt(row, conf, tokenizer),
-                  label={"answer": extract_answer(row[conf.answer_field], conf.answer_delimiter)}, source=src)
-        for i, (row, src) in enumerate(zip(rows, sources))
-    ]
+    return [_prompt_row(i, row, conf, tokenizer, src) for i, (row, src) in enumerate(zip(rows, sources))]
+
+
+def _prompt_row(index: int, row: dict[str, Any], conf: JsonlTaskConf, tokenizer, source: str) -> PromptRow:
+    """One row as a prompt and label; a row that renders no prompt or no answer is refused, naming it."""
+    try:
+        text = render_prompt(row, conf, tokenizer)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:  # a format spec the value refuses
+        raise DataFileError(f"{source}: task.prompt_template={conf.prompt_template!r} cannot render this row: "
+                            f"{type(exc).__name__}: {exc}") from None
+    if not text.strip():
+        raise DataFileError(f"{source}: the prompt is empty (task.prompt_template={conf.prompt_template!r})")
+    answer = extract_answer(row[conf.answer_field], conf.answer_delimiter)
+    if not answer:
+        raise DataFileError(f"{source}: field {conf.answer_field!r} has no answer after the delimiter "
+                            f"{conf.answer_delimiter!r}: {str(row[conf.answer_field])[-80:]!r}")
+    return PromptRow(index=index, prompt_text=text, label={"answer": answer}, source=source)
 
 
 def load_jsonl_task(conf: JsonlTaskConf, tokenizer=None) -> TaskData:
     # The template's fields must exist in every row (`prompt` is the prompt_field alias).
     required = [conf.prompt_field, conf.answer_field]
     required += [f for f in template_fields(conf.prompt_template) if f != "prompt" and f not in required]
-    rows, sources = read_rows_with_sources(conf.path, required, "task.path")
+    non_empty = (conf.prompt_field, conf.answer_field)
+    rows, sources = read_rows_with_sources(conf.path, required, "task.path", non_empty)
     if conf.eval_path:
         (eval_rows, eval_sources), train_rows, train_sources = (
-            read_rows_with_sources(conf.eval_path, required, "task.eval_path"), rows, sources)
+            read_rows_with_sources(conf.eval_path, required, "task.eval_path", non_empty), rows, sources)
     else:
         if conf.num_eval >= len(rows):
             raise ConfigError(

@@ -29,6 +29,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+import math
 import threading
 from collections import Counter
 from typing import Any
@@ -73,7 +74,7 @@ class Judger(abc.ABC):
 
     # The counts `stats` reports (always all of them, zeros included).
     count_keys: tuple[str, ...] = ("groups_failed", "timeouts", "memory_or_crash", "scored_zero_on_timeout",
-                                   "processes_replaced")
+                                   "processes_replaced", "rewards_out_of_range")
 
     def stats(self) -> dict[str, float]:
         """Cumulative counts since the judger was built (never reset)."""
@@ -97,9 +98,14 @@ class Judger(abc.ABC):
                 return self._fail(group, _reason(exc))
             for i, r in zip(slow, scored):
                 rewards[i] = r
-        for s, r in zip(group, rewards):
+        for r in rewards:
             if "score" not in r:  # type: ignore[operator]
                 raise KeyError(f"judger {self.name} returned no 'score' key: {r}")
+        bad = next((reason for r in rewards if (reason := reward_out_of_range(r)) is not None), None)
+        if bad is not None:  # a NaN or float32-overflowing reward would poison the step's loss
+            self.counts["rewards_out_of_range"] += 1
+            return self._fail(group, bad)
+        for s, r in zip(group, rewards):
             # Plain floats in a dict of the sample's own; the usual {"score": float} is kept as returned.
             s.reward = r if len(r) == 1 and type(r["score"]) is float else {k: float(v) for k, v in r.items()}  # type: ignore
         return group
@@ -200,6 +206,23 @@ async def gather_fail_fast(coros: list) -> list:
 def _retrieve(task: asyncio.Future) -> None:
     if not task.cancelled():
         task.exception()
+
+
+# Rewards become float32 tensors (advantages, loss): anything beyond float32's range is inf there.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def reward_out_of_range(reward: dict[str, Any]) -> str | None:
+    """Why a judger's reward cannot be trained on (a value not a finite number in float32 range), or None."""
+    for key, value in reward.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return f"reward[{key!r}]={value!r} is not a number"
+        if not math.isfinite(number) or abs(number) > FLOAT32_MAX:
+            return (f"reward[{key!r}]={number!r} is not allowed: expected a finite number within float32 range "
+                    f"(|x| <= {FLOAT32_MAX:.4g})")
+    return None
 
 
 def _reason(exc: BaseException) -> str:

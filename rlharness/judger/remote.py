@@ -48,7 +48,8 @@ class _Retryable(RemoteJudgeError):
 
 class RemoteJudger(Judger):
     name = "remote"
-    count_keys = ("groups_failed", "timeouts", "requests", "retries", "redirects_refused", "malformed_replies")
+    count_keys = ("groups_failed", "timeouts", "requests", "retries", "redirects_refused", "malformed_replies",
+                  "rewards_out_of_range")
 
     def __init__(self, conf: RemoteJudgerConf | None = None):
         self.conf = conf or RemoteJudgerConf()

@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rlharness.logging_utils.metrics import jsonl_rows, replace_text
+from rlharness.logging_utils.metrics import json_line, jsonl_rows, replace_text
 from rlharness.types import Group, RolloutState
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class RolloutLedger:
 
     def write_step(self, train_step: int, groups: list[Group]) -> None:
         replace_text(self.dir / f"step_{train_step:08d}.jsonl",
-                     "".join(json.dumps(sample_row(s, train_step)) + "\n" for g in groups for s in g))
+                     "".join(json_line(sample_row(s, train_step)) + "\n" for g in groups for s in g))
 
     def write_dropped(self, train_step: int, dropped: list[tuple[Group, str]]) -> None:
         if not dropped:
@@ -84,7 +84,7 @@ class RolloutLedger:
         with open(self.dropped_path, "a") as fh:
             for group, reason in dropped:
                 for s in group:
-                    fh.write(json.dumps({**sample_row(s, train_step), "reason": reason}) + "\n")
+                    fh.write(json_line({**sample_row(s, train_step), "reason": reason}) + "\n")
 
 
 def read_ledger(run_dir: str | Path) -> tuple[list[dict], list[dict]]:

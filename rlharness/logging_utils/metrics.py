@@ -26,7 +26,7 @@ class MetricsWriter:
         self._fh = open(self.path, "a", buffering=1)
 
     def write(self, row: dict[str, Any]) -> None:
-        self._fh.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+        self._fh.write(json_line(row) + "\n")
         self._fh.flush()
 
     def close(self) -> None:
@@ -68,8 +68,20 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [row for row, _ in jsonl_rows(path)]
 
 
+def json_line(obj: Any) -> str:
+    """`obj` as one line of strict JSON, for every run file (metrics.jsonl, rollouts/*.jsonl).
+
+    Python writes NaN and Infinity as bare words that JSON readers refuse: a non-finite
+    number is written as null here (the one place this is decided), at any depth."""
+    return json.dumps(_jsonable(obj), allow_nan=False)
+
+
 def _jsonable(v: Any) -> Any:
-    if hasattr(v, "item"):
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if hasattr(v, "item"):  # NumPy / torch scalars
         v = v.item()
     if isinstance(v, float) and not math.isfinite(v):
         return None

@@ -42,6 +42,8 @@ from rlharness.sampler import DataExhausted
 from rlharness.stopping import StopController
 from rlharness.trainer.batch import build_train_batch
 from rlharness.trainer.onpolicy_guard import all_tokens_on_policy, onpolicy_gap_warning
+from rlharness.trainer.nonfinite import NonFiniteGuard, batch_problem, step_problem
+from rlharness.trainer.zero_signal import ZeroSignalWatch, warn_if_greedy
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,8 @@ class Trainer:
         self._last_save_s: float | None = None
         # Each task's response budget: DAPO's overlong penalty is taken against the group's own.
         self._task_budgets = {name: conf.sampling_for(e).max_tokens for name, e in conf.task_entries().items()}
+        self.nonfinite = NonFiniteGuard(conf.trainer.max_nonfinite_steps, conf.algo)
+        self.zero_signal = ZeroSignalWatch(conf.trainer.zero_signal_warn_steps)
 
     # ------------------------------------------------------------------ main loop
     async def fit(self) -> dict[str, Any]:
@@ -73,6 +77,8 @@ class Trainer:
                      "N > %d to extend it", self.run_dir, self.step, conf.total_steps, self.step)
             return {}
         self.started = True
+        warn_if_greedy({("agent.sampling" if not conf.tasks else f"tasks.{name}.sampling"): conf.sampling_for(entry)
+                        for name, entry in conf.task_entries().items()}, conf.algo.advantage)
         stop_event = self.stop.attach(asyncio.get_running_loop())
         self.metrics = MetricsWriter(self.run_dir, resume_step=self.step)
         self.ledger = RolloutLedger(self.run_dir, resume_step=self.step)
@@ -103,6 +109,7 @@ class Trainer:
                         break
                     last = row
                     self._log_row(last)
+                    self.zero_signal.update(step, row.get("rollout/groups_zero_signal_frac"))
                     if self._due(step, conf.save_every):
                         await self._save()
                     bar.update(1)
@@ -167,7 +174,10 @@ class Trainer:
             task_budgets=self._task_budgets)
         if producer is None:  # colocated: the engine may hand its device to training (vLLM sleep mode)
             await c.engine.sleep()
-        train_metrics = await c.backend.train_step(batch)
+        problem = batch_problem(batch)  # such a batch is not trained at all (its loss could only be NaN)
+        train_metrics = await c.backend.train_step(batch) if problem is None else {}
+        problem = problem or step_problem(train_metrics)
+        train_metrics.update(self.nonfinite.record(step, problem, train_metrics, batch_metrics))
         t_train = loop.time()
         self._guard_onpolicy(step, produced.groups, batch, train_metrics)
         self.step = step
@@ -270,6 +280,9 @@ class Trainer:
         if self.step == 0:
             self.stop_report = "no step trained, nothing to save"
             return
+        if self.nonfinite.weights_bad:
+            self.stop_report = "the weights are non-finite: no checkpoint written, the last one is kept"
+            return
         left_s = self.stop.time_left_s()
         # The save must end before the watchdog's deadline; the last one's duration says how long one takes.
         if self._last_save_s is not None and self._last_save_s * 1.5 > left_s:
@@ -282,6 +295,9 @@ class Trainer:
         self.stop_report = f"{name} saved in {self._last_save_s:.1f}s"
 
     async def _save(self) -> None:
+        if self.nonfinite.weights_bad:  # the backend would refuse too; say it once, keep the last checkpoint
+            log.error("no checkpoint at step %d: the weights are non-finite; the last checkpoint is kept", self.step)
+            return
         t0 = time.monotonic()
         # Everything dropped so far goes to the ledger first, so ledger + checkpoint
         # account for every prompt drawn.

@@ -92,3 +92,33 @@ def test_two_zero_ranks_match_torch_and_resume_from_save(ray_session, tiny_model
             await ds.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("zero_stage", [0, 2])
+def test_a_non_finite_gradient_skips_the_update_on_every_rank(ray_session, tiny_model_dir, tmp_path, zero_stage):
+    """Stage 0 applies any gradient unless refused (checked on every rank); ZeRO 1-3 skip a non-finite
+    norm themselves. Either way: counted in train/skipped_updates, the weights untouched, and a save
+    still works (the weights are finite)."""
+    import dataclasses
+
+    algo = AlgoConf(name="drgrpo", advantage="drgrpo", norm_adv_by_std=False, loss_agg="seq_mean_token_sum_norm")
+    ds = build_backend(DeepSpeedBackendConf(zero_stage=zero_stage, num_workers=2), ModelConf(path=tiny_model_dir),
+                       algo, 10, 0, cpus_per_worker=1.0, timeout_s=240)
+    batch = make_batch(algo, seed=1)
+    huge = dataclasses.replace(batch, advantages=batch.advantages * 1e30)  # the gradient norm overflows
+
+    async def main():
+        try:
+            before = await ds.get_weights()
+            out = await ds.train_step(huge)
+            assert out["train/skipped_updates"] == 1 and out["train/weights_finite"] == 1.0
+            after = await ds.get_weights()
+            for name, t in before.items():
+                assert torch.equal(after[name], t), name
+            out = await ds.train_step(batch)
+            assert out["train/skipped_updates"] == 0
+            await ds.save(str(tmp_path / "ckpt"))
+        finally:
+            await ds.close()
+
+    asyncio.run(main())

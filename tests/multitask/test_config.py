@@ -31,6 +31,7 @@ def test_the_mix_experiment_composes_two_tasks_with_weights():
 def test_every_part_can_be_changed_from_the_command_line():
     conf, _ = compose_conf([
         "experiment=arith_mix", "tasks.padded.weight=0.5", "tasks.unpadded.task.digits=2",
+        "tasks.unpadded.task.num_train=5000",  # 2 digits: 10^4 distinct problems, the eval split included
         "task@tasks.padded.task=jsonl", "tasks.padded.task.path=/data/x.jsonl",
         "+task@tasks.extra.task=countdown", "+judger@tasks.extra.judger=countdown",
         "+agent@tasks.extra.agent=multi_turn_tool", "+tasks.extra.sampling.max_tokens=12",
