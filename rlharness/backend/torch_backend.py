@@ -39,10 +39,10 @@ from rlharness.algo.losses import (
     rejection_mask,
     proximal_logprobs,
     tis_weights,
-    token_entropy,
-    token_logprobs,
 )
 from rlharness.backend.base import TrainingBackend
+from rlharness.backend.token_scores import (decoder_hidden_states, head_reproduces_logits, model_logits,
+                                            response_token_scores)
 from rlharness.backend.lr_plan import LRPlan, lr_multiplier, planned, replan  # noqa: F401 - lr_multiplier re-exported
 from rlharness.checkpoint import load_state, save_state
 from rlharness.config.schema import AlgoConf, ModelConf, TorchBackendConf
@@ -83,6 +83,7 @@ class TorchBackend(TrainingBackend):
         if algo.kl_coef > 0:  # the frozen reference is the starting policy
             self.ref_model = load_model(model_conf, device=conf.device).eval()
             self.ref_model.requires_grad_(False)
+        self._check_head_split()
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=algo.lr,
             betas=(algo.adam_beta1, algo.adam_beta2), weight_decay=algo.weight_decay, fused=False,
@@ -106,8 +107,26 @@ class TorchBackend(TrainingBackend):
         self.load_blocking(directory)
 
     # ------------------------------------------------------------------ training
-    def _forward_logits(self, model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        return model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+    # Token scores (log-probs, entropy) of response positions; see rlharness/backend/token_scores.py.
+    def _hf_model(self, model):
+        """The Hugging Face model behind what `_final_hidden` is given (a data-parallel wrapper's module)."""
+        return model
+
+    def _final_hidden(self, model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        return decoder_hidden_states(model, ids, attn)
+
+    def _check_head_split(self) -> None:
+        """Project only response positions (hidden states -> lm_head) where that gives the model's logits."""
+        self._head_split = head_reproduces_logits(self.model, self._hf_model(self.model), self._final_hidden)
+
+    def _token_scores(self, model, mb: dict[str, torch.Tensor], temperature: float,
+                      entropy: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, T] log-probs and entropy of the response tokens (0 elsewhere), chunk by chunk."""
+        head = self._hf_model(model).get_output_embeddings() if self._head_split else None
+        return response_token_scores(model, mb["input_ids"], mb["attention_mask"], mb["response_mask"],
+                                     temperature=temperature, entropy=entropy,
+                                     chunk_tokens=self.conf.logprob_chunk_tokens, head=head,
+                                     forward=self._final_hidden if self._head_split else model_logits)
 
     def _rows(self, batch: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """Select rows and trim the right padding they all share (less compute per micro-batch)."""
@@ -119,8 +138,7 @@ class TorchBackend(TrainingBackend):
         out = torch.zeros_like(batch["response_mask"])
         for idx in self._micro_slices(torch.arange(batch["input_ids"].shape[0])):
             mb = self._rows(batch, idx)
-            logits = self._forward_logits(model, mb["input_ids"], mb["attention_mask"])
-            out[idx, : mb["input_ids"].shape[1]] = token_logprobs(logits, mb["input_ids"], temperature)
+            out[idx, : mb["input_ids"].shape[1]] = self._token_scores(model, mb, temperature, "none")[0]
         return out
 
     def _micro_slices(self, rows: torch.Tensor) -> list[torch.Tensor]:
@@ -205,8 +223,8 @@ class TorchBackend(TrainingBackend):
                     sums: _Sums, first_epoch: bool, train_step: int = 0, updates: int = 1) -> tuple[float, float]:
         """Forward + backward of one micro-batch; returns its share of (loss, pg_loss)."""
         algo, mask = self.algo, mb["response_mask"]
-        logits = self._forward_logits(self.model, mb["input_ids"], mb["attention_mask"])
-        logprobs = token_logprobs(logits, mb["input_ids"], temperature)
+        logprobs, entropy = self._token_scores(self.model, mb, temperature,
+                                               "grad" if algo.entropy_coef > 0 else "detached")
         # The proximal policy: the clip is taken against it, the TIS weight is its ratio to the rollout's.
         old = proximal_logprobs(algo.proximal, current=logprobs, behaviour=mb["rollout_logprobs"],
                                 model_steps=mb["model_steps"], train_step=train_step,
@@ -225,18 +243,13 @@ class TorchBackend(TrainingBackend):
         loss_tok = pg_tok
         if self.ref_model is not None:
             with torch.no_grad():
-                ref_logits = self._forward_logits(self.ref_model, mb["input_ids"], mb["attention_mask"])
-                ref_lp = token_logprobs(ref_logits, mb["input_ids"], temperature)
+                ref_lp = self._token_scores(self.ref_model, mb, temperature, "none")[0]
             kl_tok = kl_penalty(logprobs, ref_lp, algo.kl_estimator, algo.kl_clamp)
             loss_tok = loss_tok + algo.kl_coef * kl_tok
             sums.add("kl_sum", masked(kl_tok.detach(), mask).sum())
         if algo.entropy_coef > 0:
-            entropy = token_entropy(logits, temperature)
             loss_tok = loss_tok - algo.entropy_coef * entropy
             entropy = entropy.detach()
-        else:
-            with torch.no_grad():
-                entropy = token_entropy(logits.detach(), temperature)
 
         loss = aggregate_loss(loss_tok, mask, algo.loss_agg, max_response_len=max_len, denominator=denominator)
         self._backward(loss)

@@ -344,6 +344,12 @@ class TorchBackendConf(BackendConf):
     name: str = "torch"
     device: str = "cpu"
     gradient_checkpointing: bool = False
+    # Response tokens whose vocabulary projection and log-softmax are computed at once
+    # (rlharness/algo/logprobs.py): bounds the trainer's largest tensor to this x vocab floats.
+    logprob_chunk_tokens: int = 1024
+
+    def __post_init__(self) -> None:
+        _check(self.logprob_chunk_tokens >= 1, "backend.logprob_chunk_tokens", self.logprob_chunk_tokens, ">= 1")
 
 
 @dataclass
@@ -352,8 +358,11 @@ class DeepSpeedBackendConf(BackendConf):
     zero_stage: int = 2
     num_workers: int = 2
     device: str = "cpu"
+    gradient_checkpointing: bool = False
+    logprob_chunk_tokens: int = 1024  # as backend=torch's
 
     def __post_init__(self) -> None:
+        _check(self.logprob_chunk_tokens >= 1, "backend.logprob_chunk_tokens", self.logprob_chunk_tokens, ">= 1")
         _one_of("backend.zero_stage", self.zero_stage, (0, 1, 2, 3))
         _check(self.num_workers >= 1, "backend.num_workers", self.num_workers, ">= 1")
 
