@@ -63,9 +63,9 @@ def chunked_token_scores(rows: torch.Tensor, targets: torch.Tensor, *, temperatu
         raise ValueError(f"rows {tuple(rows.shape)} and targets {tuple(targets.shape)} disagree: expected [N, D] "
                          f"and [N]")
     n = rows.shape[0]
-    if n == 0:
-        empty = rows.new_zeros(0, dtype=torch.float32)
-        return empty, empty
+    if n == 0:  # still part of the graph: a backward through it reaches the model (zero gradients)
+        empty = rows[:, 0].float()
+        return empty, empty.detach() if entropy != "grad" else empty
     # Recompute-in-backward only pays when there is more than one chunk to keep apart.
     recompute = torch.is_grad_enabled() and rows.requires_grad and n > chunk_tokens
     lps, ents = [], []

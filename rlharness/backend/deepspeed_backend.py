@@ -152,7 +152,7 @@ class DeepSpeedWorker(TorchBackend):
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.optimizer,
                                                     config=ds_config(conf, algo, model_conf))
         self.model = self.engine
-        self._check_head_split()
+        self._check_head_split()  # for the reference model, and the policy below ZeRO-3
         log.info("deepspeed rank %d/%d up (ZeRO-%d, %s)", rank, world_size, conf.zero_stage,
                  "gloo" if on_cpu else "nccl")
 
@@ -174,6 +174,15 @@ class DeepSpeedWorker(TorchBackend):
         out = self.engine(input_ids=ids, attention_mask=attn, use_cache=False, output_hidden_states=True,
                           logits_to_keep=torch.zeros(0, dtype=torch.long, device=ids.device))
         return out.hidden_states[-1]
+
+    def _score_rows(self, model, ids: torch.Tensor, attn: torch.Tensor, positions: torch.Tensor):
+        """ZeRO-3 gathers the head's weight collectively at every call of the head, and ranks hold
+        different numbers of response tokens (so of chunks): there the model projects the response
+        positions itself, in its one head call, and only the log-softmax is chunked."""
+        if model is not self.engine or self.conf.zero_stage != 3:
+            return super()._score_rows(model, ids, attn, positions)
+        keep = torch.nn.functional.pad(positions, (0, 1))  # [B, T]: hidden state t - 1 scores token t
+        return self.engine(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=keep).logits, None
 
     def _backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss * self.world_size, scale_wrt_gas=False)

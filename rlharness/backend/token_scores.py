@@ -70,18 +70,18 @@ def head_reproduces_logits(model: torch.nn.Module, hf_model: torch.nn.Module, fo
     return same
 
 
-def response_token_scores(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, score_mask: torch.Tensor,
-                          *, temperature: float, entropy: str, chunk_tokens: int,
-                          head: torch.nn.Module | None, forward: Forward) -> tuple[torch.Tensor, torch.Tensor]:
+def response_token_scores(rows_fn: Callable[[torch.Tensor], tuple[torch.Tensor, torch.nn.Module | None]],
+                          ids: torch.Tensor, score_mask: torch.Tensor, *, temperature: float, entropy: str,
+                          chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, T] log-probs and entropy (as `losses.token_logprobs` / `token_entropy`) at the positions where
     `score_mask` > 0, 0 elsewhere.
 
-    With `head`, `forward` returns final hidden states and only the scored positions are projected;
-    without, `forward` returns logits. `entropy`: see `rlharness.algo.logprobs.ENTROPY_MODES`.
+    `rows_fn(positions)` runs the model and returns the [N, D] rows at `positions` ([B, T - 1] bool:
+    the distribution at t - 1 produced token t) with the head that projects them: final hidden states
+    and the output embedding, or logits and None. `entropy`: see `rlharness.algo.logprobs.ENTROPY_MODES`.
     """
-    positions = score_mask[:, 1:] > 0  # the distribution at t - 1 produced token t
-    targets = ids[:, 1:][positions]
-    rows = forward(model, ids, attn)[:, :-1][positions]
-    lp, ent = chunked_token_scores(rows, targets, temperature=temperature, head=head, chunk_tokens=chunk_tokens,
-                                   entropy=entropy)
+    positions = score_mask[:, 1:] > 0
+    rows, head = rows_fn(positions)
+    lp, ent = chunked_token_scores(rows, ids[:, 1:][positions], temperature=temperature, head=head,
+                                   chunk_tokens=chunk_tokens, entropy=entropy)
     return scatter_positions(lp, positions), scatter_positions(ent, positions)

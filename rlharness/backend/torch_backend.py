@@ -119,14 +119,21 @@ class TorchBackend(TrainingBackend):
         """Project only response positions (hidden states -> lm_head) where that gives the model's logits."""
         self._head_split = head_reproduces_logits(self.model, self._hf_model(self.model), self._final_hidden)
 
+    def _score_rows(self, model, ids: torch.Tensor, attn: torch.Tensor,
+                    positions: torch.Tensor) -> tuple[torch.Tensor, torch.nn.Module | None]:
+        """The [N, D] rows to score at `positions` and the head that projects them (None: they are logits)."""
+        if self._head_split:
+            hf = self._hf_model(model)
+            return self._final_hidden(model, ids, attn)[:, :-1][positions], hf.get_output_embeddings()
+        return model_logits(model, ids, attn)[:, :-1][positions], None
+
     def _token_scores(self, model, mb: dict[str, torch.Tensor], temperature: float,
                       entropy: str) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, T] log-probs and entropy of the response tokens (0 elsewhere), chunk by chunk."""
-        head = self._hf_model(model).get_output_embeddings() if self._head_split else None
-        return response_token_scores(model, mb["input_ids"], mb["attention_mask"], mb["response_mask"],
-                                     temperature=temperature, entropy=entropy,
-                                     chunk_tokens=self.conf.logprob_chunk_tokens, head=head,
-                                     forward=self._final_hidden if self._head_split else model_logits)
+        ids, attn = mb["input_ids"], mb["attention_mask"]
+        return response_token_scores(lambda positions: self._score_rows(model, ids, attn, positions), ids,
+                                     mb["response_mask"], temperature=temperature, entropy=entropy,
+                                     chunk_tokens=self.conf.logprob_chunk_tokens)
 
     def _rows(self, batch: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """Select rows and trim the right padding they all share (less compute per micro-batch)."""
