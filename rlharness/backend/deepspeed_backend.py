@@ -160,7 +160,7 @@ class DeepSpeedWorker(TorchBackend):
     def train_step_blocking(self, batch: TrainBatch) -> dict[str, float]:
         return super().train_step_blocking(pad_rows(batch, self.world_size, self.algo.mini_batches))
 
-    def _micro_slices(self, rows: torch.Tensor) -> list[torch.Tensor]:
+    def _micro_slices(self, rows: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
         share = rows[self.rank::self.world_size]  # equal shares: rows are padded to a multiple of W
         return list(torch.split(share, self.algo.micro_batch_size))
 

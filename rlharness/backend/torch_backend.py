@@ -11,9 +11,11 @@ One `train_step(batch)`:
    `loglinear` approximates them from the tokens' versions instead, `behaviour` uses the
    rollout's log-probs (the coupled objective).
 2. for each of `ppo_epochs` x `mini_batches` (contiguous slices, no shuffling):
-   micro-batches of `micro_batch_size` samples, gradient accumulation with the loss
+   micro-batches of `micro_batch_size` samples (or, with `backend.micro_batch_tokens`, rows
+   grouped longest first within that many tokens), gradient accumulation with the loss
    divided by the *mini-batch's* token/sequence count (so gradients do not depend on
-   the micro-batch size), gradient clipping, one AdamW step.
+   how the rows are split), gradient clipping, one AdamW step. Log-probs and entropy are
+   computed for response tokens only, chunk by chunk (`rlharness/backend/token_scores.py`).
 3. one LR-scheduler step (warmup and decay are counted in training steps).
 
 The heavy work runs inline in the async methods; the caller decides the thread. The
@@ -43,6 +45,7 @@ from rlharness.algo.losses import (
 from rlharness.backend.base import TrainingBackend
 from rlharness.backend.token_scores import (decoder_hidden_states, head_reproduces_logits, model_logits,
                                             response_token_scores)
+from rlharness.backend.micro_batches import token_budget_slices
 from rlharness.backend.lr_plan import LRPlan, lr_multiplier, planned, replan  # noqa: F401 - lr_multiplier re-exported
 from rlharness.checkpoint import load_state, save_state
 from rlharness.config.schema import AlgoConf, ModelConf, TorchBackendConf
@@ -72,6 +75,7 @@ class TorchBackend(TrainingBackend):
     def __init__(self, conf: TorchBackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int, seed: int):
         self.conf, self.algo, self.total_steps = conf, algo, total_steps
         self._updates_done = 0  # optimizer updates so far in the current training step (proximal policy)
+        self._warned_oversized = False
         self.device = torch.device(conf.device)
         torch.manual_seed(seed)
         self.tokenizer = load_tokenizer(model_conf)
@@ -143,13 +147,22 @@ class TorchBackend(TrainingBackend):
     @torch.no_grad()
     def _logprobs_no_grad(self, model, batch: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
         out = torch.zeros_like(batch["response_mask"])
-        for idx in self._micro_slices(torch.arange(batch["input_ids"].shape[0])):
+        for idx in self._micro_slices(torch.arange(batch["input_ids"].shape[0]), batch["attention_mask"]):
             mb = self._rows(batch, idx)
             out[idx, : mb["input_ids"].shape[1]] = self._token_scores(model, mb, temperature, "none")[0]
         return out
 
-    def _micro_slices(self, rows: torch.Tensor) -> list[torch.Tensor]:
-        return list(torch.split(rows, self.algo.micro_batch_size))
+    def _micro_slices(self, rows: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
+        """Row indices of each micro-batch: `algo.micro_batch_size` rows, or `backend.micro_batch_tokens`."""
+        budget = self.conf.micro_batch_tokens
+        if budget is None:
+            return list(torch.split(rows, self.algo.micro_batch_size))
+        slices, oversized = token_budget_slices(rows, attention_mask[rows].sum(-1), budget)
+        if oversized and not self._warned_oversized:
+            self._warned_oversized = True  # once per run: the row still trains, alone in its micro-batch
+            log.warning("backend.micro_batch_tokens=%d is below the longest row (%d tokens): such rows train "
+                        "alone in their micro-batch", budget, int(attention_mask[rows].sum(-1).max()))
+        return slices
 
     def train_step_blocking(self, batch: TrainBatch) -> dict[str, float]:
         algo = self.algo
@@ -177,7 +190,7 @@ class TorchBackend(TrainingBackend):
                 den = loss_denominator(tensors["response_mask"][mini], algo.loss_agg)
                 self.optimizer.zero_grad(set_to_none=True)
                 step_loss = step_pg = 0.0
-                for idx in self._micro_slices(mini):
+                for idx in self._micro_slices(mini, tensors["attention_mask"]):
                     loss, pg = self._micro_step(self._rows(tensors, idx), batch.temperature, den, max_len,
                                                 sums, first_epoch=epoch == 0, train_step=batch.train_step,
                                                 updates=updates)
