@@ -187,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-len", type=int, default=192)
     p.add_argument("--chunk", type=int, default=TorchBackendConf.logprob_chunk_tokens)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--parts", default="trainer,engine,sync", help="comma-separated: trainer, engine, sync")
     args = p.parse_args(argv)
     if args.rows < 4 or args.rows % 4:
         p.error(f"--rows={args.rows} must be a positive multiple of 4 (groups of 4)")
@@ -198,19 +199,29 @@ def main(argv: list[str] | None = None) -> None:
         args.rows, args.mean_len, args.max_len = 4, 24, 64
     print(f"SmolLM2-135M-Instruct, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{platform.machine()}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, load {os.getloadavg()[0]:.2f}")
-    rows = run_children(args)
+    parts = set(args.parts.split(","))
+    if parts - {"trainer", "engine", "sync"}:
+        p.error(f"--parts={args.parts!r}: expected a comma-separated subset of trainer, engine, sync")
+    if "trainer" in parts:
+        trainer_table(run_children(args))
+    if "engine" in parts:
+        e = engine_vs_generate(8 if args.quick else 16, 8 if args.quick else 32, 24 if args.quick else 96,
+                               args.seed)
+        print(f"\nengine=hf {e['engine_tok_s']:.1f} tok/s vs model.generate {e['generate_tok_s']:.1f} tok/s "
+              f"({e['requests']} requests, {e['tokens']} tokens, x{e['speedup']:.2f})")
+    if "sync" in parts:
+        w = weight_sync(2 if args.quick else 3)
+        print(f"weight sync: hf engine load_weights {w['hf_load_s'] * 1e3:.0f} ms, plain tensor copy "
+              f"{w['tensor_copy_s'] * 1e3:.0f} ms, one memcpy {w['memcpy_s'] * 1e3:.0f} ms of {w['bytes_mb']:.0f} "
+              f"MB ({w['tensors']} tensors; load/copy x{w['load_over_copy']:.2f}); load {os.getloadavg()[0]:.2f}")
+
+
+def trainer_table(rows: list[dict]) -> None:
     print("\n| scoring | rows x width | tokens (response) | peak RSS over start, GB | fwd+bwd s | train tok/s |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['config']} | {r['rows']} x {r['width']} | {r['tokens']} ({r['response_tokens']}) | "
               f"{r['peak_over_start_gb']:.2f} | {r['step_s']:.2f} | {r['train_tok_s']:.0f} |")
-    e = engine_vs_generate(8 if args.quick else 16, 8 if args.quick else 32, 24 if args.quick else 96, args.seed)
-    print(f"\nengine=hf {e['engine_tok_s']:.1f} tok/s vs model.generate {e['generate_tok_s']:.1f} tok/s "
-          f"({e['requests']} requests, {e['tokens']} tokens, x{e['speedup']:.2f})")
-    w = weight_sync(2 if args.quick else 3)
-    print(f"weight sync: hf engine load_weights {w['hf_load_s'] * 1e3:.0f} ms, plain tensor copy "
-          f"{w['tensor_copy_s'] * 1e3:.0f} ms, one memcpy {w['memcpy_s'] * 1e3:.0f} ms of {w['bytes_mb']:.0f} MB "
-          f"({w['tensors']} tensors; load/copy x{w['load_over_copy']:.2f}); load {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
