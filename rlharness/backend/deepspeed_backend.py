@@ -142,6 +142,8 @@ class DeepSpeedWorker(TorchBackend):
         torch.manual_seed(seed)
         self.tokenizer = load_tokenizer(model_conf)
         model = load_model(model_conf, device=str(self.device))
+        if conf.gradient_checkpointing:  # before deepspeed.initialize wraps the module
+            model.gradient_checkpointing_enable()
         model.train()
         self.ref_model = None
         if algo.kl_coef > 0:
@@ -157,6 +159,7 @@ class DeepSpeedWorker(TorchBackend):
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.optimizer,
                                                     config=ds_config(conf, algo, model_conf))
         self.model = self.engine
+        self._check_head_split()  # for the reference model, and the policy below ZeRO-3
         log.info("deepspeed rank %d/%d up (ZeRO-%d, %s)", rank, world_size, conf.zero_stage,
                  "gloo" if on_cpu else "nccl")
 
@@ -167,9 +170,29 @@ class DeepSpeedWorker(TorchBackend):
         self.last_row_gaps = [g for g, r in zip(self.last_row_gaps, real) if r]  # the batch's own rows
         return out
 
-    def _micro_slices(self, rows: torch.Tensor) -> list[torch.Tensor]:
+    def _micro_slices(self, rows: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
         share = rows[self.rank::self.world_size]  # equal shares: rows are padded to a multiple of W
         return list(torch.split(share, self.algo.micro_batch_size))
+
+    def _hf_model(self, model):
+        return self.engine.module if model is self.engine else model
+
+    def _final_hidden(self, model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Through the engine's forward (its backward bookkeeping hooks on the outputs), no logits."""
+        if model is not self.engine:
+            return super()._final_hidden(model, ids, attn)
+        out = self.engine(input_ids=ids, attention_mask=attn, use_cache=False, output_hidden_states=True,
+                          logits_to_keep=torch.zeros(0, dtype=torch.long, device=ids.device))
+        return out.hidden_states[-1]
+
+    def _score_rows(self, model, ids: torch.Tensor, attn: torch.Tensor, positions: torch.Tensor):
+        """ZeRO-3 gathers the head's weight collectively at every call of the head, and ranks hold
+        different numbers of response tokens (so of chunks): there the model projects the response
+        positions itself, in its one head call, and only the log-softmax is chunked."""
+        if model is not self.engine or self.conf.zero_stage != 3:
+            return super()._score_rows(model, ids, attn, positions)
+        keep = torch.nn.functional.pad(positions, (0, 1))  # [B, T]: hidden state t - 1 scores token t
+        return self.engine(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=keep).logits, None
 
     def _backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss * self.world_size, scale_wrt_gas=False)

@@ -11,9 +11,11 @@ One `train_step(batch)`:
    `loglinear` approximates them from the tokens' versions instead, `behaviour` uses the
    rollout's log-probs (the coupled objective).
 2. for each of `ppo_epochs` x `mini_batches` (contiguous slices, no shuffling):
-   micro-batches of `micro_batch_size` samples, gradient accumulation with the loss
+   micro-batches of `micro_batch_size` samples (or, with `backend.micro_batch_tokens`, rows
+   grouped longest first within that many tokens), gradient accumulation with the loss
    divided by the *mini-batch's* token/sequence count (so gradients do not depend on
-   the micro-batch size), gradient clipping, one AdamW step.
+   how the rows are split), gradient clipping, one AdamW step. Log-probs and entropy are
+   computed for response tokens only, chunk by chunk (`rlharness/backend/token_scores.py`).
 3. one LR-scheduler step (warmup and decay are counted in training steps).
 
 The heavy work runs inline in the async methods; the caller decides the thread. The
@@ -39,10 +41,11 @@ from rlharness.algo.losses import (
     rejection_mask,
     proximal_logprobs,
     tis_weights,
-    token_entropy,
-    token_logprobs,
 )
 from rlharness.backend.base import TrainingBackend
+from rlharness.backend.token_scores import (decoder_hidden_states, head_reproduces_logits, model_logits,
+                                            response_token_scores)
+from rlharness.backend.micro_batches import token_budget_slices
 from rlharness.backend.lr_plan import (LRPlan, apply_optimizer_settings, lr_multiplier,  # noqa: F401 - re-exported
                                       planned, replan)
 from rlharness.checkpoint import load_state, save_state, writing
@@ -97,6 +100,7 @@ class TorchBackend(TrainingBackend):
         self.conf, self.algo, self.total_steps = conf, algo, total_steps
         self._updates_done = 0  # optimizer updates so far in the current training step (proximal policy)
         self._update_skipped = False  # the last optimizer step was skipped (non-finite gradient)
+        self._warned_oversized = False
         self.device = torch.device(conf.device)
         torch.manual_seed(seed)
         self.tokenizer = load_tokenizer(model_conf)
@@ -108,6 +112,7 @@ class TorchBackend(TrainingBackend):
         if algo.kl_coef > 0:  # the frozen reference is the starting policy
             self.ref_model = load_model(model_conf, device=conf.device).eval()
             self.ref_model.requires_grad_(False)
+        self._check_head_split()
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=algo.lr,
             betas=(algo.adam_beta1, algo.adam_beta2), weight_decay=algo.weight_decay, fused=False,
@@ -131,8 +136,33 @@ class TorchBackend(TrainingBackend):
         self.load_blocking(directory)
 
     # ------------------------------------------------------------------ training
-    def _forward_logits(self, model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        return model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+    # Token scores (log-probs, entropy) of response positions; see rlharness/backend/token_scores.py.
+    def _hf_model(self, model):
+        """The Hugging Face model behind what `_final_hidden` is given (a data-parallel wrapper's module)."""
+        return model
+
+    def _final_hidden(self, model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        return decoder_hidden_states(model, ids, attn)
+
+    def _check_head_split(self) -> None:
+        """Project only response positions (hidden states -> lm_head) where that gives the model's logits."""
+        self._head_split = head_reproduces_logits(self.model, self._hf_model(self.model), self._final_hidden)
+
+    def _score_rows(self, model, ids: torch.Tensor, attn: torch.Tensor,
+                    positions: torch.Tensor) -> tuple[torch.Tensor, torch.nn.Module | None]:
+        """The [N, D] rows to score at `positions` and the head that projects them (None: they are logits)."""
+        if self._head_split:
+            hf = self._hf_model(model)
+            return self._final_hidden(model, ids, attn)[:, :-1][positions], hf.get_output_embeddings()
+        return model_logits(model, ids, attn)[:, :-1][positions], None
+
+    def _token_scores(self, model, mb: dict[str, torch.Tensor], temperature: float,
+                      entropy: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, T] log-probs and entropy of the response tokens (0 elsewhere), chunk by chunk."""
+        ids, attn = mb["input_ids"], mb["attention_mask"]
+        return response_token_scores(lambda positions: self._score_rows(model, ids, attn, positions), ids,
+                                     mb["response_mask"], temperature=temperature, entropy=entropy,
+                                     chunk_tokens=self.conf.logprob_chunk_tokens)
 
     def _rows(self, batch: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """Select rows and trim the right padding they all share (less compute per micro-batch)."""
@@ -142,14 +172,22 @@ class TorchBackend(TrainingBackend):
     @torch.no_grad()
     def _logprobs_no_grad(self, model, batch: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
         out = torch.zeros_like(batch["response_mask"])
-        for idx in self._micro_slices(torch.arange(batch["input_ids"].shape[0])):
+        for idx in self._micro_slices(torch.arange(batch["input_ids"].shape[0]), batch["attention_mask"]):
             mb = self._rows(batch, idx)
-            logits = self._forward_logits(model, mb["input_ids"], mb["attention_mask"])
-            out[idx, : mb["input_ids"].shape[1]] = token_logprobs(logits, mb["input_ids"], temperature)
+            out[idx, : mb["input_ids"].shape[1]] = self._token_scores(model, mb, temperature, "none")[0]
         return out
 
-    def _micro_slices(self, rows: torch.Tensor) -> list[torch.Tensor]:
-        return list(torch.split(rows, self.algo.micro_batch_size))
+    def _micro_slices(self, rows: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
+        """Row indices of each micro-batch: `algo.micro_batch_size` rows, or `backend.micro_batch_tokens`."""
+        budget = self.conf.micro_batch_tokens
+        if budget is None:
+            return list(torch.split(rows, self.algo.micro_batch_size))
+        slices, oversized = token_budget_slices(rows, attention_mask[rows].sum(-1), budget)
+        if oversized and not self._warned_oversized:
+            self._warned_oversized = True  # once per run: the row still trains, alone in its micro-batch
+            log.warning("backend.micro_batch_tokens=%d is below the longest row (%d tokens): such rows train "
+                        "alone in their micro-batch", budget, int(attention_mask[rows].sum(-1).max()))
+        return slices
 
     def train_step_blocking(self, batch: TrainBatch) -> dict[str, float]:
         algo = self.algo
@@ -179,7 +217,7 @@ class TorchBackend(TrainingBackend):
                 den = loss_denominator(tensors["response_mask"][mini], algo.loss_agg)
                 self.optimizer.zero_grad(set_to_none=True)
                 step_loss = step_pg = 0.0
-                for idx in self._micro_slices(mini):
+                for idx in self._micro_slices(mini, tensors["attention_mask"]):
                     mb = {**self._rows(tensors, idx), "rows": idx}
                     loss, pg = self._micro_step(mb, batch.temperature, den, max_len, sums, first_epoch=epoch == 0,
                                                 train_step=batch.train_step, updates=updates)
@@ -244,8 +282,8 @@ class TorchBackend(TrainingBackend):
                     sums: _Sums, first_epoch: bool, train_step: int = 0, updates: int = 1) -> tuple[float, float]:
         """Forward + backward of one micro-batch; returns its share of (loss, pg_loss)."""
         algo, mask = self.algo, mb["response_mask"]
-        logits = self._forward_logits(self.model, mb["input_ids"], mb["attention_mask"])
-        logprobs = token_logprobs(logits, mb["input_ids"], temperature)
+        logprobs, entropy = self._token_scores(self.model, mb, temperature,
+                                               "grad" if algo.entropy_coef > 0 else "detached")
         # The proximal policy: the clip is taken against it, the TIS weight is its ratio to the rollout's.
         old = proximal_logprobs(algo.proximal, current=logprobs, behaviour=mb["rollout_logprobs"],
                                 model_steps=mb["model_steps"], train_step=train_step,
@@ -264,18 +302,13 @@ class TorchBackend(TrainingBackend):
         loss_tok = pg_tok
         if self.ref_model is not None:
             with torch.no_grad():
-                ref_logits = self._forward_logits(self.ref_model, mb["input_ids"], mb["attention_mask"])
-                ref_lp = token_logprobs(ref_logits, mb["input_ids"], temperature)
+                ref_lp = self._token_scores(self.ref_model, mb, temperature, "none")[0]
             kl_tok = kl_penalty(logprobs, ref_lp, algo.kl_estimator, algo.kl_clamp)
             loss_tok = loss_tok + algo.kl_coef * kl_tok
             sums.add("kl_sum", masked(kl_tok.detach(), mask).sum())
         if algo.entropy_coef > 0:
-            entropy = token_entropy(logits, temperature)
             loss_tok = loss_tok - algo.entropy_coef * entropy
             entropy = entropy.detach()
-        else:
-            with torch.no_grad():
-                entropy = token_entropy(logits.detach(), temperature)
 
         loss = aggregate_loss(loss_tok, mask, algo.loss_agg, max_response_len=max_len, denominator=denominator)
         self._backward(loss)

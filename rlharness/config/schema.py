@@ -416,6 +416,17 @@ class TorchBackendConf(BackendConf):
     name: str = "torch"
     device: str = "cpu"
     gradient_checkpointing: bool = False
+    # Response tokens whose vocabulary projection and log-softmax are computed at once
+    # (rlharness/algo/logprobs.py): bounds the trainer's largest tensor to this x vocab floats.
+    logprob_chunk_tokens: int = 1024
+    # Token-budget micro-batches: rows grouped longest first so each micro-batch holds at most
+    # this many tokens including padding (rlharness/backend/micro_batches.py); null: algo.micro_batch_size rows.
+    micro_batch_tokens: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _check(self.logprob_chunk_tokens >= 1, "backend.logprob_chunk_tokens", self.logprob_chunk_tokens, ">= 1")
+        _check(self.micro_batch_tokens is None or self.micro_batch_tokens >= 1, "backend.micro_batch_tokens",
+               self.micro_batch_tokens, ">= 1 (or null for algo.micro_batch_size rows per micro-batch)")
 
 
 @dataclass
@@ -424,8 +435,11 @@ class DeepSpeedBackendConf(BackendConf):
     zero_stage: int = 2
     num_workers: int = 2
     device: str = "cpu"
+    gradient_checkpointing: bool = False
+    logprob_chunk_tokens: int = 1024  # as backend=torch's
 
     def __post_init__(self) -> None:
+        _check(self.logprob_chunk_tokens >= 1, "backend.logprob_chunk_tokens", self.logprob_chunk_tokens, ">= 1")
         _one_of("backend.zero_stage", self.zero_stage, (0, 1, 2, 3))
         _check(self.num_workers >= 1, "backend.num_workers", self.num_workers, ">= 1")
 
