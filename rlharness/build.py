@@ -128,7 +128,7 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
     from rlharness.backend import build_backend
     from rlharness.evaluator import Evaluator, MultiTaskEvaluator
     from rlharness.judger import build_judger
-    from rlharness.model import load_tokenizer
+    from rlharness.model import check_token_ids, load_tokenizer
     from rlharness.producer.manager import AgentLoopManager
     from rlharness.producer.strategies import build_strategy
     from rlharness.replay_buffer import ReplayBuffer
@@ -139,6 +139,9 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
     entries = conf.task_entries()
     task_data = {name: _load_task(conf, name, e, tokenizer) for name, e in entries.items()}
     validate_data(conf, task_data)
+    check_token_ids(conf.model, tokenizer, {
+        f"tasks.{name}" if conf.tasks else f"task={conf.task.name}": [r.prompt_text for r in (*d.train, *d.eval)]
+        for name, d in task_data.items()}, encode)
     judgers = {}
     for name, entry in entries.items():
         judger_conf = conf.judger_for(entry)

@@ -10,6 +10,8 @@ with one line naming key, value and what is allowed:
 - `cluster=slurm` without `-m` (hydra-submitit-launcher only launches multiruns), and a
   `cluster=slurm` request the partition can never hold (more nodes, GPUs or CPUs per node
   than it has: `rlharness.launch.slurm_capacity`, asked through sinfo);
+- the model folder (`check_model`): missing, a GGUF file, code of its own (`auto_map`) without
+  `model.trust_remote_code=true`, no chat template while a task's `apply_chat_template=true`;
 - `resume=never` into a directory that holds a run;
 - any start in a directory that holds a run (`hydra.run.dir=<run>`) is a resume: it is
   rewritten exactly as `resume=<dir>` and passes the same checks (model/task/seed fixed,
@@ -69,8 +71,11 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
     if multirun:
         argv, applied = prepare_resume_argv(argv)
         asked: set[tuple] = set()
+        checked: set[tuple] = set()
         for point in sweep_points([a for a in argv[1:] if not a.startswith("-")])[:MAX_SWEEP_POINTS_CHECKED]:
-            cfg = compose_checked(point)
+            cfg, conf = compose_typed(point)
+            if cfg.cluster.name != "slurm":  # a Slurm job's model.path may be on its nodes' file systems only
+                check_model(conf, checked)
             if cfg.cluster.name == "slurm":
                 c = cfg.cluster
                 request = (c.partition, c.nodes, c.gpus_per_node, c.cpus_per_task, c.constraint)
@@ -79,7 +84,7 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
                     check_capacity(c)
         return argv, applied, None
 
-    cfg = compose_checked(overrides)
+    cfg, conf = compose_typed(overrides)
     if cfg.cluster.name == "slurm":
         raise ConfigError("cluster=slurm without -m is not allowed: Slurm jobs are submitted by "
                           "hydra-submitit-launcher, which Hydra runs only for -m (--multirun); use "
@@ -99,13 +104,14 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
         new_argv, applied = prepare_resume_argv([argv[0], f"resume={run_dir}", *rest], require_checkpoint=False)
         print(f"note: hydra.run.dir={run_dir} holds a run: continuing it as resume={run_dir}", file=sys.stderr)
         argv = [*new_argv, *(a for a in args if a.startswith("-"))]
-        cfg = compose_checked([a for a in argv[1:] if not a.startswith("-")])
+        cfg, conf = compose_typed([a for a in argv[1:] if not a.startswith("-")])
     else:
         argv, applied = prepare_resume_argv(argv)
         if applied or explicit_resume:
-            cfg = compose_checked([a for a in argv[1:] if not a.startswith("-")])
+            cfg, conf = compose_typed([a for a in argv[1:] if not a.startswith("-")])
     run_dir = Path(str(cfg.hydra.run.dir)).expanduser().resolve()
     _refuse_if_finished(run_dir, cfg.total_steps)
+    check_model(conf)
     # Hydra names the job (and its log file) after the script.
     return argv, applied, RunDirGuard.record(run_dir, str(cfg.hydra.output_subdir), Path(argv[0]).stem)
 
@@ -135,6 +141,11 @@ def sweep_points(overrides: list[str]) -> list[list[str]]:
 
 def compose_checked(overrides: list[str]):
     """Compose and validate like the job will; every failure is one ConfigError line."""
+    return compose_typed(overrides)[0]
+
+
+def compose_typed(overrides: list[str]):
+    """(composed config with `hydra`, the typed RunConf) as the job will have them; failures as one line."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -155,14 +166,33 @@ def compose_checked(overrides: list[str]):
         check_known_keys(job)
         job.run_dir = "preflight"
         adopt_strategy_max_staleness(job, overrides)  # as train.py
-        OmegaConf.to_object(job)  # the schemas' __post_init__ checks
+        conf = OmegaConf.to_object(job)  # the schemas' __post_init__ checks
     except ConfigError:
         raise
     except (HydraException, OmegaConfBaseException, ValueError, TypeError) as exc:
         raise ConfigError(one_line(exc, list(overrides))) from None
     finally:
         GlobalHydra.instance().clear()
-    return cfg
+    return cfg, conf
+
+
+def check_model(conf, checked: set[tuple] | None = None) -> None:
+    """The model folder before the job loads it (rlharness/model.py): there, no GGUF file, no code of
+    its own without model.trust_remote_code, and a chat template where a task asks for one.
+    `checked`: what a sweep's earlier points already passed (each distinct model is checked once)."""
+    from rlharness.model import check_model_files, load_tokenizer, require_chat_template
+
+    asking = [f"tasks.{name}.task.apply_chat_template" if conf.tasks else "task.apply_chat_template"
+              for name, entry in conf.task_entries().items()
+              if getattr(entry.task, "apply_chat_template", None) is True]  # tasks that render chat prompts
+    key = (conf.model.path, conf.model.trust_remote_code, bool(asking))
+    if checked is not None and key in checked:
+        return
+    check_model_files(conf.model)
+    if asking:
+        require_chat_template(load_tokenizer(conf.model), asking[0], conf.model.path)
+    if checked is not None:
+        checked.add(key)
 
 
 def check_known_keys(cfg) -> None:
