@@ -88,7 +88,7 @@ def test_converted_folder_is_smollm2_with_its_chat_template(smollm2):
 
     result = asyncio.run(go())
     assert result.token_ids == ref
-    assert result.text.startswith("23 + 45 = "), result.text  # weak at arithmetic, but on topic
+    assert "23" in result.text and "45" in result.text, result.text  # on topic ("To add 23 and 45, ...")
     assert all(lp <= 0 and math.isfinite(lp) for lp in result.logprobs)
 
 
