@@ -91,9 +91,9 @@ def require_chat_template(tokenizer, key: str, model_path: str | None = None) ->
     """`key` (a task's `apply_chat_template`) asks for the model's chat template: refuse a tokenizer without
     (`model_path`: the user's model.path, else the folder the tokenizer came from)."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(
-            f"{key}=true but model.path={model_path or tokenizer.name_or_path!r} has no chat template (its tokenizer defines none): use a "
-            f"chat/instruct model, or {key}=false to send the prompts as plain text")
+        path = model_path or tokenizer.name_or_path
+        raise ConfigError(f"{key}=true but model.path={path!r} has no chat template (its tokenizer defines none): "
+                          f"use a chat/instruct model, or {key}=false to send the prompts as plain text")
 
 
 def check_token_ids(conf: ModelConf, tokenizer, prompts: dict[str, list[str]], encode) -> None:

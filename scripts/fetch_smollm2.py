@@ -122,7 +122,15 @@ def convert_into(gguf_path: Path, out: Path, stamp: str, t0: float) -> str:
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    answer = convert(gguf_path.parent, gguf_path.name, staging, t0)
+    try:
+        answer = convert(gguf_path.parent, gguf_path.name, staging, t0)
+    except FetchError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    except Exception as exc:  # a file transformers' GGUF reader cannot read (struct, key, value errors...)
+        shutil.rmtree(staging, ignore_errors=True)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise FetchError(f"{gguf_path}: transformers could not convert it ({type(exc).__name__}: {first})") from None
     (staging / READY).write_text(stamp)
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)

@@ -165,3 +165,7 @@ def test_fetch_leaves_a_folder_it_did_not_write_alone(tmp_path):
     proc = fetch("--gguf", str(gguf), "--out", str(mine))
     assert "holds files this script did not write" in _one_error_line(proc)
     assert (mine / "notes.txt").read_text() == "keep me"
+    # A file transformers' GGUF reader cannot read: one line, nothing left behind.
+    proc = fetch("--gguf", str(gguf), "--out", str(tmp_path / "new"))
+    assert f"{gguf}: transformers could not convert it" in _one_error_line(proc)
+    assert not (tmp_path / "new").exists() and not (tmp_path / "new.partial").exists()
