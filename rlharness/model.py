@@ -33,8 +33,13 @@ GGUF_CONVERT = "python scripts/fetch_smollm2.py --gguf {file} --out <new folder>
 
 def _gguf_files(candidate: Path) -> list[Path]:
     if candidate.is_file():
-        with candidate.open("rb") as fh:
-            return [candidate] if candidate.suffix.lower() == ".gguf" or fh.read(4) == GGUF_MAGIC else []
+        if candidate.suffix.lower() == ".gguf":
+            return [candidate]
+        try:
+            with candidate.open("rb") as fh:
+                return [candidate] if fh.read(4) == GGUF_MAGIC else []
+        except OSError:  # unreadable: reported as "no Hugging Face checkpoint there"
+            return []
     return sorted(candidate.glob("*.gguf")) if candidate.is_dir() else []
 
 
