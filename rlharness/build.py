@@ -128,12 +128,16 @@ def load_tasks(conf: RunConf, check_data: Callable[[RunConf, dict[str, Any]], No
     """(tokenizer, task data, judgers) of every task: data fitted, then `check_data`, then each
     judger checked against its task's rows. What training and `evaluate.py` both start from."""
     from rlharness.judger import build_judger
-    from rlharness.model import load_tokenizer
+    from rlharness.model import check_token_ids, load_tokenizer
 
     tokenizer = load_tokenizer(conf.model)
     entries = conf.task_entries()
     task_data = {name: _load_task(conf, name, e, tokenizer) for name, e in entries.items()}
     check_data(conf, task_data)
+    encode, _ = text_codec(tokenizer)
+    check_token_ids(conf.model, tokenizer, {
+        f"tasks.{name}" if conf.tasks else f"task={conf.task.name}": [r.prompt_text for r in (*d.train, *d.eval)]
+        for name, d in task_data.items()}, encode)
     judgers = {}
     for name, entry in entries.items():
         judger_conf = conf.judger_for(entry)

@@ -7,6 +7,7 @@ paths resolve against the current directory first, then the project root, so
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -25,11 +26,35 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 FETCH_COMMANDS = {"smollm2-135m-instruct": "bash scripts/fetch_smollm2.sh"}
 
 
+# The first bytes of every GGUF file (llama.cpp's format).
+GGUF_MAGIC = b"GGUF"
+GGUF_CONVERT = "python scripts/fetch_smollm2.py --gguf {file} --out <new folder>"
+
+
+def _gguf_files(candidate: Path) -> list[Path]:
+    if candidate.is_file():
+        if candidate.suffix.lower() == ".gguf":
+            return [candidate]
+        try:
+            with candidate.open("rb") as fh:
+                return [candidate] if fh.read(4) == GGUF_MAGIC else []
+        except OSError:  # unreadable: reported as "no Hugging Face checkpoint there"
+            return []
+    return sorted(candidate.glob("*.gguf")) if candidate.is_dir() else []
+
+
 def resolve_model_path(path: str) -> Path:
     p = Path(path).expanduser()
     for candidate in (p, PROJECT_ROOT / p):
         if (candidate / "config.json").is_file():
             return candidate.resolve()
+    for candidate in (p, PROJECT_ROOT / p):
+        gguf = _gguf_files(candidate)
+        if gguf:  # transformers reads GGUF only through gguf_file= and cannot train or save it as such
+            raise ConfigError(
+                f"model.path={path!r}: {gguf[0].resolve()} is a GGUF file (llama.cpp's format), not a Hugging "
+                f"Face checkpoint folder; convert it into one first: `{GGUF_CONVERT.format(file=gguf[0])}` "
+                f"(`bash scripts/fetch_smollm2.sh` does it for SmolLM2-135M-Instruct)")
     fetch = FETCH_COMMANDS.get(p.name)
     if fetch:
         raise ConfigError(f"model.path={path!r}: the model is not there yet; make it with `{fetch}`")
@@ -37,6 +62,65 @@ def resolve_model_path(path: str) -> Path:
         f"model.path={path!r}: no Hugging Face checkpoint there (looked for config.json in "
         f"{p.resolve()} and {(PROJECT_ROOT / p).resolve()})"
     )
+
+
+def remote_code_classes(config: dict) -> list[str]:
+    """The Auto classes config.json maps to code in the folder (`auto_map`) that transformers has no
+    built-in class for: loading those runs the folder's Python (trust_remote_code)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    auto_map = config.get("auto_map") or {}
+    if config.get("model_type") in CONFIG_MAPPING:  # transformers' own classes are used; auto_map is ignored
+        return []
+    return [f"{k} -> {v}" for k, v in auto_map.items() if k in ("AutoConfig", "AutoModelForCausalLM")]
+
+
+def check_model_files(conf: ModelConf) -> Path:
+    """What the folder's files tell before anything loads (preflight): it exists, is no GGUF file, and
+    needs no code of its own unless `model.trust_remote_code` allows it."""
+    path = resolve_model_path(conf.path)
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"model.path={conf.path!r}: {path / 'config.json'} is not a readable JSON file ({exc})")
+    custom = remote_code_classes(config) if isinstance(config, dict) and config.get("auto_map") else []
+    if custom and not conf.trust_remote_code:
+        raise ConfigError(
+            f"model.path={conf.path!r}: the model's own code is needed (config.json auto_map: {'; '.join(custom)}; "
+            f"model_type {config.get('model_type')!r} is not one transformers knows); pass "
+            f"model.trust_remote_code=true to run that code (only for a folder you trust)")
+    return path
+
+
+def require_chat_template(tokenizer, key: str, model_path: str | None = None) -> None:
+    """`key` (a task's `apply_chat_template`) asks for the model's chat template: refuse a tokenizer without
+    (`model_path`: the user's model.path, else the folder the tokenizer came from)."""
+    if not getattr(tokenizer, "chat_template", None):
+        path = model_path or tokenizer.name_or_path
+        raise ConfigError(f"{key}=true but model.path={path!r} has no chat template (its tokenizer defines none): "
+                          f"use a chat/instruct model, or {key}=false to send the prompts as plain text")
+
+
+def check_token_ids(conf: ModelConf, tokenizer, prompts: dict[str, list[str]], encode) -> None:
+    """Every id the run feeds the model must be a row of its embedding: a tokenizer larger than the model's
+    vocabulary (another model's, or tokens added without resizing) is refused on the first prompt
+    (`prompts`: task label -> prompt texts) or special token outside it."""
+    vocab = int(load_model_config(conf).get_text_config().vocab_size)
+    if len(tokenizer) <= vocab:
+        return  # no id the tokenizer produces can be out of range
+    where = f"model.path={conf.path!r}: the model's vocabulary has {vocab} tokens (config.json vocab_size) but"
+    fix = (f"the tokenizer ({len(tokenizer)} tokens) does not fit this model: save the model's own tokenizer "
+           f"next to its weights, or resize its embeddings to the tokenizer")
+    for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
+        tid = getattr(tokenizer, name)
+        if tid is not None and tid >= vocab:
+            raise ConfigError(f"{where} the tokenizer's {name} is {tid}; {fix}")
+    for label, texts in prompts.items():
+        for i, text in enumerate(texts):
+            bad = [t for t in encode(text) if t >= vocab]
+            if bad:
+                raise ConfigError(f"{where} {label} prompt {i} encodes to token id {max(bad)} "
+                                  f"({tokenizer.convert_ids_to_tokens(max(bad))!r}); {fix}")
 
 
 def load_tokenizer(conf: ModelConf):

@@ -12,6 +12,8 @@ from the same search path Hydra builds (`--config-dir`, `--config-name`, `--conf
 - `cluster=slurm` without `-m` (hydra-submitit-launcher only launches multiruns), and a
   `cluster=slurm` request the partition can never hold (more nodes, GPUs or CPUs per node
   than it has: `rlharness.launch.slurm_capacity`, asked through sinfo);
+- the model folder (`check_model`): missing, a GGUF file, code of its own (`auto_map`) without
+  `model.trust_remote_code=true`, no chat template while a task's `apply_chat_template=true`;
 - `resume=never` into a directory that holds a run;
 - any start in a directory that holds a run (`hydra.run.dir=<run>`) is a resume: it is
   rewritten exactly as `resume=<dir>` and passes the same checks (model/task/seed fixed,
@@ -158,7 +160,7 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
             explicit_resume = run_dir
         elif given_dir is None:
             overrides = [*overrides, path_override("hydra.run.dir", run_dir)]  # Hydra's `now` must not move it
-    cfg = compose_checked(overrides, source)
+    cfg, conf = compose_typed(overrides, source)
     if cfg.cluster.name == "slurm":
         raise ConfigError("cluster=slurm without -m is not allowed: Slurm jobs are submitted by "
                           "hydra-submitit-launcher, which Hydra runs only for -m (--multirun); use "
@@ -166,6 +168,7 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
     if explicit_resume is not None:
         check_fixed_values(run_dir, cfg)
     _refuse_if_finished(run_dir, cfg.total_steps)
+    check_model(conf)
     # Hydra names the job (and its log file) after the script.
     guard = RunDirGuard.record(run_dir, str(cfg.hydra.output_subdir), Path(argv[0]).stem)
     run_lock.acquire(run_dir)  # before Hydra writes anything there; held until this process ends
@@ -235,8 +238,11 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
         raise ConfigError("-m with resume=<run dir> is not allowed: a sweep starts new runs; continue a run "
                           "without -m (python train.py resume=<run dir>)")
     asked: set[tuple] = set()
+    checked: set[tuple] = set()
     for point in points[:MAX_SWEEP_POINTS_CHECKED]:
-        cfg = compose_checked(point, source)
+        cfg, conf = compose_typed(point, source)
+        if cfg.cluster.name != "slurm":  # a Slurm job's model.path may be on its nodes' file systems only
+            check_model(conf, checked)
         if cfg.cluster.name == "slurm":
             c = cfg.cluster
             request = (c.partition, c.nodes, c.gpus_per_node, c.cpus_per_task, c.constraint)
@@ -313,8 +319,13 @@ def sweep_points(overrides: list[str]) -> list[list[str]]:
 
 
 def compose_checked(overrides: list[str], source: ConfigSource = ConfigSource()):
-    """Compose and validate like the job will (the same search path as Hydra builds for train.py,
-    `--config-dir` included); every failure is one ConfigError line."""
+    """Compose and validate like the job will; every failure is one ConfigError line."""
+    return compose_typed(overrides, source)[0]
+
+
+def compose_typed(overrides: list[str], source: ConfigSource = ConfigSource()):
+    """(composed config with `hydra`, the typed RunConf) as the job will have them (the same search
+    path as Hydra builds for train.py, `--config-dir` included); failures as one ConfigError line."""
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_automatic_config_search_path
     from hydra.core.config_search_path import SearchPathQuery
@@ -342,14 +353,33 @@ def compose_checked(overrides: list[str], source: ConfigSource = ConfigSource())
         check_known_keys(job)
         job.run_dir = "preflight"
         adopt_strategy_max_staleness(job, overrides)  # as train.py
-        OmegaConf.to_object(job)  # the schemas' __post_init__ checks
+        conf = OmegaConf.to_object(job)  # the schemas' __post_init__ checks
     except ConfigError:
         raise
     except (HydraException, OmegaConfBaseException, ValueError, TypeError) as exc:
         raise ConfigError(one_line(exc, list(overrides))) from None
     finally:
         GlobalHydra.instance().clear()
-    return cfg
+    return cfg, conf
+
+
+def check_model(conf, checked: set[tuple] | None = None) -> None:
+    """The model folder before the job loads it (rlharness/model.py): there, no GGUF file, no code of
+    its own without model.trust_remote_code, and a chat template where a task asks for one.
+    `checked`: what a sweep's earlier points already passed (each distinct model is checked once)."""
+    from rlharness.model import check_model_files, load_tokenizer, require_chat_template
+
+    asking = [f"tasks.{name}.task.apply_chat_template" if conf.tasks else "task.apply_chat_template"
+              for name, entry in conf.task_entries().items()
+              if getattr(entry.task, "apply_chat_template", None) is True]  # tasks that render chat prompts
+    key = (conf.model.path, conf.model.trust_remote_code, bool(asking))
+    if checked is not None and key in checked:
+        return
+    check_model_files(conf.model)
+    if asking:
+        require_chat_template(load_tokenizer(conf.model), asking[0], conf.model.path)
+    if checked is not None:
+        checked.add(key)
 
 
 def check_known_keys(cfg) -> None:

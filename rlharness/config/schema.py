@@ -644,7 +644,9 @@ class JsonlTaskConf(TaskConf):
     prompt_template: str = "{question}"
     # GSM8K keeps the final answer after '####'; other layouts use the whole field.
     answer_delimiter: str = "####"
-    apply_chat_template: bool = True
+    # None: wrap the prompt in the model's chat template when its tokenizer has one; true: the
+    # prompt must be (a model without a template is refused); false: plain text.
+    apply_chat_template: Optional[bool] = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

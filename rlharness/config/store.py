@@ -21,7 +21,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "router": s.RouterJudgerConf,
         "remote": s.RemoteJudgerConf,
     },
-    "model": {"default": s.ModelConf, "smollm2": s.ModelConf},
+    "model": {"default": s.ModelConf, "smollm2": s.ModelConf, "tiny_chat": s.ModelConf},
     "engine": {"hf": s.HFEngineConf, "vllm": s.VLLMEngineConf, "sim": s.SimEngineConf},
     "backend": {"torch": s.TorchBackendConf, "deepspeed": s.DeepSpeedBackendConf, "sim": s.SimBackendConf},
     "algo": {"grpo": s.AlgoConf, "drgrpo": s.AlgoConf, "rloo": s.AlgoConf, "reinforce_pp": s.AlgoConf,

@@ -3,9 +3,10 @@
 The GSM8K layout works as is: `question` is the prompt, `answer` ends with
 `#### <number>` and the label is the text after the last delimiter ({"answer": "72"}).
 Field names, the prompt template (`str.format` over the row's fields, plus
-`{prompt}` for `prompt_field`) and the delimiter come from `JsonlTaskConf`. When
-`apply_chat_template` is on and the tokenizer has a chat template, the prompt is
-wrapped as one user message with the generation prompt appended.
+`{prompt}` for `prompt_field`) and the delimiter come from `JsonlTaskConf`. With the
+tokenizer's chat template the prompt is one user message with the generation prompt
+appended (the template adds its system prompt, if any): `apply_chat_template` unset uses
+it when there is one, `true` requires it (a model without is refused), `false` never.
 
 JSONL lines are parsed one by one with `json.loads`, so a bad row is reported as
 `path:line`, and each row is kept exactly as written (the `datasets` library would
@@ -34,7 +35,7 @@ from typing import Any
 
 from rlharness.config.schema import ConfigError, JsonlTaskConf
 from rlharness.data.base import PromptRow, TaskData
-from rlharness.model import PROJECT_ROOT
+from rlharness.model import PROJECT_ROOT, require_chat_template
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,7 @@ def extract_answer(answer: Any, delimiter: str) -> str:
 
 def render_prompt(row: dict[str, Any], conf: JsonlTaskConf, tokenizer=None) -> str:
     text = conf.prompt_template.format_map({**row, "prompt": row[conf.prompt_field]})
-    if conf.apply_chat_template and tokenizer is not None and getattr(tokenizer, "chat_template", None):
+    if conf.apply_chat_template is not False and tokenizer is not None and getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
         )
@@ -213,6 +214,8 @@ def _prompt_row(index: int, row: dict[str, Any], conf: JsonlTaskConf, tokenizer,
 
 
 def load_jsonl_task(conf: JsonlTaskConf, tokenizer=None) -> TaskData:
+    if conf.apply_chat_template and tokenizer is not None:
+        require_chat_template(tokenizer, "task.apply_chat_template")
     # The template's fields must exist in every row (`prompt` is the prompt_field alias).
     required = [conf.prompt_field, conf.answer_field]
     required += [f for f in template_fields(conf.prompt_template) if f != "prompt" and f not in required]

@@ -108,3 +108,9 @@ def test_no_chat_template_leaves_the_prompt_alone(tmp_path):
     assert not tok.chat_template
     task = build_task(JsonlTaskConf(path=path, num_eval=1), tokenizer=tok)
     assert task.train[0].prompt_text == GSM8K_ROWS[0]["question"]
+    # Unless the task asks for the template: then the tokenizer without one is refused, by key.
+    with pytest.raises(ConfigError, match=r"task.apply_chat_template=true but model.path=.* has no chat template"):
+        build_task(JsonlTaskConf(path=path, num_eval=1, apply_chat_template=True), tokenizer=tok)
+    tok.chat_template = CHAT_TEMPLATE
+    asked = build_task(JsonlTaskConf(path=path, num_eval=1, apply_chat_template=True), tokenizer=tok)
+    assert asked.train[0].prompt_text == f"(({GSM8K_ROWS[0]['question']}))=#"

@@ -164,3 +164,94 @@ def test_every_shipped_config_passes_the_preflight():
             # A choice that is refused on its own for a stated reason (e.g. it needs another group) is fine;
             # an unknown-key refusal of a shipped file is not.
             assert "has no key" not in str(exc) and "could not" not in str(exc).lower(), (choice, str(exc))
+
+
+# ----------------------------------------------------------------------------- models that cannot run
+def _model_copy(tmp_path: Path, name: str, source: str = "tiny-arith") -> Path:
+    model = tmp_path / name
+    shutil.copytree(ROOT / "assets" / source, model)
+    return model
+
+
+def test_a_task_asking_for_a_chat_template_refuses_a_model_without_one(tmp_path):
+    # chat_math's task asks for the template (task.apply_chat_template: true); tiny-arith has none.
+    refused([*SIM, "experiment=chat_math", "model=default", f"hydra.run.dir={tmp_path / 'new'}"], tmp_path,
+            ["task.apply_chat_template=true", "model.path='assets/tiny-arith'", "no chat template"])
+    # In a multi-task run the key is the task's own.
+    data = ROOT / "assets" / "tiny-chat" / "data" / "math_train.jsonl"
+    refused([*SIM, "+task@tasks.chat.task=jsonl", f"tasks.chat.task.path={data}",
+             "tasks.chat.task.apply_chat_template=true", "+task@tasks.sums.task=arithmetic",
+             f"hydra.run.dir={tmp_path / 'new'}"], tmp_path,
+            ["tasks.chat.task.apply_chat_template=true", "assets/tiny-arith", "no chat template"])
+
+
+def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused_before_work(tmp_path):
+    # tiny-arith's weights (24 embedding rows) with tiny-chat's byte-level BPE tokenizer (512 tokens):
+    # the arithmetic prompts encode to ids the embedding does not have.
+    model = _model_copy(tmp_path, "mismatched")
+    for f in model.glob("tokenizer*"):
+        f.unlink()
+    for f in (ROOT / "assets" / "tiny-chat").glob("tokenizer*"):
+        shutil.copy(f, model / f.name)
+    line = refused([*SIM, f"model.path={model}", f"hydra.run.dir={tmp_path / 'new'}"], tmp_path,
+                   [f"model.path='{model}'", "vocabulary has 24 tokens", "task=arithmetic prompt 0",
+                    "512 tokens"])
+    assert "token id" in line
+
+
+def test_a_gguf_file_as_model_path_names_the_conversion(tmp_path):
+    gguf = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(64))  # the format's magic and version
+    refused([*SIM, f"model.path={gguf}", f"hydra.run.dir={tmp_path / 'new'}"], tmp_path,
+            [f"model.path='{gguf}'", "GGUF file", f"scripts/fetch_smollm2.py --gguf {gguf}"])
+    # A folder holding only a GGUF file is named the same way.
+    folder = tmp_path / "gguf_folder"
+    folder.mkdir()
+    shutil.copy(gguf, folder / gguf.name)
+    refused([*SIM, f"model.path={folder}", f"hydra.run.dir={tmp_path / 'new'}"], tmp_path,
+            ["GGUF file", str(folder / gguf.name)])
+
+
+CUSTOM_CONFIG = '''from transformers import LlamaConfig
+
+
+class CustomLlamaConfig(LlamaConfig):
+    model_type = "custom_llama"
+'''
+CUSTOM_MODEL = '''from transformers import LlamaForCausalLM
+
+from .configuration_custom import CustomLlamaConfig
+
+
+class CustomLlamaForCausalLM(LlamaForCausalLM):
+    config_class = CustomLlamaConfig
+'''
+
+
+def test_a_model_with_its_own_code_needs_trust_remote_code(tmp_path):
+    import json
+
+    from rlharness.config.schema import ModelConf
+    from rlharness.model import check_model_files, load_model_config
+
+    model = _model_copy(tmp_path, "custom")
+    config = json.loads((model / "config.json").read_text())
+    config.update(model_type="custom_llama", architectures=["CustomLlamaForCausalLM"],
+                  auto_map={"AutoConfig": "configuration_custom.CustomLlamaConfig",
+                            "AutoModelForCausalLM": "modeling_custom.CustomLlamaForCausalLM"})
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "configuration_custom.py").write_text(CUSTOM_CONFIG)
+    (model / "modeling_custom.py").write_text(CUSTOM_MODEL)
+    refused([*SIM, f"model.path={model}", f"hydra.run.dir={tmp_path / 'new'}"], tmp_path,
+            [f"model.path='{model}'", "auto_map", "AutoModelForCausalLM -> modeling_custom.CustomLlamaForCausalLM",
+             "model.trust_remote_code=true"])
+    # With the flag the folder passes, and its own config class is what loads.
+    trusted = ModelConf(path=str(model), trust_remote_code=True)
+    assert check_model_files(trusted) == model.resolve()
+    assert type(load_model_config(trusted)).__name__ == "CustomLlamaConfig"
+    # A folder whose auto_map names a class transformers has built in runs without the flag.
+    plain = _model_copy(tmp_path, "plain_with_auto_map")
+    config = json.loads((plain / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "configuration_custom.CustomLlamaConfig"}
+    (plain / "config.json").write_text(json.dumps(config))
+    assert check_model_files(ModelConf(path=str(plain))) == plain.resolve()
