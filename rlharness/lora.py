@@ -65,10 +65,8 @@ def resolve_targets(model: torch.nn.Module, conf: LoraConf) -> list[str]:
     return list(conf.target_modules)
 
 
-def check_model_conf(model_conf: ModelConf) -> None:
-    """Before anything starts: the targets exist in `model.path` (a weightless copy on the meta device)."""
-    if not model_conf.lora.enabled:
-        return
+def targets_for(model_conf: ModelConf) -> list[str]:
+    """`resolve_targets` on the layout of `model.path` (a weightless copy on the meta device)."""
     from transformers import AutoModelForCausalLM
 
     from rlharness.model import load_model_config
@@ -76,7 +74,13 @@ def check_model_conf(model_conf: ModelConf) -> None:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(load_model_config(model_conf),
                                                  trust_remote_code=model_conf.trust_remote_code)
-    resolve_targets(model, model_conf.lora)
+    return resolve_targets(model, model_conf.lora)
+
+
+def check_model_conf(model_conf: ModelConf) -> None:
+    """Before anything starts: the LoRA targets exist in `model.path`."""
+    if model_conf.lora.enabled:
+        targets_for(model_conf)
 
 
 def peft_config(conf: LoraConf, targets: list[str]):
@@ -169,9 +173,9 @@ class WeightSync:
 
 
 def state_bytes(state: Any) -> int:
-    """Bytes of the tensors in a state dict (0 for anything else, e.g. a remote reference)."""
+    """Bytes of the tensors in a state dict; a remote one's size as its holder reports it (`nbytes`), else 0."""
     if not isinstance(state, dict):
-        return 0
+        return int(getattr(state, "nbytes", 0) or 0)
     return sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
 
 

@@ -142,6 +142,7 @@ def compose_checked(overrides: list[str]):
     from omegaconf.errors import OmegaConfBaseException
 
     from rlharness.config.store import register_configs
+    from rlharness.lora import check_model_conf
 
     register_configs()
     GlobalHydra.instance().clear()
@@ -155,7 +156,8 @@ def compose_checked(overrides: list[str]):
         check_known_keys(job)
         job.run_dir = "preflight"
         adopt_strategy_max_staleness(job, overrides)  # as train.py
-        OmegaConf.to_object(job)  # the schemas' __post_init__ checks
+        conf = OmegaConf.to_object(job)  # the schemas' __post_init__ checks
+        check_model_conf(conf.model)  # LoRA targets exist in model.path (needs the model's layout)
     except ConfigError:
         raise
     except (HydraException, OmegaConfBaseException, ValueError, TypeError) as exc:
