@@ -12,10 +12,12 @@ For each model (`--models`, default the embedded chat model and SmolLM2-135M-Ins
   then `engine.load_weights`): full weights, LoRA `merged` (after the first sync: the adapted
   matrices only), LoRA `adapter` (A and B only; the engine applies them in its forward).
 - **engine**: `engine=hf` tokens/s serving the adapter in its forward against the merged
-  weights (same requests, EOS ignored so both produce the same tokens).
+  weights (same requests, EOS ignored so both produce the same tokens); with `--vllm` (run
+  from .venv-vllm) the same for `engine=vllm`: a LoRARequest per request against merged weights.
 
     .venv/bin/python benchmarks/lora.py                      # both models (minutes on 2 cores)
     .venv/bin/python benchmarks/lora.py --models assets/tiny-chat --quick
+    .venv-vllm/bin/python benchmarks/lora.py --vllm --models assets/tiny-chat   # engine=vllm only
 
 Prints markdown tables; CSV to benchmarks/results/lora_*.csv.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import dataclasses
 import json
 import platform
 import resource
@@ -43,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from rlharness.backend.torch_backend import TorchBackend  # noqa: E402
 from rlharness.config.schema import AlgoConf, HFEngineConf, LoraConf, ModelConf, TorchBackendConf  # noqa: E402
+from rlharness.engine.base import SamplingParams  # noqa: E402
 from rlharness.trainer.batch import build_train_batch  # noqa: E402
 from rlharness.types import RolloutState, Status  # noqa: E402
 
@@ -132,8 +136,22 @@ async def sync_rows(path: str, repeats: int) -> list[dict]:
     return out
 
 
+async def tokens_per_s(engine, sampling: SamplingParams, requests: int, repeats: int) -> float:
+    """Median generated tokens per second over `repeats` rounds of the same `requests` (after a warm-up); closes it."""
+    from rlharness.engine import GenerateRequest
+
+    reqs = [GenerateRequest(str(i), [10 + i % 50, 20, 30, 40], sampling, seed=i) for i in range(requests)]
+    await engine.generate_many(reqs[:2])
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        res = await engine.generate_many(reqs)
+        rates.append(sum(len(r.token_ids) for r in res) / (time.perf_counter() - t0))
+    await engine.close()
+    return statistics.median(rates)
+
+
 async def engine_rows(path: str, requests: int, tokens: int, repeats: int) -> list[dict]:
-    from rlharness.engine import GenerateRequest, SamplingParams
     from rlharness.engine.hf import HFEngine
     from rlharness.lora import wrap_for_engine
     from rlharness.model import load_model
@@ -145,16 +163,33 @@ async def engine_rows(path: str, requests: int, tokens: int, repeats: int) -> li
         if sync == "adapter":
             model = wrap_for_engine(model, conf)
         engine = HFEngine(HFEngineConf(max_batch_size=requests), None, 0, model=model, eos_token_ids=[])
-        reqs = [GenerateRequest(str(i), [10 + i % 50, 20, 30, 40], SamplingParams(max_tokens=tokens), seed=i)
-                for i in range(requests)]
-        await engine.generate_many(reqs[:2])  # warm-up
-        rates = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            res = await engine.generate_many(reqs)
-            rates.append(sum(len(r.token_ids) for r in res) / (time.perf_counter() - t0))
-        await engine.close()
-        out.append({"model": path, "engine=hf serving": name, "tokens_per_s": statistics.median(rates)})
+        rate = await tokens_per_s(engine, SamplingParams(max_tokens=tokens), requests, repeats)
+        out.append({"model": path, "engine=hf serving": name, "tokens_per_s": rate})
+    return out
+
+
+@dataclasses.dataclass(slots=True)
+class NoEOS(SamplingParams):
+    """vLLM's `ignore_eos`: every request produces max_tokens tokens."""
+
+    ignore_eos: bool = True
+
+
+async def vllm_rows(path: str, requests: int, tokens: int, repeats: int) -> list[dict]:
+    """engine=vllm: the trained adapter served by vLLM (LoRARequest) against the same adapter merged."""
+    from rlharness.config.schema import VLLMEngineConf
+    from rlharness.engine import build_engine
+
+    algo = AlgoConf(name="grpo", lr=1e-2, micro_batch_size=8)
+    out = []
+    for name, sync in (("merged weights", "merged"), ("adapter (LoRARequest)", "adapter")):
+        conf = model_conf(path, 8, sync)
+        b = TorchBackend(TorchBackendConf(), conf, algo, total_steps=10, seed=0)
+        b.train_step_blocking(batch(8, 16, 16, b.tokenizer.vocab_size, algo))  # a non-zero adapter
+        engine = build_engine(VLLMEngineConf(weight_sync="disk"), conf, seed=0)
+        await engine.load_weights(await b.get_weights(), 1)
+        rate = await tokens_per_s(engine, NoEOS(max_tokens=tokens), requests, repeats)
+        out.append({"model": path, "engine=vllm serving": name, "tokens_per_s": rate})
     return out
 
 
@@ -174,13 +209,19 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="+", default=["assets/tiny-chat", "assets/smollm2-135m-instruct"])
     p.add_argument("--quick", action="store_true", help="fewer repeats and tokens: checks that it runs")
+    p.add_argument("--vllm", action="store_true", help="only engine=vllm adapter vs merged (in .venv-vllm)")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     args = p.parse_args()
     repeats, tokens = (2, 8) if args.quick else (5, 32)
     print(f"# LoRA benchmark, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
           f"torch threads {torch.get_num_threads()}, load average {open('/proc/loadavg').read().split()[:3]}")
     results: dict[str, list[dict]] = {"trainer": [], "sync": [], "engine": []}
+    if args.vllm:
+        results = {"vllm_engine": []}
     for path in args.models:
+        if args.vllm:
+            results["vllm_engine"] += asyncio.run(vllm_rows(path, requests=16, tokens=tokens, repeats=repeats))
+            continue
         results["trainer"] += trainer_rows(path, rows=8, response_len=tokens)
         results["sync"] += asyncio.run(sync_rows(path, repeats))
         results["engine"] += asyncio.run(engine_rows(path, requests=16, tokens=tokens, repeats=repeats))

@@ -63,4 +63,6 @@ def test_disagg_async_lora_run(ray_session, tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["train/logprob_diff_rollout"] < 1e-4 for r in rows)  # the engines serve the trained adapter
     assert (run_dir / "checkpoints" / "step_00000004" / "backend" / "adapter_config.json").is_file()
-    assert all(0 < r["perf/weight_sync_bytes"] < 100_000 for r in rows)  # the adapter only, through the object store
+    # The adapter only (94 kB of tensors; the model's weights are 2.1 MB), as the object store holds it.
+    sent = [r["perf/weight_sync_bytes"] for r in rows]
+    assert all(90_000 < b < 200_000 for b in sent), sent
