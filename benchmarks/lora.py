@@ -218,21 +218,25 @@ def main() -> None:
     results: dict[str, list[dict]] = {"trainer": [], "sync": [], "engine": []}
     if args.vllm:
         results = {"vllm_engine": []}
-    for path in args.models:
-        if args.vllm:
-            results["vllm_engine"] += asyncio.run(vllm_rows(path, requests=16, tokens=tokens, repeats=repeats))
-            continue
-        results["trainer"] += trainer_rows(path, rows=8, response_len=tokens)
-        results["sync"] += asyncio.run(sync_rows(path, repeats))
-        results["engine"] += asyncio.run(engine_rows(path, requests=16, tokens=tokens, repeats=repeats))
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for name, rows in results.items():
-        print(f"\n## {name}\n\n{table(rows)}")
+
+    def record(name: str, rows: list[dict]) -> None:
+        """Print and save as soon as measured (a long run keeps what it finished)."""
+        results[name] += rows
+        print(f"\n## {name}\n\n{table(rows)}", flush=True)
         with open(out / f"lora_{name}.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w = csv.DictWriter(f, fieldnames=list(results[name][0]))
             w.writeheader()
-            w.writerows(rows)
+            w.writerows(results[name])
+
+    for path in args.models:
+        if args.vllm:
+            record("vllm_engine", asyncio.run(vllm_rows(path, requests=16, tokens=tokens, repeats=repeats)))
+            continue
+        record("trainer", trainer_rows(path, rows=8, response_len=tokens))
+        record("sync", asyncio.run(sync_rows(path, repeats)))
+        record("engine", asyncio.run(engine_rows(path, requests=16, tokens=tokens, repeats=repeats)))
     print(f"\nload average at the end {open('/proc/loadavg').read().split()[:3]}")
 
 

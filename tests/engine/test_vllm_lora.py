@@ -47,7 +47,7 @@ def run_engine(b: TorchBackend, model_dir: str, syncs: int = 2) -> tuple[float, 
     reqs = [GenerateRequest(str(i), p, SamplingParams(max_tokens=12), seed=i) for i, p in enumerate(prompts)]
 
     async def go():
-        engine = build_engine(VLLMEngineConf(sync_timeout_s=120.0, weight_sync="disk"),
+        engine = build_engine(VLLMEngineConf(sync_timeout_s=120.0),  # the default route: collective (gloo)
                               ModelConf(path=model_dir, lora=b.lora_conf), seed=0)
         try:
             before = await asyncio.gather(*(engine.generate(r) for r in reqs))

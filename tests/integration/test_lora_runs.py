@@ -35,7 +35,8 @@ def test_colocated_async_multitask_lora(tmp_path):
 def test_smollm2_lora_adapter_run(tmp_path):
     """The real model: 2.4M adapter parameters of 137M, the engine serves the adapter, KL against adapters off."""
     run_dir = tmp_path / "run"
-    run_in_process(run_dir, ["experiment=chat_math", "model=smollm2", "batch_size=2", "sampler.prompt_repeat_k=2",
+    run_in_process(run_dir, ["experiment=chat_math", f"model.path={SMOLLM2}",  # after the experiment: it sets a path
+                             "batch_size=2", "sampler.prompt_repeat_k=2",
                              "agent.sampling.max_tokens=8", "total_steps=2", "eval_every=0", "save_every=0",
                              "eval.num_prompts=2", "logger.mode=disabled", "model.lora.rank=8",
                              "model.lora.sync=adapter", "algo.kl_coef=0.05", "algo.lr=1e-3"])
