@@ -142,7 +142,6 @@ def compose_checked(overrides: list[str]):
     from omegaconf.errors import OmegaConfBaseException
 
     from rlharness.config.store import register_configs
-    from rlharness.lora import check_model_conf
 
     register_configs()
     GlobalHydra.instance().clear()
@@ -157,7 +156,10 @@ def compose_checked(overrides: list[str]):
         job.run_dir = "preflight"
         adopt_strategy_max_staleness(job, overrides)  # as train.py
         conf = OmegaConf.to_object(job)  # the schemas' __post_init__ checks
-        check_model_conf(conf.model)  # LoRA targets exist in model.path (needs the model's layout)
+        if conf.model.lora.enabled:  # its targets exist in model.path (reads the model's layout)
+            from rlharness.lora import check_model_conf
+
+            check_model_conf(conf.model)
     except ConfigError:
         raise
     except (HydraException, OmegaConfBaseException, ValueError, TypeError) as exc:
