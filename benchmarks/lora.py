@@ -17,6 +17,7 @@ For each model (`--models`, default the embedded chat model and SmolLM2-135M-Ins
 
     .venv/bin/python benchmarks/lora.py                      # both models (minutes on 2 cores)
     .venv/bin/python benchmarks/lora.py --models assets/tiny-chat --quick
+    .venv/bin/python benchmarks/lora.py --models assets/smollm2-135m-instruct --quick --sections trainer
     .venv-vllm/bin/python benchmarks/lora.py --vllm --models assets/tiny-chat   # engine=vllm only
 
 Prints markdown tables; CSV to benchmarks/results/lora_*.csv.
@@ -209,6 +210,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="+", default=["assets/tiny-chat", "assets/smollm2-135m-instruct"])
     p.add_argument("--quick", action="store_true", help="fewer repeats and tokens: checks that it runs")
+    p.add_argument("--sections", nargs="+", default=["trainer", "sync", "engine"], choices=["trainer", "sync", "engine"])
     p.add_argument("--vllm", action="store_true", help="only engine=vllm adapter vs merged (in .venv-vllm)")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     args = p.parse_args()
@@ -234,9 +236,12 @@ def main() -> None:
         if args.vllm:
             record("vllm_engine", asyncio.run(vllm_rows(path, requests=16, tokens=tokens, repeats=repeats)))
             continue
-        record("trainer", trainer_rows(path, rows=8, response_len=tokens))
-        record("sync", asyncio.run(sync_rows(path, repeats)))
-        record("engine", asyncio.run(engine_rows(path, requests=16, tokens=tokens, repeats=repeats)))
+        if "trainer" in args.sections:
+            record("trainer", trainer_rows(path, rows=4 if args.quick else 8, response_len=tokens))
+        if "sync" in args.sections:
+            record("sync", asyncio.run(sync_rows(path, repeats)))
+        if "engine" in args.sections:
+            record("engine", asyncio.run(engine_rows(path, requests=16, tokens=tokens, repeats=repeats)))
     print(f"\nload average at the end {open('/proc/loadavg').read().split()[:3]}")
 
 
