@@ -255,6 +255,7 @@ class RemoteJudgerConf(JudgerConf):
 
 # ----------------------------------------------------------------------------- model
 LORA_SYNCS = ("merged", "adapter")
+VLLM_MAX_LORA_RANK = 512  # the largest of vLLM's max_lora_rank values (vllm.config.lora.MaxLoRARanks)
 
 
 @dataclass
@@ -783,6 +784,10 @@ class RunConf:
             from rlharness.placement_plan import check_fits
 
             check_fits(self)
+        lora = self.model.lora
+        if lora.enabled and lora.sync == "adapter" and self.engine.name == "vllm" and lora.rank > VLLM_MAX_LORA_RANK:
+            raise ConfigError(f"model.lora.sync=adapter with engine=vllm and model.lora.rank={lora.rank} is not allowed: "
+                              f"vLLM serves adapters up to rank {VLLM_MAX_LORA_RANK}; use model.lora.sync=merged")
         self._check_tasks()
         if self.tasks and not any(e.task.num_eval for e in self.tasks.values()):
             raise ConfigError("every task has task.num_eval=0: at least one task needs an eval split "

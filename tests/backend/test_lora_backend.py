@@ -189,3 +189,13 @@ def test_bad_lora_settings_are_refused_by_key(tiny_model_dir):
     assert str(err.value) == ("model.lora.target_modules: 'qkv' matches no module; the model's linear layers are: "
                               "down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj")
     lora.check_model_conf(dataclasses.replace(conf, lora=LoraConf(rank=4)))  # defaults: found by name
+
+
+def test_adapter_sync_beyond_what_vllm_serves_is_refused_naming_the_sync_that_works():
+    from tests.helpers import compose_conf
+
+    with pytest.raises(ConfigError, match=r"model.lora.sync=adapter with engine=vllm .*rank=1024.*use model.lora.sync="
+                                          r"merged"):
+        compose_conf(["engine=vllm", "model.lora.rank=1024", "model.lora.sync=adapter"])
+    compose_conf(["engine=vllm", "model.lora.rank=1024", "model.lora.sync=merged"])
+    compose_conf(["engine=hf", "model.lora.rank=1024", "model.lora.sync=adapter"])  # the hf engine serves any rank
