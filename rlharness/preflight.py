@@ -354,6 +354,10 @@ def compose_typed(overrides: list[str], source: ConfigSource = ConfigSource()):
         job.run_dir = "preflight"
         adopt_strategy_max_staleness(job, overrides)  # as train.py
         conf = OmegaConf.to_object(job)  # the schemas' __post_init__ checks
+        if conf.model.lora.enabled:  # its targets exist in model.path (reads the model's layout)
+            from rlharness.lora import check_model_conf
+
+            check_model_conf(conf.model)
     except ConfigError:
         raise
     except (HydraException, OmegaConfBaseException, ValueError, TypeError) as exc:

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from rlharness import lora
 from rlharness.checkpoint import check_state_files, writing
 from rlharness.backend.lr_plan import LRPlan, planned
 from rlharness.backend.torch_backend import TorchBackend, _Sums, all_finite, require_finite_weights
@@ -141,12 +142,14 @@ class DeepSpeedWorker(TorchBackend):
         self.device = torch.device("cpu" if on_cpu else "cuda")
         torch.manual_seed(seed)
         self.tokenizer = load_tokenizer(model_conf)
-        model = load_model(model_conf, device=str(self.device))
+        self.model = load_model(model_conf, device=str(self.device))
+        self._setup_lora(model_conf.lora, gradient_checkpointing=conf.gradient_checkpointing)  # LoRA: a PeftModel
+        model = self.model
         if conf.gradient_checkpointing:  # before deepspeed.initialize wraps the module
             model.gradient_checkpointing_enable()
         model.train()
         self.ref_model = None
-        if algo.kl_coef > 0:
+        if algo.kl_coef > 0 and self.peft_model is None:
             self.ref_model = load_model(model_conf, device=str(self.device)).eval()
             self.ref_model.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
@@ -247,16 +250,26 @@ class DeepSpeedWorker(TorchBackend):
         with self._gathered():
             if self.rank != 0:
                 return None
+            if self.peft_model is not None:  # only what changed (model.lora.sync)
+                return self._lora_sync.weights(self.peft_model)
             return {k: v.detach().to("cpu", copy=True) for k, v in self.engine.module.state_dict().items()}
 
     def save_blocking(self, directory: str) -> None:
         require_finite_weights(self.weights_finite(), directory)  # every rank: a collective
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
+        lora_on = self.peft_model is not None
         with writing(out / DS_SUBDIR):
             self.engine.save_checkpoint(str(out / DS_SUBDIR), tag=DS_TAG, save_latest=False, client_state={
                 "scheduler": self.scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
-                "lr_plan": self.lr_plan.state_dict()})
+                "lr_plan": self.lr_plan.state_dict()}, exclude_frozen_parameters=lora_on)  # LoRA: no copy of the base
+        if lora_on:
+            if self.rank == 0:  # the adapter in PEFT's format, as backend=torch writes it
+                with self._gathered():
+                    lora.save_adapter(self.peft_model, out)
+                self.tokenizer.save_pretrained(out)
+            torch.distributed.barrier()
+            return
         state = self.get_weights_blocking()
         if self.rank == 0:
             with writing(out / "model.safetensors"):
@@ -273,8 +286,10 @@ class DeepSpeedWorker(TorchBackend):
         # DeepSpeed's checkpoint engine unpickles with weights_only=False: read every file
         # with the data-only loader first, so a crafted file is refused before it can run.
         check_state_files(src, allow=deepspeed_state_classes())
+        lora.check_resume(directory, self.lora_conf, lora.targets_of(self.peft_model))
         path, client = self.engine.load_checkpoint(str(src), tag=DS_TAG, load_optimizer_states=True,
-                                                   load_lr_scheduler_states=False)
+                                                   load_lr_scheduler_states=False,
+                                                   load_module_strict=self.peft_model is None)
         if path is None:
             raise RuntimeError(f"deepspeed could not load the checkpoint in {src}")
         self.scheduler.load_state_dict(client["scheduler"])

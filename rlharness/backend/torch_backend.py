@@ -49,7 +49,8 @@ from rlharness.backend.micro_batches import token_budget_slices
 from rlharness.backend.lr_plan import (LRPlan, apply_optimizer_settings, lr_multiplier,  # noqa: F401 - re-exported
                                       planned, replan)
 from rlharness.checkpoint import load_state, save_state, writing
-from rlharness.config.schema import AlgoConf, ModelConf, TorchBackendConf
+from rlharness import lora
+from rlharness.config.schema import AlgoConf, LoraConf, ModelConf, TorchBackendConf
 from rlharness.model import load_model, load_tokenizer
 from rlharness.types import TrainBatch
 
@@ -105,11 +106,12 @@ class TorchBackend(TrainingBackend):
         torch.manual_seed(seed)
         self.tokenizer = load_tokenizer(model_conf)
         self.model = load_model(model_conf, device=conf.device)
+        self._setup_lora(model_conf.lora, conf.gradient_checkpointing)
         if conf.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.model.train()
         self.ref_model = None
-        if algo.kl_coef > 0:  # the frozen reference is the starting policy
+        if algo.kl_coef > 0 and self.peft_model is None:  # the frozen reference is the starting policy
             self.ref_model = load_model(model_conf, device=conf.device).eval()
             self.ref_model.requires_grad_(False)
         self._check_head_split()
@@ -120,6 +122,14 @@ class TorchBackend(TrainingBackend):
         self.lr_plan = LRPlan(total_steps)  # re-planned when a resume changes total_steps (lr_plan.py)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: planned(step, self.lr_plan,
                                                                                                  self.algo))
+
+    def _setup_lora(self, lora_conf: LoraConf, gradient_checkpointing: bool) -> None:
+        """model.lora.rank > 0: the policy becomes a PeftModel (only adapters train; rlharness/lora.py)."""
+        self.lora_conf = lora_conf
+        self.peft_model = None
+        if lora_conf.enabled:
+            self.model = self.peft_model = lora.wrap(self.model, lora_conf, gradient_checkpointing)
+            self._lora_sync = lora.WeightSync(lora_conf)
 
     # ------------------------------------------------------------------ async interface
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
@@ -163,6 +173,13 @@ class TorchBackend(TrainingBackend):
         return response_token_scores(lambda positions: self._score_rows(model, ids, attn, positions), ids,
                                      mb["response_mask"], temperature=temperature, entropy=entropy,
                                      chunk_tokens=self.conf.logprob_chunk_tokens)
+
+    def _reference_scores(self, mb: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
+        """The KL term's reference log-probs: the frozen copy, or with LoRA the policy with its adapters off."""
+        if self.peft_model is None:
+            return self._token_scores(self.ref_model, mb, temperature, "none")[0]
+        with lora.reference(self.peft_model):
+            return self._token_scores(self.model, mb, temperature, "none")[0]
 
     def _rows(self, batch: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """Select rows and trim the right padding they all share (less compute per micro-batch)."""
@@ -300,9 +317,9 @@ class TorchBackend(TrainingBackend):
         pg_tok, clipped = compute_policy_loss(logprobs, old, mb["advantages"], mask, algo)
         pg_tok = pg_tok * weights
         loss_tok = pg_tok
-        if self.ref_model is not None:
+        if algo.kl_coef > 0:
             with torch.no_grad():
-                ref_lp = self._token_scores(self.ref_model, mb, temperature, "none")[0]
+                ref_lp = self._reference_scores(mb, temperature)
             kl_tok = kl_penalty(logprobs, ref_lp, algo.kl_estimator, algo.kl_clamp)
             loss_tok = loss_tok + algo.kl_coef * kl_tok
             sums.add("kl_sum", masked(kl_tok.detach(), mask).sum())
@@ -330,6 +347,8 @@ class TorchBackend(TrainingBackend):
 
     # ------------------------------------------------------------------ weights and state
     def get_weights_blocking(self) -> dict[str, torch.Tensor]:
+        if self.peft_model is not None:  # only what changed (model.lora.sync)
+            return self._lora_sync.weights(self.peft_model)
         return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()}
 
     def save_blocking(self, directory: str) -> None:
@@ -379,9 +398,13 @@ class TorchBackend(TrainingBackend):
         state_path = src / STATE_FILE
         if not state_path.is_file():
             raise FileNotFoundError(f"backend checkpoint {src}: {STATE_FILE} is missing (not written by TorchBackend.save?)")
-        saved = AutoModelForCausalLM.from_pretrained(str(src), dtype=next(self.model.parameters()).dtype)
-        self.model.load_state_dict(saved.state_dict())
-        del saved
+        lora.check_resume(src, self.lora_conf, lora.targets_of(self.peft_model))
+        if self.peft_model is not None:
+            lora.load_adapter(self.peft_model, src)
+        else:
+            saved = AutoModelForCausalLM.from_pretrained(str(src), dtype=next(self.model.parameters()).dtype)
+            self.model.load_state_dict(saved.state_dict())
+            del saved
         state = load_state(state_path)  # data only: a crafted file is refused, never run
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

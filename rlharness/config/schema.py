@@ -323,6 +323,38 @@ class RemoteJudgerConf(JudgerConf):
 
 
 # ----------------------------------------------------------------------------- model
+LORA_SYNCS = ("merged", "adapter")
+VLLM_MAX_LORA_RANK = 512  # the largest of vLLM's max_lora_rank values (vllm.config.lora.MaxLoRARanks)
+
+
+@dataclass
+class LoraConf:
+    """LoRA adapters through peft (rlharness/lora.py); rank 0 trains every weight."""
+
+    rank: int = 0
+    alpha: float = 16.0  # the update is scaled by alpha / rank
+    # > 0 makes the trainer's log-probs differ from the engine's (dropout is on only in training).
+    dropout: float = 0.0
+    # Module names (peft's suffix match); empty = the attention and MLP projections of a
+    # Llama/Qwen2 layout that the model has (rlharness.lora.DEFAULT_TARGETS).
+    target_modules: list[str] = field(default_factory=list)
+    # What engines receive at a weight sync: `merged` (base + scale * B @ A for the adapted
+    # matrices only) or `adapter` (the A and B matrices; the engine applies them).
+    sync: str = "merged"
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.rank, int) and self.rank >= 0, "model.lora.rank", self.rank, "an integer >= 0")
+        _check(self.alpha > 0, "model.lora.alpha", self.alpha, "> 0")
+        _check(0 <= self.dropout < 1, "model.lora.dropout", self.dropout, "in [0, 1)")
+        _one_of("model.lora.sync", self.sync, LORA_SYNCS)
+        _check(all(isinstance(t, str) and t for t in self.target_modules), "model.lora.target_modules",
+               self.target_modules, "a list of module names")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
 @dataclass
 class ModelConf:
     # Any Hugging Face causal-LM directory; relative paths resolve against the project.
@@ -330,6 +362,7 @@ class ModelConf:
     dtype: str = "float32"
     attn_implementation: str = "eager"
     trust_remote_code: bool = False
+    lora: LoraConf = field(default_factory=LoraConf)
 
     def __post_init__(self) -> None:
         _one_of("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
@@ -928,6 +961,10 @@ class RunConf:
             from rlharness.placement_plan import check_fits
 
             check_fits(self)
+        lora = self.model.lora
+        if lora.enabled and lora.sync == "adapter" and self.engine.name == "vllm" and lora.rank > VLLM_MAX_LORA_RANK:
+            raise ConfigError(f"model.lora.sync=adapter with engine=vllm and model.lora.rank={lora.rank} is not allowed: "
+                              f"vLLM serves adapters up to rank {VLLM_MAX_LORA_RANK}; use model.lora.sync=merged")
         self._check_tasks()
         if self.tasks and not any(e.task.num_eval for e in self.tasks.values()):
             raise ConfigError("every task has task.num_eval=0: at least one task needs an eval split "

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Iterator
 
 import ray
+import ray.experimental
 
 
 class WeightSyncTimeout(TimeoutError):
@@ -45,6 +46,12 @@ class RemoteWeights(Mapping):
 
     def __repr__(self) -> str:
         return f"RemoteWeights({self.ref})"
+
+    @property
+    def nbytes(self) -> int:
+        """The stored object's size (the weights sent, serialized), without fetching it here."""
+        found = ray.experimental.get_object_locations([self.ref], timeout_ms=int(self.timeout_s * 1000))
+        return int(found.get(self.ref, {}).get("object_size") or 0)
 
 
 def to_object_ref(state: Mapping[str, Any] | Any) -> Any:

@@ -98,12 +98,15 @@ class HFEngine(RolloutEngine):
                  model=None, tokenizer=None, eos_token_ids: list[int] | None = None,
                  join_min_free: int | None = None, command_timeout_s: float = 300.0,
                  idle_poll_s: float = 0.05):
+        from rlharness.lora import engine_serves_adapter, wrap_for_engine
         from rlharness.model import load_model, load_tokenizer
 
         if model is None:
             if model_conf is None:
                 raise ValueError("HFEngine needs model_conf (to load model.path) or an explicit model")
             model = load_model(model_conf, device=conf.device)
+            if engine_serves_adapter(model_conf):  # model.lora.sync=adapter: applied in this forward
+                model = wrap_for_engine(model, model_conf)
         if tokenizer is None and model_conf is not None:
             tokenizer = load_tokenizer(model_conf)
         self.conf = conf

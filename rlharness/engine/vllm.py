@@ -28,6 +28,10 @@ this module never needs it. What this adapter adds:
   it (temperature 1 for greedy requests). With top-p/top-k truncation vLLM
   renormalises over the kept tokens, the hf engine does not: they agree when
   top_p=1 and top_k=0 (the defaults).
+- LoRA with `model.lora.sync=adapter`: vLLM serves the adapter itself (`enable_lora`);
+  each weight version arrives as the A and B tensors, is written as a PEFT folder and
+  registered with `add_lora` as a `LoRARequest` of its own, which every later request
+  carries. `sync=merged` needs nothing here: the merged matrices are ordinary weights.
 - Sleep mode (`engine.sleep_mode`, CUDA only): `sleep()` frees the GPU for training
   (weights offloaded, KV cache dropped); the next weight load or request wakes it.
 """
@@ -51,6 +55,7 @@ from typing import Any, Awaitable, Mapping
 from rlharness.config.schema import ConfigError, ModelConf, VLLMEngineConf
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
 from rlharness.engine.vllm_worker import EXTENSION_PATH
+from rlharness.lora import engine_serves_adapter
 from rlharness.model import resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -127,6 +132,7 @@ class VLLMEngine(RolloutEngine):
             # chunked. Without chunked prefill a prompt is scheduled whole or waits, so seeded
             # requests never hit the rewind (vLLM raises the budget to at least max_model_len).
             engine_kwargs.setdefault("enable_chunked_prefill", False)
+        self._adapter = _AdapterServing(model_conf, engine_kwargs) if engine_serves_adapter(model_conf) else None
         self._vllm = vllm
         self._delta = RequestOutputKind.DELTA
         args = vllm.AsyncEngineArgs(
@@ -186,7 +192,8 @@ class VLLMEngine(RolloutEngine):
 
     async def _consume(self, vllm_id: str, request: GenerateRequest, rec: _InFlight) -> str:
         prompt = {"prompt_token_ids": list(request.prompt_ids)}
-        async for out in self._llm.generate(prompt, self._sampling(request), vllm_id):
+        lora_request = self._adapter.request if self._adapter is not None else None
+        async for out in self._llm.generate(prompt, self._sampling(request), vllm_id, lora_request=lora_request):
             c = out.outputs[0]
             new = list(c.token_ids)
             rec.token_ids += new
@@ -233,7 +240,9 @@ class VLLMEngine(RolloutEngine):
     async def load_weights(self, state: Mapping[str, Any], version: int) -> None:
         """Load `state` (this process holds it: colocated, or the object-store route) as `version`."""
         await self._wake_for_weights()
-        if self.conf.weight_sync == "disk":
+        if self._adapter is not None:
+            await self._within(self._adapter.load(self._llm, state, version), f"adding LoRA adapter version {version}")
+        elif self.conf.weight_sync == "disk":
             await self._load_from_folder(state, version)
         else:
             await self._load_by_broadcast(state, version)
@@ -375,10 +384,49 @@ class VLLMEngine(RolloutEngine):
     async def close(self) -> None:
         self._drop_local_group()
         self._llm.shutdown()
+        if self._adapter is not None:
+            self._adapter.cleanup()
 
     def stats(self) -> dict[str, float]:
         return {"tokens_total": float(self._tokens_total), "running": float(len(self._inflight)),
                 "weight_syncs": float(self.weight_syncs)}
+
+
+class _AdapterServing:
+    """`model.lora.sync=adapter`: one LoRARequest per weight version, from a PEFT folder of the received tensors."""
+
+    def __init__(self, model_conf: ModelConf, engine_kwargs: dict[str, Any]) -> None:
+        from rlharness.lora import targets_for
+
+        rank = model_conf.lora.rank
+        engine_kwargs.setdefault("enable_lora", True)
+        # vLLM accepts only these ranks as the maximum; any adapter up to it is served.
+        engine_kwargs.setdefault("max_lora_rank", next(r for r in VLLM_LORA_RANKS if r >= rank))
+        engine_kwargs.setdefault("max_loras", 1)
+        self.model_conf = model_conf
+        self.targets = targets_for(model_conf)
+        self.request: Any = None  # None = the base model (adapters start as the identity)
+        self.root = tempfile.mkdtemp(prefix="rlharness-vllm-lora-")
+
+    async def load(self, llm: Any, state: Mapping[str, Any], version: int) -> None:
+        from vllm.lora.request import LoRARequest
+
+        from rlharness.lora import write_adapter_folder
+
+        folder = os.path.join(self.root, f"v{version}")
+        await asyncio.to_thread(write_adapter_folder, dict(state), self.model_conf, folder, self.targets)
+        request = LoRARequest(f"rlharness-v{version}", int(version) + 1, folder)
+        await llm.add_lora(request)
+        old, self.request = self.request, request
+        if old is not None and old.lora_int_id != request.lora_int_id:
+            await llm.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks
 
 
 def _save_safetensors(state: Mapping[str, Any], folder: str) -> None:

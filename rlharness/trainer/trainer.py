@@ -32,6 +32,7 @@ from rlharness.build import Components
 from rlharness.checkpoint import (CheckpointError, CheckpointWriteError, begin_checkpoint, commit_checkpoint,
                                   latest_checkpoint, load_state, read_meta, save_state, step_dir_name, writing)
 from rlharness.config.schema import RunConf
+from rlharness.lora import state_bytes
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, format_step_line
 from rlharness.logging_utils.plots import write_plots
@@ -181,9 +182,9 @@ class Trainer:
         t_train = loop.time()
         self._guard_onpolicy(step, produced.groups, batch, train_metrics)
         self.step = step
-        sync_s = 0.0
+        sync_s, sync_bytes = 0.0, 0
         if step % conf.sync_weights_interval == 0:
-            sync_s = await self._sync_weights(step)
+            sync_s, sync_bytes = await self._sync_weights(step)
         self.ledger.write_step(step, produced.groups)
         self.ledger.write_dropped(step, c.manager.pop_dropped())
         self.wandb.log_samples(step, produced.groups)
@@ -195,7 +196,8 @@ class Trainer:
                 # sync_weights_interval > 1: the engines hold older weights than the ones just trained. Sync
                 # first, so the eval row (and the value returned to Hydra sweepers) is this step's model;
                 # from here the engines sample with these weights too, and their tokens' versions say so.
-                row["perf/weight_sync_s"] = await self._sync_weights(step)
+                eval_sync_s, eval_sync_bytes = await self._sync_weights(step)
+                sync_s, sync_bytes = sync_s + eval_sync_s, sync_bytes + eval_sync_bytes
             row.update(await self._evaluate(step))
             row["perf/eval_s"] = loop.time() - t_eval
         row.update(self._judge_window())  # all judging since the previous row, this row's eval included
@@ -204,7 +206,9 @@ class Trainer:
             "perf/step_s": step_s,
             "perf/rollout_s": t_rollout - t0,
             "perf/train_s": t_train - t_rollout,
-            "perf/weight_sync_s": sync_s + row.get("perf/weight_sync_s", 0.0),
+            "perf/weight_sync_s": sync_s,
+            # What the sync sent (LoRA: only what changed); 0 without a sync.
+            "perf/weight_sync_bytes": float(sync_bytes),
             "perf/tokens_per_s": trained_tokens / max(step_s, 1e-9),
             "perf/samples_per_s": sum(len(g) for g in produced.groups) / max(step_s, 1e-9),
             # Share of the step the trainer waited for its batch (disagg: production fell behind).
@@ -225,8 +229,8 @@ class Trainer:
         if warning:
             log.warning(warning)
 
-    async def _sync_weights(self, version: int) -> float:
-        """Pause production, move the new weights to every engine, resume."""
+    async def _sync_weights(self, version: int) -> tuple[float, int]:
+        """Pause production, move the new weights to every engine, resume. Returns (seconds, bytes sent)."""
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         await self.c.manager.pause()
@@ -235,7 +239,7 @@ class Trainer:
         self.model_version = version
         self.c.manager.set_model_step(version)
         self.c.manager.resume()
-        return loop.time() - t0
+        return loop.time() - t0, state_bytes(weights)
 
     def _judge_window(self) -> dict[str, float]:
         """The judgers' counts since the last call, as `judge/<name>` summed over tasks, and in a
