@@ -79,7 +79,7 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
     """Check the command line before Hydra makes a directory; `resume=<run dir>` becomes that run's
     overrides plus `model.path=<its checkpoint's model>`. Returns (argv for Hydra, source, guard)."""
     from rlharness.checkpoint import CheckpointError
-    from rlharness.export import find_checkpoint, model_dir
+    from rlharness.export import find_checkpoint, lora_base, model_dir
     from rlharness.launcher import read_run_overrides
     from rlharness.preflight import ConfigSource, compose_checked, holds_run
 
@@ -109,6 +109,10 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
         step = compose_checked(overrides, evaluate_conf).eval.checkpoint_step
         try:
             found_step, ckpt = find_checkpoint(run, step)
+            if lora_base(ckpt) is not None:
+                raise CheckpointError(f"checkpoint step {found_step} holds a LoRA adapter: export the merged model "
+                                      f"first (python -m rlharness.export {run} --step {found_step} <out dir>), then "
+                                      f"evaluate model.path=<out dir>")
             model = model_dir(ckpt)
         except CheckpointError as exc:  # said as the key the user typed
             raise ConfigError(f"resume={resume}: {exc}") from None

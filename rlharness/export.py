@@ -54,19 +54,43 @@ def find_checkpoint(run_dir: str | Path, step: int | None = None) -> tuple[int, 
 
 
 def model_dir(ckpt_dir: Path) -> Path:
-    """The HF files of a checkpoint (config, weights, tokenizer)."""
+    """The HF files of a checkpoint (config, weights, tokenizer); a LoRA run's: its base model's."""
     d = Path(ckpt_dir) / BACKEND_SUBDIR
+    base = lora_base(ckpt_dir)
+    if base is not None:
+        return base
     if not (d / "config.json").is_file():
         raise CheckpointError(f"checkpoint {ckpt_dir} has no model files ({BACKEND_SUBDIR}/config.json): "
                               f"written by backend=sim?")
     return d
 
 
+def lora_base(ckpt_dir: Path) -> Path | None:
+    """The base model folder of a LoRA run's checkpoint (its `backend/` holds only the adapter), else None."""
+    import yaml
+
+    from rlharness.lora import is_lora_checkpoint
+    from rlharness.model import resolve_model_path
+
+    if not is_lora_checkpoint(Path(ckpt_dir) / BACKEND_SUBDIR):
+        return None
+    run_config = Path(ckpt_dir).parent.parent / ".hydra" / "config.yaml"  # model.path is fixed for a run
+    if not run_config.is_file():
+        raise CheckpointError(f"checkpoint {ckpt_dir} holds a LoRA adapter, and its run has no "
+                              f".hydra/config.yaml naming the base model")
+    return resolve_model_path(yaml.safe_load(run_config.read_text())["model"]["path"])
+
+
 def checkpoint_state_dict(ckpt_dir: Path) -> dict:
-    """The full model's weights (name -> tensor) of a checkpoint: the hook for LoRA (merge the
-    adapter into the base weights here and every reader gets the merged model)."""
+    """The full model's weights (name -> tensor) of a checkpoint; a LoRA run's adapter is merged
+    into its base model's weights here, so every reader gets the merged model."""
     from safetensors.torch import load_file
 
+    base = lora_base(ckpt_dir)
+    if base is not None:
+        from rlharness.lora import merged_state_dict_from_checkpoint
+
+        return merged_state_dict_from_checkpoint(Path(ckpt_dir) / BACKEND_SUBDIR, base)
     d = model_dir(ckpt_dir)
     index = d / "model.safetensors.index.json"
     shards = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else [

@@ -106,3 +106,29 @@ def test_export_of_a_deepspeed_run(tmp_path):
     assert (ckpt / "backend" / "deepspeed").is_dir()
     export(run_dir, tmp_path / "model")
     check_export(tmp_path / "model", ckpt)
+
+
+def test_a_lora_run_exports_its_merged_model(tmp_path):
+    """A LoRA checkpoint holds only the adapter: the export is the base with it merged, an ordinary folder
+    whose logits are the PeftModel's (base + adapter); evaluate.py resume= says to export it first."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run_dir = tmp_path / "run"
+    run_cli([*CHAT_RUN, "total_steps=1", "model.lora.rank=4", "algo.lr=5e-2", f"hydra.run.dir={run_dir}"],
+            cwd=tmp_path)
+    (step, ckpt), = complete_checkpoints(run_dir)
+    assert not (ckpt / "backend" / "model.safetensors").exists()  # the adapter only
+    out = tmp_path / "merged"
+    export(run_dir, out)
+    merged = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    base = AutoModelForCausalLM.from_pretrained(str(ROOT / "assets" / "tiny-chat"))
+    peft = PeftModel.from_pretrained(base, str(ckpt / "backend")).eval()
+    ids = torch.tensor([[1, 5, 9, 42, 17, 3]])
+    with torch.no_grad():
+        want, got = peft(input_ids=ids).logits, merged(input_ids=ids).logits
+        plain = AutoModelForCausalLM.from_pretrained(str(ROOT / "assets" / "tiny-chat"))(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-5) and not torch.allclose(got, plain, atol=1e-4)
+    proc = subprocess.run([sys.executable, "evaluate.py", f"resume={run_dir}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and "holds a LoRA adapter: export the merged model first" in proc.stderr
