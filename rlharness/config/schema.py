@@ -211,6 +211,21 @@ class CountdownJudgerConf(RuleJudgerConf):
 
 
 @dataclass
+class ReasoningGymJudgerConf(RuleJudgerConf):
+    """The dataset's own `score_answer` on the answer extracted from the response (rlharness/judger/reasoning_gym.py)."""
+
+    name: str = "reasoning_gym"
+    # What of the response is the answer: auto (the last <answer>...</answer>, else the last
+    # \boxed{}, else the last number when the reference answer is a number, else the whole
+    # response) | answer_tag | boxed | last_number | response (the whole response, stripped).
+    extract: str = "auto"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _one_of("judger.extract", self.extract, ("auto", "answer_tag", "boxed", "last_number", "response"))
+
+
+@dataclass
 class FormatJudgerConf(RuleJudgerConf):
     name: str = "format"
     # The response must match this regular expression (full match) to score 1.
@@ -523,6 +538,30 @@ class JsonlTaskConf(TaskConf):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.num_eval >= 0, "task.num_eval", self.num_eval, ">= 0")
+
+
+@dataclass
+class ReasoningGymTaskConf(TaskConf):
+    """One reasoning-gym dataset (rlharness/data/reasoning_gym.py); scored by its own `score_answer`."""
+
+    name: str = "reasoning_gym"
+    default_judger: str = "reasoning_gym"
+    dataset: str = MISSING  # a reasoning-gym registry name: basic_arithmetic, chain_sum, ...
+    # Keyword arguments of reasoning_gym.create_dataset (the dataset's config dataclass fields,
+    # but seed and size, which come from task.seed and the split sizes).
+    dataset_config: dict[str, Any] = field(default_factory=dict)
+    num_train: int = 20000
+    # Appended to the question after a space (what the model must write, e.g. "Give only the final number.").
+    instruction: str = ""
+    apply_chat_template: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.num_eval >= 0, "task.num_eval", self.num_eval, ">= 0")
+        _check(self.num_train >= 1, "task.num_train", self.num_train, ">= 1")
+        from rlharness.data.reasoning_gym import check_dataset
+
+        check_dataset(self.dataset, self.dataset_config)
 
 
 # ----------------------------------------------------------------------------- tasks (multi-task)
