@@ -7,11 +7,10 @@ import asyncio
 
 import pytest
 
-from rlharness.config.schema import ConfigError, ReasoningGymJudgerConf, ReasoningGymTaskConf
+from rlharness.config.schema import ConfigError, ModelConf, ReasoningGymJudgerConf, ReasoningGymTaskConf
 from rlharness.data import build_task
 from rlharness.judger.reasoning_gym import ReasoningGymJudger, extract_answer
 from rlharness.model import load_tokenizer
-from rlharness.config.schema import ModelConf
 from rlharness.types import Status, make_group
 
 # Two one-digit terms: 200 distinct questions (+ and -), so items repeat within a few hundred draws.
@@ -92,13 +91,17 @@ def test_auto_takes_the_whole_response_when_the_answer_is_not_a_number():
     assert extract_answer("olleh 2", "auto", "olleh") == "olleh 2"
 
 
-def test_the_datasets_own_score_answer_with_partial_credit():
-    # basic_arithmetic keeps reasoning-gym's default scorer: len(oracle) / len(answer) when the answer
-    # contains the oracle; chain_sum's numeric scorer accepts "+01,2" forms.
+def _addition_label() -> dict:
+    """A basic_arithmetic item: reasoning-gym's default scorer, len(oracle) / len(answer) when the
+    answer contains the oracle."""
     task = build_task(ReasoningGymTaskConf(dataset="basic_arithmetic", num_eval=5, num_train=5,
                                            dataset_config={"min_terms": 2, "max_terms": 2, "min_digits": 2,
                                                            "max_digits": 2, "operators": ["+"]}))
-    label = task.eval[0].label
+    return task.eval[0].label
+
+
+def test_the_datasets_own_score_answer_with_partial_credit():
+    label = _addition_label()
     answer = label["entry"]["answer"]
     response = ReasoningGymJudger(ReasoningGymJudgerConf(extract="response"))
     assert response.score(answer, label) == {"score": 1.0}
@@ -109,10 +112,7 @@ def test_the_datasets_own_score_answer_with_partial_credit():
 
 
 def test_judging_runs_in_the_judging_processes_and_keeps_partial_credit():
-    task = build_task(ReasoningGymTaskConf(dataset="basic_arithmetic", num_eval=5, num_train=5,
-                                           dataset_config={"min_terms": 2, "max_terms": 2, "min_digits": 2,
-                                                           "max_digits": 2, "operators": ["+"]}))
-    label = task.eval[0].label
+    label = _addition_label()
     answer = label["entry"]["answer"]
     judger = ReasoningGymJudger(ReasoningGymJudgerConf(extract="response", num_workers=1))
     group = make_group(task="t", prompt_index=0, epoch=0, prompt_text="p", prompt_ids=[1], label=label, k=3)
