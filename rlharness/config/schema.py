@@ -212,7 +212,7 @@ class CountdownJudgerConf(RuleJudgerConf):
 
 @dataclass
 class ReasoningGymJudgerConf(RuleJudgerConf):
-    """The dataset's own `score_answer` on the answer extracted from the response (rlharness/judger/reasoning_gym.py)."""
+    """The dataset's own `score_answer` on the answer taken from the response (rlharness/judger/reasoning_gym.py)."""
 
     name: str = "reasoning_gym"
     # What of the response is the answer: auto (the last <answer>...</answer>, else the last
@@ -559,9 +559,7 @@ class ReasoningGymTaskConf(TaskConf):
         super().__post_init__()
         _check(self.num_eval >= 0, "task.num_eval", self.num_eval, ">= 0")
         _check(self.num_train >= 1, "task.num_train", self.num_train, ">= 1")
-        from rlharness.data.reasoning_gym import check_dataset
-
-        check_dataset(self.dataset, self.dataset_config)
+        # The dataset name and config keys are checked by RunConf, which knows the task's key.
 
 
 # ----------------------------------------------------------------------------- tasks (multi-task)
@@ -812,6 +810,12 @@ class RunConf:
                 raise ConfigError(
                     f"algo.overlong_buffer_len={self.algo.overlong_buffer_len} must be < {where}="
                     f"{max_tokens} (the penalty ramps over the budget's last tokens)")
+        for name, entry in self.task_entries().items():
+            if isinstance(entry.task, ReasoningGymTaskConf):
+                from rlharness.data.reasoning_gym import check_dataset
+
+                check_dataset(entry.task.dataset, entry.task.dataset_config,
+                              f"tasks.{name}.task" if self.tasks else "task")
         if self.strategy.max_staleness != self.max_staleness:
             raise ConfigError(
                 f"strategy.max_staleness={self.strategy.max_staleness} differs from max_staleness="

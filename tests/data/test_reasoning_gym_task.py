@@ -59,14 +59,15 @@ def test_prompt_is_the_question_and_instruction_in_the_models_chat_template():
 
 
 @pytest.mark.parametrize("kw, expect", [
-    ({"dataset": "chain_summ"}, ["task.dataset='chain_summ'", "valid: ", "basic_arithmetic", "chain_sum", "gsm_symbolic"]),
+    ({"dataset": "chain_summ"}, ["task.dataset='chain_summ'", "valid: ", "basic_arithmetic", "chain_sum",
+                                 "gsm_symbolic"]),
     ({"dataset_config": {"min_term": 2}}, ["unknown key(s) min_term", "valid: min_terms, max_terms, min_digits"]),
     ({"dataset_config": {"seed": 2}}, ["unknown key(s) seed"]),  # set by task.seed, not here
     ({"dataset_config": {"min_terms": 3, "max_terms": 2}}, ["rejected by dataset 'chain_sum'", "max_terms"]),
 ])
 def test_unknown_dataset_or_config_key_is_refused_listing_the_valid_ones(kw, expect):
     with pytest.raises(ConfigError) as err:
-        _conf(**kw)
+        build_task(_conf(**kw))
     assert "\n" not in str(err.value)
     for word in expect:
         assert word in str(err.value)

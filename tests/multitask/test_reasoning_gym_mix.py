@@ -54,9 +54,12 @@ def test_two_reasoning_gym_datasets_train_together_resume_exactly_and_are_judged
     assert_trains_like(resumed, reference, total_steps=3)
 
 
-def test_an_unknown_dataset_is_refused_in_one_line_before_the_run_starts(tmp_path):
+def test_an_unknown_dataset_or_config_key_is_refused_in_one_line_naming_the_key_before_the_run_starts(tmp_path):
     line = refused(["task=reasoning_gym", "task.dataset=chainsum", "model.path=assets/tiny-chat"], tmp_path,
                    ["task.dataset='chainsum'", "valid: ", "chain_sum"])
     assert "basic_arithmetic" in line
     refused(["task=reasoning_gym", "task.dataset=chain_sum", "+task.dataset_config.max_term=2"], tmp_path,
             ["unknown key(s) max_term", "valid: min_terms, max_terms"])
+    refused(["+task@tasks.sums.task=reasoning_gym", "tasks.sums.task.dataset=chain_sum",
+             "+tasks.sums.task.dataset_config.max_term=2"], tmp_path,
+            ["tasks.sums.task.dataset_config has unknown key(s) max_term"])
