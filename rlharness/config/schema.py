@@ -265,6 +265,21 @@ class CountdownJudgerConf(RuleJudgerConf):
 
 
 @dataclass
+class ReasoningGymJudgerConf(RuleJudgerConf):
+    """The dataset's own `score_answer` on the answer taken from the response (rlharness/judger/reasoning_gym.py)."""
+
+    name: str = "reasoning_gym"
+    # What of the response is the answer: auto (the last <answer>...</answer>, else the last
+    # \boxed{}, else the last number when the reference answer is a number, else the whole
+    # response) | answer_tag | boxed | last_number | response (the whole response, stripped).
+    extract: str = "auto"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _one_of("judger.extract", self.extract, ("auto", "answer_tag", "boxed", "last_number", "response"))
+
+
+@dataclass
 class FormatJudgerConf(RuleJudgerConf):
     name: str = "format"
     # The response must match this regular expression (full match) to score 1.
@@ -685,6 +700,28 @@ class JsonlTaskConf(TaskConf):
         super().__post_init__()
 
 
+@dataclass
+class ReasoningGymTaskConf(TaskConf):
+    """One reasoning-gym dataset (rlharness/data/reasoning_gym.py); scored by its own `score_answer`."""
+
+    name: str = "reasoning_gym"
+    default_judger: str = "reasoning_gym"
+    dataset: str = MISSING  # a reasoning-gym registry name: basic_arithmetic, chain_sum, ...
+    # Keyword arguments of reasoning_gym.create_dataset (the dataset's config dataclass fields,
+    # but seed and size, which come from task.seed and the split sizes).
+    dataset_config: dict[str, Any] = field(default_factory=dict)
+    num_train: int = 20000
+    # Appended to the question after a space (what the model must write, e.g. "Give only the final number.").
+    instruction: str = ""
+    apply_chat_template: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.num_eval >= 0, "task.num_eval", self.num_eval, ">= 0")
+        _check(self.num_train >= 1, "task.num_train", self.num_train, ">= 1")
+        # The dataset name and config keys are checked by RunConf, which knows the task's key.
+
+
 # ----------------------------------------------------------------------------- tasks (multi-task)
 TASK_NAME_CHARS = "letters, digits, '_' and '-'"
 
@@ -987,6 +1024,12 @@ class RunConf:
                 raise ConfigError(
                     f"algo.overlong_buffer_len={self.algo.overlong_buffer_len} must be < {where}="
                     f"{max_tokens} (the penalty ramps over the budget's last tokens)")
+        for name, entry in self.task_entries().items():
+            if isinstance(entry.task, ReasoningGymTaskConf):
+                from rlharness.data.reasoning_gym import check_dataset
+
+                check_dataset(entry.task.dataset, entry.task.dataset_config,
+                              f"tasks.{name}.task" if self.tasks else "task")
         if self.strategy.max_staleness != self.max_staleness:
             raise ConfigError(
                 f"strategy.max_staleness={self.strategy.max_staleness} differs from max_staleness="

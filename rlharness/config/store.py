@@ -18,6 +18,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "math": s.MathJudgerConf,
         "countdown": s.CountdownJudgerConf,
         "format": s.FormatJudgerConf,
+        "reasoning_gym": s.ReasoningGymJudgerConf,
         "router": s.RouterJudgerConf,
         "remote": s.RemoteJudgerConf,
     },
@@ -26,7 +27,8 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "backend": {"torch": s.TorchBackendConf, "deepspeed": s.DeepSpeedBackendConf, "sim": s.SimBackendConf},
     "algo": {"grpo": s.AlgoConf, "drgrpo": s.AlgoConf, "rloo": s.AlgoConf, "reinforce_pp": s.AlgoConf,
              "gspo": s.AlgoConf},
-    "task": {"arithmetic": s.ArithmeticTaskConf, "arithmetic_unpadded": s.ArithmeticTaskConf, "countdown": s.CountdownTaskConf, "jsonl": s.JsonlTaskConf},
+    "task": {"arithmetic": s.ArithmeticTaskConf, "arithmetic_unpadded": s.ArithmeticTaskConf, "countdown": s.CountdownTaskConf, "jsonl": s.JsonlTaskConf,
+             "reasoning_gym": s.ReasoningGymTaskConf},
     "cluster": {"local": s.LocalClusterConf, "local_ray": s.LocalRayClusterConf, "slurm": s.SlurmClusterConf},
     "logger": {"wandb": s.WandbLoggerConf, "none": s.NoneLoggerConf},
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rlharness.config.schema import ConfigError, JudgerConf
 from rlharness.judger.base import Judger
 
-JUDGERS = ("math", "countdown", "format", "router", "remote")
+JUDGERS = ("math", "countdown", "format", "router", "remote", "reasoning_gym")
 
 
 def build_judger(conf: JudgerConf) -> Judger:
@@ -25,6 +25,10 @@ def build_judger(conf: JudgerConf) -> Judger:
         from rlharness.judger.router import RouterJudger
 
         return RouterJudger(conf)
+    if conf.name == "reasoning_gym":
+        from rlharness.judger.reasoning_gym import ReasoningGymJudger
+
+        return ReasoningGymJudger(conf)
     if conf.name == "remote":
         from rlharness.judger.remote import RemoteJudger
 
