@@ -20,7 +20,7 @@ from the same search path Hydra builds (`--config-dir`, `--config-name`, `--conf
   `.hydra/` kept, the new config saved under `.hydra/resumed-<time>/`); a fixed key is
   compared by value with the run's first `.hydra/config.yaml`, so an edited experiment
   file or another `--config-dir` cannot change it either;
-- `-m` into a sweep directory that holds runs, or with `resume=<dir>`;
+- `-m` with `resume=<dir>` (a sweep continues by running the same command again);
 - a directory another live process holds (`rlharness.run_lock`, taken here, before Hydra
   writes anything, and held until the process ends);
 - a resume with nothing left to train (`total_steps` at or below the checkpoint's step)
@@ -249,13 +249,8 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
             if request not in asked:  # one sinfo per distinct request
                 asked.add(request)
                 check_capacity(c)
-    if points:
-        sweep_dir = Path(str(compose_checked(points[0], source).hydra.sweep.dir)).expanduser().resolve()
-        held = sorted(p.name for p in sweep_dir.iterdir() if holds_run(p)) if sweep_dir.is_dir() else []
-        if held:
-            raise ConfigError(f"hydra.sweep.dir={sweep_dir} is not allowed: it holds runs ({', '.join(held[:5])}); "
-                              f"a sweep starts new runs in new directories: choose another hydra.sweep.dir, or "
-                              f"continue one run with python train.py resume={sweep_dir / held[0]}")
+    # A sweep into a directory that holds its runs is allowed: the same command run again resumes each
+    # point in its own directory (resume=auto; docs/slurm.md), as a preempted Slurm sweep is continued.
     return hydra_argv(argv0, ns, overrides), applied, None
 
 

@@ -203,8 +203,9 @@ class DeepSpeedWorker(TorchBackend):
     def _optimizer_step(self, train_step: int) -> torch.Tensor:
         # ZeRO 1-3 skip an update whose gradient norm is non-finite themselves (`_step_applied`); stage 0
         # applies whatever the gradient is, so a non-finite one is refused here, on every rank alike.
-        if self.conf.zero_stage == 0 and not self._all_ranks(all_finite(
-                [p.grad for p in self.engine.module.parameters() if p.grad is not None])):
+        # The 2-norm as torch's clipping computes it: also non-finite when finite elements overflow its sum.
+        if self.conf.zero_stage == 0 and not self._all_ranks(bool(torch.isfinite(torch.nn.utils.get_total_norm(
+                [p.grad for p in self.engine.module.parameters() if p.grad is not None])))):
             log.warning("train_step %d: non-finite gradient; skipping the optimizer step", train_step)
             self.engine.zero_grad()
             self._update_skipped = True

@@ -706,7 +706,7 @@ class ReasoningGymTaskConf(TaskConf):
 
     name: str = "reasoning_gym"
     default_judger: str = "reasoning_gym"
-    dataset: str = MISSING  # a reasoning-gym registry name: basic_arithmetic, chain_sum, ...
+    dataset: str = "basic_arithmetic"  # a reasoning-gym registry name: basic_arithmetic, chain_sum, ...
     # Keyword arguments of reasoning_gym.create_dataset (the dataset's config dataclass fields,
     # but seed and size, which come from task.seed and the split sizes).
     dataset_config: dict[str, Any] = field(default_factory=dict)

@@ -43,8 +43,6 @@ def config_dir(tmp_path) -> Path:
     (["resume={run}", "sampler.shuffle=false"], ["sampler.shuffle=false", "fixed"]),
     (["resume={run}", "batch_size=4", "total_steps=6"], ["batch_size=4", "fixed"]),
     (["-m", "resume={run}", "total_steps=6"], ["-m", "resume="]),
-    # A sweep into a directory that holds runs would overwrite their .hydra/: refused.
-    (["-m", "--config-dir", "{cd}", "hydra.sweep.dir={parent}", "total_steps=1"], ["hydra.sweep.dir", "holds runs"]),
 ])
 def test_every_entry_form_refuses_a_fixed_key_and_keeps_the_run(finished_run, config_dir, form, expect):
     args = [a.format(cd=config_dir, run=finished_run, parent=finished_run.parent) for a in form]
