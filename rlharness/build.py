@@ -162,7 +162,8 @@ def agent_loop_factory(conf: RunConf, engine, judgers: dict[str, Any], tokenizer
         if temperature is not None:
             sampling = replace(sampling, temperature=temperature, max_tokens=max_tokens or sampling.max_tokens)
         return build_agent_loop(replace(agent, sampling=sampling), engine, judgers[name], decode,
-                                encode=lambda text: tokenizer.encode(text, add_special_tokens=False))
+                                encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
+                                tokenizer=tokenizer)
 
     return agent_loop_with
 

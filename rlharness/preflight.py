@@ -169,6 +169,7 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
         check_fixed_values(run_dir, cfg)
     _refuse_if_finished(run_dir, cfg.total_steps)
     check_model(conf)
+    check_agent_entrypoints(conf)
     # Hydra names the job (and its log file) after the script.
     guard = RunDirGuard.record(run_dir, str(cfg.hydra.output_subdir), Path(argv[0]).stem)
     run_lock.acquire(run_dir)  # before Hydra writes anything there; held until this process ends
@@ -243,6 +244,7 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
         cfg, conf = compose_typed(point, source)
         if cfg.cluster.name != "slurm":  # a Slurm job's model.path may be on its nodes' file systems only
             check_model(conf, checked)
+        check_agent_entrypoints(conf)
         if cfg.cluster.name == "slurm":
             c = cfg.cluster
             request = (c.partition, c.nodes, c.gpus_per_node, c.cpus_per_task, c.constraint)
@@ -379,6 +381,22 @@ def check_model(conf, checked: set[tuple] | None = None) -> None:
         require_chat_template(load_tokenizer(conf.model), asking[0], conf.model.path)
     if checked is not None:
         checked.add(key)
+
+
+def check_agent_entrypoints(conf) -> None:
+    """`agent=openai_gateway`: the agent program imports and is callable (rlharness/agent/entrypoint.py)."""
+    from rlharness.agent.entrypoint import load_entrypoint
+    from rlharness.config.schema import ConfigError
+    from rlharness.model import load_tokenizer
+
+    for name, entry in conf.task_entries().items():
+        agent = conf.agent_for(entry)
+        if agent.name == "openai_gateway":
+            key = f"tasks.{name}.agent" if conf.tasks else "agent"
+            load_entrypoint(agent.entrypoint, f"{key}.entrypoint")
+            if not getattr(load_tokenizer(conf.model), "chat_template", None):  # it renders the messages
+                raise ConfigError(f"{key}=openai_gateway is not allowed with model.path={conf.model.path!r}: "
+                                  f"its tokenizer has no chat template to render the agent's messages")
 
 
 def check_known_keys(cfg) -> None:

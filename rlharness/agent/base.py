@@ -60,6 +60,10 @@ class AgentLoop(abc.ABC):
     async def pause(self) -> None:
         await self.engine.abort_all()
 
+    def step_metrics(self, groups: list[Group]) -> dict[str, float]:
+        """Metrics of this loop for one training step's batch (`groups`: this task's groups)."""
+        return {}
+
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         """The (read-only, shared) sampling settings of a request for `max_tokens` more tokens:
         built once per budget, not per request (the seed travels on the request)."""

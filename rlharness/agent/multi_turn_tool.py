@@ -54,6 +54,18 @@ def find_tool_call(text: str, start: str, end: str) -> str | None:
     return text[open_ + len(start): close]
 
 
+def call_length(turn_ids: list[int], has_call: Callable[[list[int]], bool]) -> int:
+    """Fewest leading tokens of `turn_ids` whose text already holds a complete call (`has_call` of all of them)."""
+    lo, hi = 1, len(turn_ids)  # the predicate holds at hi; prefixes only grow the text
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if has_call(turn_ids[:mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
 def current_turn(response_ids: list[int], mask: list[int]) -> tuple[int, int]:
     """(index where the current model turn starts, number of tool outputs inserted so far)."""
     turn_start, outputs = 0, 0
@@ -91,14 +103,7 @@ class MultiTurnToolAgentLoop(SingleTurnAgentLoop):
 
     def _call_length(self, turn_ids: list[int]) -> int:
         """Fewest leading tokens of the turn whose text already holds the complete call."""
-        lo, hi = 1, len(turn_ids)  # the predicate holds at hi; prefixes only grow the text
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self._pending_call(turn_ids[:mid]) is not None:
-                hi = mid
-            else:
-                lo = mid + 1
-        return hi
+        return call_length(turn_ids, lambda ids: self._pending_call(ids) is not None)
 
     def _finish(self, s: RolloutState, status: Status, reason: str) -> None:
         s.status, s.finish_reason = status, reason

@@ -219,6 +219,37 @@ class MultiTurnToolAgentConf(AgentConf):
         _check(self.tool_timeout_s > 0, "agent.tool_timeout_s", self.tool_timeout_s, "> 0")
 
 
+@dataclass
+class OpenAIGatewayAgentConf(AgentConf):
+    """The user's agent program behind a local OpenAI-compatible gateway (rlharness/agent/openai_gateway.py).
+    Its `prompt` is the task row's prompt text: use a task that does not apply the chat template
+    (`task.apply_chat_template=false`), since the gateway renders the agent's messages itself."""
+
+    name: str = "openai_gateway"
+    # module:function, an async callable `fn(row, client)` returning the answer (str) or the reward (number).
+    entrypoint: str = "examples.gateway_calculator_agent:run"
+    # The model name the gateway serves (`GET /v1/models`); a request naming another is refused (404).
+    model_name: str = "policy"
+    max_concurrency: int = 64  # agent programs running at once in this loop
+    # A group whose agents are still running this long after it started (or was continued) is FAILED.
+    timeout_s: float = 300.0
+    # Tool calls in the model's text (the convention of agent=multi_turn_tool): start + argument + end,
+    # answered inline by output_start + tool message + output_end.
+    tool_call_start: str = "<tool>"
+    tool_call_end: str = "</tool>"
+    tool_output_start: str = "<output>"
+    tool_output_end: str = "</output>"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(":" in self.entrypoint, "agent.entrypoint", self.entrypoint, "module:function")
+        _check(bool(self.model_name), "agent.model_name", self.model_name, "a non-empty string")
+        _check(self.max_concurrency >= 1, "agent.max_concurrency", self.max_concurrency, ">= 1")
+        _check(self.timeout_s > 0, "agent.timeout_s", self.timeout_s, "> 0")
+        _check(bool(self.tool_call_start) and self.tool_call_end != self.tool_call_start, "agent.tool_call_end",
+               self.tool_call_end, "a non-empty string different from agent.tool_call_start")
+
+
 # ----------------------------------------------------------------------------- judger
 @dataclass
 class JudgerConf:

@@ -12,7 +12,8 @@ from rlharness.config import schema as s
 SCHEMAS: dict[str, dict[str, type]] = {
     "strategy": {"sync": s.SyncStrategyConf, "async": s.AsyncStrategyConf},
     "sampler": {"default": s.SamplerConf},
-    "agent": {"single_turn": s.SingleTurnAgentConf, "multi_turn_tool": s.MultiTurnToolAgentConf},
+    "agent": {"single_turn": s.SingleTurnAgentConf, "multi_turn_tool": s.MultiTurnToolAgentConf,
+              "openai_gateway": s.OpenAIGatewayAgentConf},
     "judger": {
         "auto": s.AutoJudgerConf,
         "math": s.MathJudgerConf,

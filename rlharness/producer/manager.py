@@ -493,7 +493,15 @@ class AgentLoopManager:
             **hist,
             "perf/rollout_s": float(produce_s),
             **per_task,
+            **self._agent_stats(groups),
         }
+
+    def _agent_stats(self, groups: list[Group]) -> dict[str, float]:
+        """What each task's agent loop reports on its part of the batch (e.g. the gateway's calls)."""
+        out: dict[str, float] = {}
+        for name, c in self.contexts.items():
+            out.update(c.agent_loop.step_metrics([g for g in groups if g[0].task == name]))
+        return out
 
     def _task_stats(self, groups: list[Group], train_step: int) -> dict[str, float]:
         """`rollout/<task>/...` and `staleness/<task>/...` for a multi-task run (before the windows are reset)."""
