@@ -26,6 +26,9 @@ from rlharness.types import RolloutState
 @dataclass
 class Segment:
     prompt_ids: list[int]
+    # The text served so far: the last call's prompt as rendered, then the model's tokens decoded with
+    # their special tokens (so a BOS the tokenizer added, absent from the text, never breaks a match).
+    text: str = ""
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -36,6 +39,9 @@ class Segment:
         self.logprobs += logprobs
         self.versions += versions
         self.mask += [int(trained)] * len(ids)
+
+    def add_completion(self, ids: list[int], decode_raw) -> None:
+        self.text += decode_raw(ids)
 
     def truncate(self, n: int) -> None:
         del self.ids[n:], self.logprobs[n:], self.versions[n:], self.mask[n:]
@@ -91,19 +97,19 @@ class Session:
             self._resume.set_result(None)
 
     # ------------------------------------------------------------------ the token record
-    def extend_or_start(self, text: str, version: int, encode, decode_raw, encode_suffix) -> tuple[Segment, bool]:
+    def extend_or_start(self, text: str, version: int, encode, encode_suffix) -> tuple[Segment, bool]:
         """The segment a call with prompt `text` generates into; True if it extends the last one.
         Inserted tokens carry the version of the model token before them (as in the tool loop)."""
         seg = self.segments[-1] if self.segments else None
         if seg is not None:
-            served = decode_raw(seg.prompt_ids + seg.ids)
-            if text.startswith(served):
-                extra = encode_suffix(text[len(served):]) if len(text) > len(served) else []
+            if text.startswith(seg.text):
+                extra = encode_suffix(text[len(seg.text):]) if len(text) > len(seg.text) else []
+                seg.text = text
                 version = seg.versions[-1] if seg.versions else version
                 seg.append(extra, [0.0] * len(extra), [version] * len(extra), trained=False)
                 return seg, True
             self.prefix_mismatch += 1
-        seg = Segment(prompt_ids=encode(text))
+        seg = Segment(prompt_ids=encode(text), text=text)
         self.segments.append(seg)
         return seg, False
 

@@ -2,7 +2,7 @@
 
 The user's agent is an async callable (`agent.entrypoint=pkg.mod:fn`) called once per
 group member as `await fn(row, client)`: `row` is the task row (`prompt`, `label`, `task`,
-`index`, and `model`, the name to pass as `model=`), `client` an `openai.AsyncOpenAI`
+`index`, the sample's `uid`, and `model`, the name to pass as `model=`), `client` an `openai.AsyncOpenAI`
 whose base URL is this member's own route at the local gateway
 (`http://127.0.0.1:<port>/rollout/<id>/v1`; no retries: a retried request would be a
 second call). It returns the final answer (a string the run's judger scores) or the
@@ -46,6 +46,10 @@ from rlharness.judger.base import Judger
 from rlharness.types import Group, RolloutState, Status, new_uid
 
 log = logging.getLogger(__name__)
+# The agents' HTTP client logs every request at INFO: thousands of lines a step in train.log.
+_UNWIND_S = 5.0  # how long a cancelled agent program may take to unwind before the group is returned
+for _name in ("httpx", "httpx2"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
 
 
 class GatewayAgentLoop(AgentLoop):
@@ -90,8 +94,7 @@ class GatewayAgentLoop(AgentLoop):
                 self._end(sess)
             raise
         if failure is not None:
-            for sess in sessions:
-                self._end(sess)
+            await self._stop(sessions)
             for s in group:
                 s.status = Status.FAILED
                 s.extra["fail_reason"] = failure
@@ -135,7 +138,7 @@ class GatewayAgentLoop(AgentLoop):
         try:
             s = sess.state
             row = {"prompt": s.prompt_text, "label": s.label, "task": s.task, "index": s.prompt_index,
-                   "model": self.conf.model_name}
+                   "uid": s.uid, "model": self.conf.model_name}
             client = AsyncOpenAI(base_url=self.server.base_url(sess.id), api_key="rlharness", max_retries=0,
                                  timeout=None)
             try:
@@ -210,6 +213,14 @@ class GatewayAgentLoop(AgentLoop):
         for task in list(sess.handlers):
             task.cancel()
 
+    async def _stop(self, sessions: list[Session]) -> None:
+        """End the sessions and give their agent programs a moment to unwind (their `finally` blocks)."""
+        for sess in sessions:
+            self._end(sess)
+        tasks = [t for sess in sessions for t in (sess.agent_task, *sess.handlers) if t is not None and not t.done()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=_UNWIND_S)
+
     async def _acquire(self, sess: Session) -> None:
         await self._slots.acquire()
         sess.slot_held = True
@@ -273,8 +284,7 @@ class GatewayAgentLoop(AgentLoop):
         text = self._prompt_text(body, chat)
         if sess.epoch != self._pause_epoch:  # paused between calls (the agent ran its tools)
             await self._park(sess)
-        seg, extended = sess.extend_or_start(text, self.engine.version, self._encode, self._decode_raw,
-                                             self._encode_suffix)
+        seg, extended = sess.extend_or_start(text, self.engine.version, self._encode, self._encode_suffix)
         start = len(seg.ids)  # this call's tokens begin here
         left = self.conf.sampling.max_tokens - seg.generated()
         want = min(max_tokens or left, left)
@@ -296,6 +306,7 @@ class GatewayAgentLoop(AgentLoop):
             self.tokens_discarded += len(completion) - keep
             seg.truncate(start + keep)
             completion = seg.ids[start:]
+        seg.add_completion(completion, self._decode_raw)
         out_text = self.decode(completion)
         content, tool_calls = (parse_completion(out_text, tools, self.markers, f"call_{new_uid()}")
                                if chat else (out_text, []))
