@@ -212,12 +212,12 @@ def test_a_run_with_a_crashing_agent_ledgers_every_group(tmp_path):
     with the reason, the others are trained with their calls in `turns`; nothing is lost."""
     run = tmp_path / "run"
     proc = run_cli(["experiment=gateway_tools", f"agent.entrypoint={AGENTS}crashes_on_odd_prompts", "total_steps=1",
-                    "batch_size=4", "sampler.prompt_repeat_k=2", "eval_every=0", "logger.mode=disabled",
+                    "batch_size=2", "sampler.prompt_repeat_k=2", "eval_every=0", "logger.mode=disabled",
                     f"hydra.run.dir={run}"], cwd=tmp_path)
     assert proc.returncode == 0
     trained = [json.loads(line) for line in (run / "rollouts" / "step_00000001.jsonl").read_text().splitlines()]
     dropped = [json.loads(line) for line in (run / "rollouts" / "dropped.jsonl").read_text().splitlines()]
-    assert len(trained) == 8 and all(r["prompt_index"] % 2 == 0 and r["turns"] for r in trained)
+    assert len(trained) == 4 and all(r["prompt_index"] % 2 == 0 and r["turns"] for r in trained)
     assert dropped and all(r["prompt_index"] % 2 == 1 and "the agent's own bug" in r["reason"] for r in dropped)
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     step = next(m for m in metrics if "agent/calls_per_sample" in m)
@@ -226,9 +226,8 @@ def test_a_run_with_a_crashing_agent_ledgers_every_group(tmp_path):
 
 @pytest.mark.parametrize("entrypoint, says", [
     ("no_such_pkg.agent:run", "does not import"),
-    (AGENTS + "missing", "has no attribute"),
     (AGENTS + "not_callable", "not a callable"),
-    ("just_a_module", "write module:function"),
+    ("just_a_module", "expected module:function"),
 ])
 def test_an_entrypoint_that_cannot_run_is_refused_in_one_line_before_start(tmp_path, entrypoint, says):
     run = tmp_path / "run"
