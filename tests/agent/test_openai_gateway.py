@@ -66,7 +66,7 @@ def run_groups(model, conf, groups):
             return loop, [await loop.generate_group(g, enable_partial_rollout=True) for g in groups]
         finally:
             if hasattr(loop, "server"):
-                await loop.server.close()
+                await loop.close()
             await engine.close()
     return asyncio.run(go())
 
@@ -175,7 +175,7 @@ def test_a_pause_mid_call_parks_it_and_the_continued_group_finishes_it_on_new_we
             await engine.load_weights(dict(model.state_dict()), version=1)
             return snapshot, await loop.generate_group(first, enable_partial_rollout=True)
         finally:
-            await loop.server.close()
+            await loop.close()
             await engine.close()
 
     try:

@@ -1,0 +1,83 @@
+"""What the OpenAI gateway costs over the built-in tool loop, side by side in one process.
+
+The same groups (experiment=chat_tools' task, tiny-chat, 40 tokens, seeds equal) go through
+`agent=multi_turn_tool` and through `agent=openai_gateway` with
+examples/gateway_calculator_agent.py (HTTP + the openai client + chat-template rendering),
+alternately, `--rounds` times each; prints the mean seconds per round of each, their ratio,
+and whether the trained tokens were identical.
+
+    python benchmarks/gateway_overhead.py --groups 4 --k 8 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+from rlharness.agent import build_agent_loop
+from rlharness.build import text_codec
+from rlharness.config.schema import (MathJudgerConf, ModelConf, MultiTurnToolAgentConf, OpenAIGatewayAgentConf,
+                                     SamplingConf)
+from rlharness.engine.hf import HFEngine
+from rlharness.judger.math import MathJudger
+from rlharness.model import PROJECT_ROOT, load_model, load_tokenizer
+from rlharness.types import make_group
+
+ASSET = PROJECT_ROOT / "assets" / "tiny-chat"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    conf = ModelConf(path=str(ASSET))
+    tok, model = load_tokenizer(conf), load_model(conf)
+    encode, decode = text_codec(tok)
+    rows = [json.loads(line) for line in (ASSET / "data" / "tools_train.jsonl").read_text().splitlines()]
+    sampling = SamplingConf(max_tokens=40)
+    loops = {"multi_turn_tool": MultiTurnToolAgentConf(sampling=sampling, max_turns=2),
+             "openai_gateway": OpenAIGatewayAgentConf(sampling=sampling)}
+
+    def groups(templated: bool, offset: int):
+        out = []
+        for i in range(offset, offset + args.groups):
+            q = rows[i]["question"]
+            text = tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+            out.append(make_group(task="t", prompt_index=i, epoch=0, prompt_text=text if templated else q,
+                                  prompt_ids=encode(text), label={"answer": rows[i]["answer"].rsplit("####", 1)[1]},
+                                  k=args.k, seed=1))
+        return out
+
+    async def go():
+        engine = HFEngine.from_model(model, tok)
+        built = {name: build_agent_loop(c, engine, MathJudger(MathJudgerConf(fallback_last_number=False)), decode,
+                                        encode=lambda t: tok.encode(t, add_special_tokens=False), tokenizer=tok)
+                 for name, c in loops.items()}
+        times = {name: [] for name in loops}
+        same = True
+        for r in range(args.rounds):
+            got = {}
+            for name, loop in built.items():
+                gs = groups(name == "multi_turn_tool", r * args.groups)
+                t = time.perf_counter()
+                await asyncio.gather(*(loop.generate_group(g, enable_partial_rollout=True) for g in gs))
+                times[name].append(time.perf_counter() - t)
+                got[name] = [(s.prompt_ids, s.response_ids, s.loss_mask()) for g in gs for s in g]
+            same &= got["multi_turn_tool"] == got["openai_gateway"]
+        await built["openai_gateway"].close()
+        await engine.close()
+        return times, same
+
+    times, same = asyncio.run(go())
+    mean = {name: sum(v) / len(v) for name, v in times.items()}
+    for name, v in times.items():
+        print(f"{name}: {mean[name]:.2f} s per round of {args.groups}x{args.k} samples ({', '.join(f'{x:.2f}' for x in v)})")
+    print(f"gateway / built-in: {mean['openai_gateway'] / mean['multi_turn_tool']:.2f}x; trained tokens identical: {same}")
+
+
+if __name__ == "__main__":
+    main()
