@@ -208,17 +208,23 @@ def test_a_hanging_agent_is_stopped_at_its_timeout_and_fails_its_group(model):
 
 # ----------------------------------------------------------------------------- the command line
 def test_a_run_with_a_crashing_agent_ledgers_every_group(tmp_path):
-    """train.py with an agent that crashes on odd prompts: those groups are in rollouts/dropped.jsonl
-    with the reason, the others are trained with their calls in `turns`; nothing is lost."""
+    """train.py with an agent that crashes on one of the two training prompts: each of its groups is in
+    rollouts/dropped.jsonl with the reason and counted, the other prompt's groups are trained with
+    their calls in `turns`; nothing is lost."""
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"question": "CRASH: what is 2 * 3?", "answer": "#### 6"}) + "\n"
+                    + json.dumps(ROWS[0]) + "\n")
     run = tmp_path / "run"
-    proc = run_cli(["experiment=gateway_tools", f"agent.entrypoint={AGENTS}crashes_on_odd_prompts", "total_steps=1",
-                    "batch_size=2", "sampler.prompt_repeat_k=2", "eval_every=0", "logger.mode=disabled",
-                    f"hydra.run.dir={run}"], cwd=tmp_path)
+    proc = run_cli(["experiment=gateway_tools", f"agent.entrypoint={AGENTS}crashes_on_marked_prompts",
+                    f"task.path={data}", f"task.eval_path={ASSET / 'data' / 'tools_eval.jsonl'}", "eval.num_prompts=2",
+                    "total_steps=1", "batch_size=2", "sampler.prompt_repeat_k=2", "eval_every=0",
+                    "logger.mode=disabled", f"hydra.run.dir={run}"], cwd=tmp_path)
     assert proc.returncode == 0
     trained = [json.loads(line) for line in (run / "rollouts" / "step_00000001.jsonl").read_text().splitlines()]
     dropped = [json.loads(line) for line in (run / "rollouts" / "dropped.jsonl").read_text().splitlines()]
-    assert len(trained) == 4 and all(r["prompt_index"] % 2 == 0 and r["turns"] for r in trained)
-    assert dropped and all(r["prompt_index"] % 2 == 1 and "the agent's own bug" in r["reason"] for r in dropped)
+    assert len(trained) == 4 and all(r["prompt_index"] == 1 and r["turns"] for r in trained)
+    assert dropped and len(dropped) % 2 == 0  # whole groups
+    assert all(r["prompt_index"] == 0 and "the agent's own bug on prompt 0" in r["reason"] for r in dropped)
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     step = next(m for m in metrics if "agent/calls_per_sample" in m)
     assert step["agent/calls_per_sample"] >= 1 and step["rollout/groups_failed"] == len(dropped) // 2
