@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 from typing import Awaitable, Callable, Iterable, TypeVar
 
 from rlharness.config.schema import AgentConf
 from rlharness.engine.base import RolloutEngine, SamplingParams
 from rlharness.judger.base import Judger
-from rlharness.types import Group
+from rlharness.types import Group, Status
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -59,6 +62,17 @@ class AgentLoop(abc.ABC):
 
     async def pause(self) -> None:
         await self.engine.abort_all()
+
+    async def judge_or_fail(self, group: Group) -> Group:
+        """The judger's rewards; a judger that raises fails the group (with the reason), not the run."""
+        try:
+            return await self.judger.judge_group(group, self.conf.judge_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a broken judger fails the group, not the run
+            log.warning("judging group %s raised %r; group FAILED", group[0].group_id, exc)
+            for s in group:
+                s.status = Status.FAILED
+                s.extra["fail_reason"] = f"judger {self.judger.name}: {type(exc).__name__}: {exc}"
+            return group
 
     def step_metrics(self, groups: list[Group]) -> dict[str, float]:
         """Metrics of this loop for one training step's batch (`groups`: this task's groups)."""

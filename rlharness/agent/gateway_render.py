@@ -42,11 +42,15 @@ class ToolMarkers:
 def _tool_params(tools: list[dict[str, Any]]) -> dict[str, str]:
     """Tool name -> the name of its one argument, in the request's order (the first is the default)."""
     out: dict[str, str] = {}
+    if not isinstance(tools or [], list):
+        raise RenderError("`tools` must be a list")
     for t in tools or []:
         fn = t.get("function") if isinstance(t, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise RenderError("each entry of `tools` needs {'type': 'function', 'function': {'name': ...}}")
         params = fn.get("parameters") or {}
+        if not isinstance(params, dict) or not isinstance(params.get("properties") or {}, dict):
+            raise RenderError(f"tool {fn['name']!r}: `parameters` must be a JSON schema object")
         required = params.get("required") or list((params.get("properties") or {}).keys())
         out[fn["name"]] = required[0] if required else "input"
     return out

@@ -99,6 +99,10 @@ class GatewayServer:
             self.refused[err.code or err.param or "invalid_request"] += 1
             log.info("gateway refused a request of rollout %s: %s", rid, err.message)
             return err.response()
+        except Exception as exc:  # noqa: BLE001 - the agent gets an API error (its group fails), the run goes on
+            log.exception("gateway: a request of rollout %s failed", rid)
+            return ApiError(500, f"the gateway failed to serve this request: {type(exc).__name__}: {exc}",
+                            kind="server_error").response()
 
     @staticmethod
     async def _body(request: web.Request) -> dict[str, Any]:

@@ -163,7 +163,9 @@ class GatewayAgentLoop(AgentLoop):
         while True:
             for sess in sessions:
                 task = sess.agent_task
-                if task.done() and not task.cancelled() and task.exception() is not None:
+                if task.cancelled():  # the program cancelled itself (nothing here cancels a live one)
+                    return f"agent {self.conf.entrypoint} was cancelled on sample {sess.state.uid}"
+                if task.done() and task.exception() is not None:
                     exc = task.exception()
                     log.warning("agent %s raised on sample %s: %r", self.conf.entrypoint, sess.state.uid, exc)
                     return f"agent {self.conf.entrypoint} raised {type(exc).__name__}: {exc}"
@@ -198,14 +200,7 @@ class GatewayAgentLoop(AgentLoop):
             for s in group:
                 s.reward = {"score": s.extra["agent_reward"]}
             return group
-        try:
-            return await self.judger.judge_group(group, self.conf.judge_timeout_s)
-        except Exception as exc:  # noqa: BLE001 - a broken judger fails the group, not the run
-            log.warning("judging group %s raised %r; group FAILED", group[0].group_id, exc)
-            for s in group:
-                s.status = Status.FAILED
-                s.extra["fail_reason"] = f"judger {self.judger.name}: {type(exc).__name__}: {exc}"
-            return group
+        return await self.judge_or_fail(group)
 
     # ------------------------------------------------------------------ sessions
     def _forget(self, sess: Session) -> None:
@@ -307,6 +302,8 @@ class GatewayAgentLoop(AgentLoop):
             finish = result.finish_reason
             if finish != "abort":
                 break
+        if finish == "abort":  # aborted just as the call's budget was reached: the agent sees "length"
+            finish = "length"
         tools = body.get("tools") if chat else None
         completion = seg.ids[start:]
         if tools and find_tool_call(self.decode(completion), self.markers.call_start, self.markers.call_end):

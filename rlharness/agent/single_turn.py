@@ -35,14 +35,7 @@ class SingleTurnAgentLoop(AgentLoop):
                     self._discard(s)
                     s.status = Status.ABORTED
             return group
-        try:
-            return await self.judger.judge_group(group, self.conf.judge_timeout_s)
-        except Exception as exc:  # noqa: BLE001 - a broken judger fails the group, not the run
-            log.warning("judging group %s raised %r; group FAILED", group[0].group_id, exc)
-            for s in group:
-                s.status = Status.FAILED
-                s.extra["fail_reason"] = f"judger {self.judger.name}: {type(exc).__name__}: {exc}"
-            return group
+        return await self.judge_or_fail(group)
 
     def _discard(self, s: RolloutState) -> None:
         self.tokens_discarded += len(s.response_ids)
