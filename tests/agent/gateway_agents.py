@@ -94,3 +94,18 @@ async def hangs(row: dict, client: openai.AsyncOpenAI) -> str:
 
 
 not_callable = 42
+
+
+RUNNING = {"now": 0, "most": 0}
+
+
+async def counts_company(row: dict, client: openai.AsyncOpenAI) -> str:
+    """One call, counting how many programs run at the same time."""
+    RUNNING["now"] += 1
+    RUNNING["most"] = max(RUNNING["most"], RUNNING["now"])
+    try:
+        await asyncio.sleep(0.05)
+        response = await client.chat.completions.create(model=row["model"], messages=ask(row), max_tokens=3)
+        return response.choices[0].message.content or ""
+    finally:
+        RUNNING["now"] -= 1

@@ -206,6 +206,13 @@ def test_a_hanging_agent_is_stopped_at_its_timeout_and_fails_its_group(model):
     assert gateway_agents.CANCELLED == [ROWS[0]["question"]] * 2 and not loop._sessions  # nothing left running
 
 
+@pytest.mark.parametrize("limit", [1, 3])
+def test_agent_programs_run_at_most_max_concurrency_at_once(model, limit):
+    gateway_agents.RUNNING.update(now=0, most=0)
+    _, (g,) = run_groups(model, gateway(AGENTS + "counts_company", max_concurrency=limit), [group_of(0, 3)])
+    assert all(s.status == Status.COMPLETED for s in g) and gateway_agents.RUNNING["most"] == limit
+
+
 # ----------------------------------------------------------------------------- the command line
 def test_a_run_with_a_crashing_agent_ledgers_every_group(tmp_path):
     """train.py with an agent that crashes on one of the two training prompts: each of its groups is in
