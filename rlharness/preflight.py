@@ -244,7 +244,7 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
         cfg, conf = compose_typed(point, source)
         if cfg.cluster.name != "slurm":  # a Slurm job's model.path may be on its nodes' file systems only
             check_model(conf, checked)
-        check_agent_entrypoints(conf)
+        check_agent_entrypoints(conf, with_model=cfg.cluster.name != "slurm")
         if cfg.cluster.name == "slurm":
             c = cfg.cluster
             request = (c.partition, c.nodes, c.gpus_per_node, c.cpus_per_task, c.constraint)
@@ -383,8 +383,9 @@ def check_model(conf, checked: set[tuple] | None = None) -> None:
         checked.add(key)
 
 
-def check_agent_entrypoints(conf) -> None:
-    """`agent=openai_gateway`: the agent program imports and is callable (rlharness/agent/entrypoint.py)."""
+def check_agent_entrypoints(conf, with_model: bool = True) -> None:
+    """`agent=openai_gateway`: the agent program imports and is callable (rlharness/agent/entrypoint.py), and
+    (`with_model`: the model folder is readable here) the model has a chat template."""
     from rlharness.agent.entrypoint import load_entrypoint
     from rlharness.config.schema import ConfigError
     from rlharness.model import load_tokenizer
@@ -394,7 +395,7 @@ def check_agent_entrypoints(conf) -> None:
         if agent.name == "openai_gateway":
             key = f"tasks.{name}.agent" if conf.tasks else "agent"
             load_entrypoint(agent.entrypoint, f"{key}.entrypoint")
-            if not getattr(load_tokenizer(conf.model), "chat_template", None):  # it renders the messages
+            if with_model and not getattr(load_tokenizer(conf.model), "chat_template", None):  # it renders messages
                 raise ConfigError(f"{key}=openai_gateway is not allowed with model.path={conf.model.path!r}: "
                                   f"its tokenizer has no chat template to render the agent's messages")
 
