@@ -237,15 +237,15 @@ def test_a_run_with_a_crashing_agent_ledgers_every_group(tmp_path):
     assert step["agent/calls_per_sample"] >= 1 and step["rollout/groups_failed"] == len(dropped) // 2
 
 
-@pytest.mark.parametrize("entrypoint, says", [
-    ("no_such_pkg.agent:run", "does not import"),
-    (AGENTS + "not_callable", "not a callable"),
-    ("just_a_module", "expected module:function"),
+@pytest.mark.parametrize("overrides, says", [
+    (["agent.entrypoint=no_such_pkg.agent:run"], "does not import"),
+    ([f"agent.entrypoint={AGENTS}not_callable"], "not a callable"),
+    (["agent.entrypoint=just_a_module"], "expected module:function"),
+    (["model=default"], "has no chat template"),  # the tiny character model: nothing to render messages with
 ])
-def test_an_entrypoint_that_cannot_run_is_refused_in_one_line_before_start(tmp_path, entrypoint, says):
+def test_an_agent_that_cannot_run_is_refused_in_one_line_before_start(tmp_path, overrides, says):
     run = tmp_path / "run"
-    proc = run_cli(["experiment=gateway_tools", f"agent.entrypoint={entrypoint}", f"hydra.run.dir={run}"],
-                   cwd=tmp_path, check=False)
+    proc = run_cli(["experiment=gateway_tools", *overrides, f"hydra.run.dir={run}"], cwd=tmp_path, check=False)
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: agent.entrypoint=")
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: agent")
     assert says in lines[0] and not run.exists()
