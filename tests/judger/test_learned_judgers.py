@@ -187,3 +187,36 @@ def test_router_mixes_rules_with_a_reward_model_and_an_llm_judge(rm_dir):
         assert s.reward["reward_model"] == pytest.approx(x, rel=1e-5)
         assert s.reward["score"] == pytest.approx(0.5 * math + 0.25 * x, rel=1e-5)
     assert router.stats()["unparseable"] == 2  # the llm part's counts show as the router's judge/* counts
+
+
+# ----------------------------------------------------------------------------- the real command line and a run
+@pytest.mark.parametrize("args, expect", [
+    (["judger=reward_model", "judger.path=assets/tiny-arith"], ["judger.path=assets/tiny-arith",
+                                                                 "not a sequence classifier"]),
+    (["judger=llm", "judger.template='Grade: {{ prompt }}'"], ["judger.template=", "{{ response }}"]),
+])
+def test_bad_learned_judgers_are_refused_in_one_line_before_work(tmp_path, args, expect):
+    from tests.faults.test_refused_input import SIM, refused
+
+    refused([*SIM, *args], tmp_path, expect)
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_run_on_a_reward_model_logs_true_correctness_and_evaluates_with_the_verifier(tmp_path, rm_dir):
+    import json
+
+    from tests.helpers import QUICK, run_in_process
+
+    run_dir = tmp_path / "run"
+    run_in_process(run_dir, [*QUICK, "batch_size=2", "eval.num_prompts=8", "total_steps=2", "eval_every=2",
+                             "save_every=0", "experiment=arith_rm", f"judger.reward_model.path={rm_dir}"])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "rollout/reward_reward_model_mean" in r]
+    assert len(trained) == 2 and all("rollout/reward_math_mean" in r for r in trained)
+    # The trained reward is the reward model's alone (math and format weigh 0).
+    assert all(r["rollout/reward_mean"] == pytest.approx(r["rollout/reward_reward_model_mean"], rel=1e-5)
+               for r in trained)
+    assert any("eval/accuracy" in r for r in rows)
+    scores = [s["score"] for line in (run_dir / "evals" / "step_00000002.jsonl").read_text().splitlines()
+              for s in json.loads(line)["samples"]]
+    assert scores and set(scores) <= {0.0, 1.0}  # scored by the math judger, not the reward model's logits
