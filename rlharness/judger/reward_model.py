@@ -102,7 +102,10 @@ class RewardModelScorer:
         from rlharness.build import text_codec
         from rlharness.model import load_tokenizer
 
+        from transformers.utils import logging as hf_logging
+
         torch.set_num_threads(conf.torch_threads)
+        hf_logging.disable_progress_bar()  # a bar per (re)start of the process would clutter the run's log
         folder = model_folder(conf.path, "judger")
         self.conf = conf
         self.tokenizer = load_tokenizer(ModelConf(path=str(folder)))  # pad = eos when it has no pad token
