@@ -7,7 +7,8 @@ template when it has one (`judger.apply_chat_template`), and sent to an engine o
 judger's own (`judger.engine`: hf, or vllm) holding `judger.path`: by default the policy's
 starting checkpoint, whose weights stay frozen there (this engine never receives the
 trained weights), or any causal-LM folder. Its engine runs generation in its own thread
-(hf) or process (vllm), so the event loop only awaits.
+(hf) or process (vllm), so the event loop only awaits; it is built in the process that
+runs the producer (the driver, also in mode=disagg: it is not a Ray actor).
 
 reward = number * reward_scale + reward_shift, the number being group 1 of the first match
 of `judger.score_pattern` in the answer (the whole match when the pattern has no group).

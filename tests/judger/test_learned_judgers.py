@@ -220,3 +220,20 @@ def test_a_run_on_a_reward_model_logs_true_correctness_and_evaluates_with_the_ve
     scores = [s["score"] for line in (run_dir / "evals" / "step_00000002.jsonl").read_text().splitlines()
               for s in json.loads(line)["samples"]]
     assert scores and set(scores) <= {0.0, 1.0}  # scored by the math judger, not the reward model's logits
+
+
+def test_a_tasks_own_learned_judger_is_checked_under_its_key(tiny_model_dir, rm_dir):
+    from rlharness.build import verifiable_judgers
+    from rlharness.judger import check_learned_judgers
+    from rlharness.judger.math import MathJudger
+    from rlharness.preflight import compose_typed
+
+    mix = ["experiment=arith_mix", "+judger@tasks.unpadded.judger=reward_model"]
+    _, conf = compose_typed([*mix, f"tasks.unpadded.judger.path={tiny_model_dir}"])
+    with pytest.raises(ConfigError, match=r"tasks.unpadded.judger.path=.* is not a sequence classifier"):
+        check_learned_judgers(conf)
+    _, conf = compose_typed([*mix, f"tasks.unpadded.judger.path={rm_dir}"])
+    check_learned_judgers(conf)
+    judgers = {name: build_judger(conf.judger_for(e)) for name, e in conf.task_entries().items()}
+    evaluated = verifiable_judgers(conf, judgers)  # the reward-model task is evaluated by its own math judger
+    assert isinstance(evaluated["unpadded"], MathJudger) and evaluated["padded"] is judgers["padded"]
