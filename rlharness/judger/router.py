@@ -14,14 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlharness.types import RolloutState
-
 from rlharness.config.schema import (ConfigError, CountdownJudgerConf, FormatJudgerConf,
                                      MathJudgerConf, RouterJudgerConf)
 from rlharness.judger.base import Judger, gather_fail_fast
 from rlharness.judger.countdown import CountdownJudger
 from rlharness.judger.format import FormatJudger
 from rlharness.judger.math import MathJudger
+from rlharness.types import RolloutState
 
 LEARNED = ("reward_model", "llm")
 ROUTABLE = ("math", "countdown", "format", *LEARNED)
@@ -53,8 +52,9 @@ class RouterJudger(Judger):
 
     def score_inline(self, response_text: str, label: dict[str, Any]) -> dict[str, float] | None:
         """Inline only when every part answers inline (never with a learned part)."""
-        if self.learned:
-            return None
+        return None if self.learned else self._rules_inline(response_text, label)
+
+    def _rules_inline(self, response_text: str, label: dict[str, Any]) -> dict[str, float] | None:
         parts = {}
         for name, j in self.parts.items():
             r = j.score_inline(response_text, label)
@@ -68,11 +68,12 @@ class RouterJudger(Judger):
             return await super().score_slow(members, timeout_s)
         names = list(self.learned)
         jobs = [self.learned[n].score_slow(members, timeout_s) for n in names]
-        if self.parts:  # the rule parts in the judging processes (`score` there sees no learned part)
+        rules = [self._rules_inline(s.response_text, s.label) for s in members]
+        if any(r is None for r in rules):  # the rule parts in the judging processes (no learned part there)
             names.append("")
             jobs.append(super().score_slow(members, timeout_s))
         results = dict(zip(names, await gather_fail_fast(jobs)))
-        rules = results.pop("", [{"score": 0.0}] * len(members))
+        rules = results.pop("", rules)
         return [self._combine({**{k: v for k, v in rules[i].items() if k != "score"},
                                **{n: float(r[i]["score"]) for n, r in results.items()}})
                 for i in range(len(members))]

@@ -179,14 +179,16 @@ def test_router_mixes_rules_with_a_reward_model_and_an_llm_judge(rm_dir):
     llm = LLMJudgerConf(path="assets/tiny-arith", score_pattern=r"NEVER(\d)", on_timeout="zero", **JUDGE)
     router = build_judger(RouterJudgerConf(weights={"math": 0.5, "reward_model": 0.25, "llm": 3.0},
                                            reward_model=rm, llm=llm))
-    states = group([("042+917=", "959"), ("042+917=", "958")])
-    expected_rm = [float(x[0]) for x in reference_logits(rm_dir, ["042+917=959", "042+917=958"])]
+    # The last answer needs math-verify: the rule parts then run in the router's judging processes.
+    answers = ["959", "958", r"\boxed{\frac{1918}{2}}"]
+    states = group([("042+917=", a) for a in answers])
+    expected_rm = [float(x[0]) for x in reference_logits(rm_dir, ["042+917=" + a for a in answers])]
     out = judge(router, states)
-    for s, math, x in zip(out, [1.0, 0.0], expected_rm):
+    for s, math, x in zip(out, [1.0, 0.0, 1.0], expected_rm):
         assert s.reward["math"] == math and s.reward["llm"] == 0.0
         assert s.reward["reward_model"] == pytest.approx(x, rel=1e-5)
         assert s.reward["score"] == pytest.approx(0.5 * math + 0.25 * x, rel=1e-5)
-    assert router.stats()["unparseable"] == 2  # the llm part's counts show as the router's judge/* counts
+    assert router.stats()["unparseable"] == 3  # the llm part's counts show as the router's judge/* counts
 
 
 # ----------------------------------------------------------------------------- the real command line and a run
