@@ -21,13 +21,18 @@ from rlharness.types import RolloutState, Status
 pytestmark = [pytest.mark.timeout(300)]
 
 
+# The reward model's own tokenizer differs from the policy's (assets/tiny-arith): other characters, other
+# ids. Allowed: the judger re-tokenizes the text with it.
+RM_CHARS = "=+-*9876543210 #\\{}abcdefghijklmnopqrstuvwxyz"
+
+
 def save_classifier(out: Path, num_labels: int = 1, seed: int = 0) -> Path:
-    """A tiny random Llama sequence classifier with the character tokenizer (an ordinary HF folder)."""
+    """A tiny random Llama sequence classifier with a character tokenizer (an ordinary HF folder)."""
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
     from rlharness.tiny import build_char_tokenizer
 
-    tok = build_char_tokenizer()
+    tok = build_char_tokenizer(RM_CHARS)
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
