@@ -350,8 +350,8 @@ class LLMJudgerConf(JudgerConf):
     reward_shift: float = 0.0
     max_tokens: int = 8
     temperature: float = 0.0  # 0 = greedy
-    # An answer with no match (counted as judge/unparseable), a timeout or an engine error: fail the
-    # group | score the member 0.
+    # An answer with no match (counted as judge/unparseable) or none within agent.judge_timeout_s:
+    # fail the group | score the member 0. (An engine error always fails the group.)
     on_timeout: str = "fail"
 
     def __post_init__(self) -> None:

@@ -16,7 +16,8 @@ judging forkserver; the trainer's interpreter and event loop never run its forwa
 or, when the run is on Ray (mode=disagg), in a Ray actor with its own placement group
 (`judger.num_cpus`, one GPU when `judger.device` is cuda). A group is one call, scored in
 batches of `batch_size`; a call past `agent.judge_timeout_s` (or a dead process) fails the
-group or scores it 0 (`judger.on_timeout`); the process is then replaced (the model reloads).
+group or scores it 0 (`judger.on_timeout`); a timed-out process is killed and replaced (the
+model reloads), a timed-out Ray call is abandoned (the actor finishes it and goes on).
 """
 
 from __future__ import annotations
@@ -98,17 +99,17 @@ class RewardModelScorer:
     def __init__(self, conf: RewardModelJudgerConf):
         import torch
         from transformers import AutoModelForSequenceClassification
+        from transformers.utils import logging as hf_logging
 
         from rlharness.build import text_codec
         from rlharness.model import load_tokenizer
-
-        from transformers.utils import logging as hf_logging
 
         torch.set_num_threads(conf.torch_threads)
         hf_logging.disable_progress_bar()  # a bar per (re)start of the process would clutter the run's log
         folder = model_folder(conf.path, "judger")
         self.conf = conf
         self.tokenizer = load_tokenizer(ModelConf(path=str(folder)))  # pad = eos when it has no pad token
+        self.tokenizer.padding_side = "right"
         self.encode = text_codec(self.tokenizer)[0]
         self.model = AutoModelForSequenceClassification.from_pretrained(
             str(folder), dtype=getattr(torch, conf.dtype)).to(conf.device).eval()
@@ -123,7 +124,6 @@ class RewardModelScorer:
         out: list[float] = []
         for start in range(0, len(texts), self.conf.batch_size):
             ids = [self.encode(t)[-self.conf.max_length:] for t in texts[start: start + self.conf.batch_size]]
-            self.tokenizer.padding_side = "right"
             enc = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt").to(self.conf.device)
             with torch.inference_mode():
                 logits = self.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
