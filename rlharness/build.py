@@ -7,7 +7,7 @@ where they are handed out.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from rlharness.config.schema import RunConf
@@ -26,6 +26,8 @@ class Components:
     manager: Any
     backend: Any
     evaluator: Any
+    # task name -> the judger eval scores with, where it is not the training one (a learned reward).
+    eval_judgers: dict[str, Any] = field(default_factory=dict)
 
 
 def text_codec(tokenizer) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
@@ -149,6 +151,22 @@ def load_tasks(conf: RunConf, check_data: Callable[[RunConf, dict[str, Any]], No
     return tokenizer, task_data, judgers
 
 
+def verifiable_judgers(conf: RunConf, judgers: dict[str, Any]) -> dict[str, Any]:
+    """The judgers eval scores with: a task trained on a learned reward (judger=reward_model, llm, or
+    a router with such a part) is evaluated by its task's own rule judger, so `eval/accuracy` stays
+    the verifiable accuracy; other tasks by their training judger."""
+    from rlharness.config.store import SCHEMAS
+    from rlharness.judger import build_judger
+    from rlharness.judger.router import LEARNED
+
+    out = dict(judgers)
+    for name, entry in conf.task_entries().items():
+        judger = conf.judger_for(entry)
+        if judger.name in LEARNED or (judger.name == "router" and set(judger.weights) & set(LEARNED)):
+            out[name] = build_judger(SCHEMAS["judger"][entry.task.default_judger]())
+    return out
+
+
 def agent_loop_factory(conf: RunConf, engine, judgers: dict[str, Any], tokenizer, decode):
     """`make(task name, temperature=None, max_tokens=None)` -> that task's agent loop."""
     from rlharness.agent import build_agent_loop
@@ -229,5 +247,8 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
                                 if e.over_sample_threshold is not None},
         last_step=conf.total_steps,
     )
-    evaluator = build_evaluator(conf, task_data, encode, agent_loop_with)
-    return Components(tokenizer, encode, decode, task_data, judgers, engine, manager, backend, evaluator)
+    eval_judgers = verifiable_judgers(conf, judgers)
+    evaluator = build_evaluator(conf, task_data, encode, agent_loop_with if eval_judgers == judgers else
+                                agent_loop_factory(conf, engine, eval_judgers, tokenizer, decode))
+    return Components(tokenizer, encode, decode, task_data, judgers, engine, manager, backend, evaluator,
+                      {k: j for k, j in eval_judgers.items() if j is not judgers[k]})

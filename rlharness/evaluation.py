@@ -142,7 +142,8 @@ def check_eval_splits(conf: RunConf, task_data: dict[str, Any]) -> None:
 def run_evaluation(conf: RunConf, run_dir: Path, source: Source) -> dict[str, Any]:
     """Load, evaluate, write `evals/<label>.jsonl`, `summary.json`, `summary.md`. Input errors
     (ConfigError, DataFileError) are raised before anything is written."""
-    from rlharness.build import agent_loop_factory, build_engine_for, build_evaluator, load_tasks, text_codec
+    from rlharness.build import (agent_loop_factory, build_engine_for, build_evaluator, load_tasks, text_codec,
+                                 verifiable_judgers)
     from rlharness.launcher import _close, set_threads_from_env
     from rlharness.logging_utils.progress import phase
     from rlharness.logging_utils.samples import write_eval_rows
@@ -156,6 +157,7 @@ def run_evaluation(conf: RunConf, run_dir: Path, source: Source) -> dict[str, An
     seed_everything(conf.seed)
     with phase(f"loading the tokenizer and tasks ({', '.join(conf.task_entries())})"):
         tokenizer, task_data, judgers = load_tasks(conf, check_eval_splits)
+        judgers = verifiable_judgers(conf, judgers)  # a learned reward is not what accuracy is measured by
     encode, decode = text_codec(tokenizer)
     engine = None
     try:

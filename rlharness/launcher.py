@@ -214,7 +214,8 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
     finally:
         # Engines and training workers (Ray actors too) are shut down however the run ended.
         if components is not None:
-            asyncio.run(_close(components.engine, components.backend, list(components.judgers.values())))
+            asyncio.run(_close(components.engine, components.backend,
+                               [*components.judgers.values(), *components.eval_judgers.values()]))
         elif engine is not None or backend is not None:
             asyncio.run(_close(engine, backend))
 

@@ -368,8 +368,10 @@ def check_model(conf, checked: set[tuple] | None = None) -> None:
     """The model folder before the job loads it (rlharness/model.py): there, no GGUF file, no code of
     its own without model.trust_remote_code, and a chat template where a task asks for one.
     `checked`: what a sweep's earlier points already passed (each distinct model is checked once)."""
+    from rlharness.judger import check_learned_judgers
     from rlharness.model import check_model_files, load_tokenizer, require_chat_template
 
+    check_learned_judgers(conf)  # cheap (config.json and tensor names): every sweep point
     asking = [f"tasks.{name}.task.apply_chat_template" if conf.tasks else "task.apply_chat_template"
               for name, entry in conf.task_entries().items()
               if getattr(entry.task, "apply_chat_template", None) is True]  # tasks that render chat prompts

@@ -318,11 +318,110 @@ class FormatJudgerConf(RuleJudgerConf):
 
 
 @dataclass
+class RewardModelJudgerConf(JudgerConf):
+    """A learned reward model: any HF sequence-classification folder (rlharness/judger/reward_model.py).
+
+    It scores the text the policy saw and wrote (the task's prompt, chat-formatted where the
+    task applies a template, + the response), re-tokenized with the reward model's own
+    tokenizer, in batches, in a process of its own (a Ray actor in mode=disagg).
+    score = (logit[label_index] + reward_shift) * reward_scale.
+    """
+
+    name: str = "reward_model"
+    path: Optional[str] = None  # the folder (required; relative paths as model.path)
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_length: int = 512  # tokens scored; longer texts lose their start (the response's end is kept)
+    batch_size: int = 16  # texts per forward pass
+    # The logit read as the reward: required when the head has more than one label.
+    label_index: Optional[int] = None
+    reward_shift: float = 0.0
+    reward_scale: float = 1.0
+    torch_threads: int = 1  # of the scoring process (the trainer and engines share the cores)
+    # mode=disagg: CPUs reserved for the reward-model actor (its own placement group; GPU 1 when
+    # device is cuda). 0 with a CPU device = no reservation (the actor shares the node's cores).
+    num_cpus: float = 0.0
+    # A scoring call past agent.judge_timeout_s (or a crashed scoring process): fail the group | score 0.
+    on_timeout: str = "fail"
+
+    def __post_init__(self) -> None:
+        _one_of("judger.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        _check(self.max_length >= 2, "judger.max_length", self.max_length, ">= 2")
+        _check(self.batch_size >= 1, "judger.batch_size", self.batch_size, ">= 1")
+        _check(self.label_index is None or self.label_index >= 0, "judger.label_index", self.label_index,
+               "null or >= 0")
+        _check(math.isfinite(self.reward_scale) and self.reward_scale != 0, "judger.reward_scale",
+               self.reward_scale, "a finite non-zero number")
+        _check(math.isfinite(self.reward_shift), "judger.reward_shift", self.reward_shift, "a finite number")
+        _check(self.torch_threads >= 1, "judger.torch_threads", self.torch_threads, ">= 1")
+        _check(self.num_cpus >= 0, "judger.num_cpus", self.num_cpus, ">= 0")
+        _one_of("judger.on_timeout", self.on_timeout, ("fail", "zero"))
+
+
+LLM_JUDGE_TEMPLATE = ("Is the answer to this problem correct? Reply with a score from 0 (wrong) to 10 (right).\n"
+                      "Problem: {{ prompt }}\nAnswer: {{ response }}\nScore:")
+
+
+@dataclass
+class LLMJudgerConf(JudgerConf):
+    """A generative judge (rlharness/judger/llm.py): `template` (Jinja; `prompt`, `response` and
+    `label` in scope) rendered, sent to an engine of its own, and the score parsed with `score_pattern`."""
+
+    name: str = "llm"
+    # The judge model: by default the policy's starting checkpoint (its weights frozen: this
+    # engine never receives the trained weights), or any causal-LM folder.
+    path: str = II("model.path")
+    engine: str = "hf"  # hf | vllm
+    device: str = "cpu"  # engine=hf
+    template: str = LLM_JUDGE_TEMPLATE
+    apply_chat_template: bool = True  # wrap the rendered template as a user turn when the judge has a template
+    # The first match's group 1 (else the whole match) is the number read; reward = number * reward_scale + shift.
+    score_pattern: str = r"(-?\d+(?:\.\d+)?)"
+    reward_scale: float = 0.1
+    reward_shift: float = 0.0
+    max_tokens: int = 8
+    temperature: float = 0.0  # 0 = greedy
+    # An answer with no match (counted as judge/unparseable) or none within agent.judge_timeout_s:
+    # fail the group | score the member 0. (An engine error always fails the group.)
+    on_timeout: str = "fail"
+
+    def __post_init__(self) -> None:
+        _one_of("judger.engine", self.engine, ("hf", "vllm"))
+        _check(self.max_tokens >= 1, "judger.max_tokens", self.max_tokens, ">= 1")
+        _check(self.temperature >= 0, "judger.temperature", self.temperature, ">= 0 (0 = greedy)")
+        _check(math.isfinite(self.reward_scale) and math.isfinite(self.reward_shift), "judger.reward_scale",
+               self.reward_scale, "finite numbers (reward_scale and reward_shift)")
+        _one_of("judger.on_timeout", self.on_timeout, ("fail", "zero"))
+        try:
+            re.compile(self.score_pattern)
+        except re.error as exc:
+            raise ConfigError(f"judger.score_pattern={self.score_pattern!r} is not allowed: {exc}") from None
+        check_judge_template(self.template)
+
+
+def check_judge_template(template: str, key: str = "judger.template") -> None:
+    """A Jinja template that parses and uses `response` (a judge never shown the answer grades nothing)."""
+    import jinja2
+    from jinja2 import meta
+
+    try:
+        used = meta.find_undeclared_variables(jinja2.Environment().parse(template))
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"{key} is not allowed: not a Jinja template ({exc.message}, line {exc.lineno})") from None
+    if "response" not in used:
+        raise ConfigError(f"{key}={template[:80]!r} is not allowed: it has no {{{{ response }}}} placeholder "
+                          f"(the judge must be shown the response); it may also use prompt and label")
+
+
+@dataclass
 class RouterJudgerConf(RuleJudgerConf):
     name: str = "router"
     # judger name -> weight; the score is the weighted sum of their scores.
     weights: dict[str, float] = field(default_factory=lambda: {"math": 1.0, "format": 0.1})
     format_pattern: str = r"(?s).*\S.*"
+    # The configs of the learned parts, used when `weights` names them ("reward_model", "llm").
+    reward_model: RewardModelJudgerConf = field(default_factory=RewardModelJudgerConf)
+    llm: LLMJudgerConf = field(default_factory=LLMJudgerConf)
 
 
 @dataclass

@@ -22,6 +22,8 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "reasoning_gym": s.ReasoningGymJudgerConf,
         "router": s.RouterJudgerConf,
         "remote": s.RemoteJudgerConf,
+        "reward_model": s.RewardModelJudgerConf,
+        "llm": s.LLMJudgerConf,
     },
     "model": {"default": s.ModelConf, "smollm2": s.ModelConf, "tiny_chat": s.ModelConf},
     "engine": {"hf": s.HFEngineConf, "vllm": s.VLLMEngineConf, "sim": s.SimEngineConf},

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rlharness.config.schema import ConfigError, JudgerConf
 from rlharness.judger.base import Judger
 
-JUDGERS = ("math", "countdown", "format", "router", "remote", "reasoning_gym")
+JUDGERS = ("math", "countdown", "format", "router", "remote", "reasoning_gym", "reward_model", "llm")
 
 
 def build_judger(conf: JudgerConf) -> Judger:
@@ -33,7 +33,38 @@ def build_judger(conf: JudgerConf) -> Judger:
         from rlharness.judger.remote import RemoteJudger
 
         return RemoteJudger(conf)
+    if conf.name == "reward_model":
+        from rlharness.judger.reward_model import RewardModelJudger
+
+        return RewardModelJudger(conf)
+    if conf.name == "llm":
+        from rlharness.judger.llm import LLMJudger
+
+        return LLMJudger(conf)
     raise ConfigError(f"judger.name={conf.name!r} is not allowed: expected one of {', '.join(JUDGERS)}")
 
 
-__all__ = ["JUDGERS", "Judger", "build_judger"]
+def check_learned_judgers(run_conf) -> None:
+    """Refuse, before a run starts, a learned judger's model folder it cannot use (each task's judger,
+    router parts included): a reward model that is not a sequence classifier or whose logit is
+    ambiguous; a judge model folder that does not exist."""
+    from rlharness.config.schema import LLMJudgerConf, RewardModelJudgerConf, RouterJudgerConf
+
+    for name, entry in run_conf.task_entries().items():
+        key = f"tasks.{name}.judger" if run_conf.tasks else "judger"
+        conf = run_conf.judger_for(entry)
+        parts = [(key, conf)]
+        if isinstance(conf, RouterJudgerConf):
+            parts = [(f"{key}.{n}", getattr(conf, n)) for n in ("reward_model", "llm") if n in conf.weights]
+        for part_key, part in parts:
+            if isinstance(part, RewardModelJudgerConf):
+                from rlharness.judger.reward_model import check_reward_model
+
+                check_reward_model(part, part_key)
+            elif isinstance(part, LLMJudgerConf):
+                from rlharness.judger.reward_model import model_folder
+
+                model_folder(part.path, part_key)
+
+
+__all__ = ["JUDGERS", "Judger", "build_judger", "check_learned_judgers"]

@@ -1,7 +1,13 @@
-"""Router judger: a weighted sum of several rule judgers' scores.
+"""Router judger: a weighted sum of several judgers' scores.
 
 reward = {"score": sum(w_i * s_i), "<name_i>": s_i, ...}: each part keeps its own
 score under its name, so logs can show which part moved.
+
+Parts: the rule judgers (math, countdown, format), scored together in the router's judging
+processes, and the learned ones (reward_model, llm; their configs under `judger.reward_model`
+and `judger.llm`), each scoring the whole group its own way (rlharness/judger/reward_model.py,
+llm.py) at the same time. A learned part that fails or times out fails the group
+(or scores 0, as its own `on_timeout` says).
 """
 
 from __future__ import annotations
@@ -10,12 +16,14 @@ from typing import Any
 
 from rlharness.config.schema import (ConfigError, CountdownJudgerConf, FormatJudgerConf,
                                      MathJudgerConf, RouterJudgerConf)
-from rlharness.judger.base import Judger
+from rlharness.judger.base import Judger, gather_fail_fast
 from rlharness.judger.countdown import CountdownJudger
 from rlharness.judger.format import FormatJudger
 from rlharness.judger.math import MathJudger
+from rlharness.types import RolloutState
 
-ROUTABLE = ("math", "countdown", "format")
+LEARNED = ("reward_model", "llm")
+ROUTABLE = ("math", "countdown", "format", *LEARNED)
 
 
 def _build_part(name: str, conf: RouterJudgerConf) -> Judger:
@@ -35,14 +43,18 @@ class RouterJudger(Judger):
         self.conf = conf or RouterJudgerConf()
         if not self.conf.weights:
             raise ConfigError("judger.weights is empty: name at least one judger and its weight")
-        self.parts = {name: _build_part(name, self.conf) for name in self.conf.weights}
+        self.parts = {name: _build_part(name, self.conf) for name in self.conf.weights if name not in LEARNED}
+        self.learned = {name: _build_learned(name, self.conf) for name in self.conf.weights if name in LEARNED}
         self.label_keys = tuple(dict.fromkeys(k for j in self.parts.values() for k in j.label_keys))
 
     def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
         return self._combine({name: float(j.score(response_text, label)["score"]) for name, j in self.parts.items()})
 
     def score_inline(self, response_text: str, label: dict[str, Any]) -> dict[str, float] | None:
-        """Inline only when every part answers inline."""
+        """Inline only when every part answers inline (never with a learned part)."""
+        return None if self.learned else self._rules_inline(response_text, label)
+
+    def _rules_inline(self, response_text: str, label: dict[str, Any]) -> dict[str, float] | None:
         parts = {}
         for name, j in self.parts.items():
             r = j.score_inline(response_text, label)
@@ -51,6 +63,46 @@ class RouterJudger(Judger):
             parts[name] = float(r["score"])
         return self._combine(parts)
 
+    async def score_slow(self, members: list[RolloutState], timeout_s: float) -> list[dict[str, float]]:
+        if not self.learned:
+            return await super().score_slow(members, timeout_s)
+        names = list(self.learned)
+        jobs = [self.learned[n].score_slow(members, timeout_s) for n in names]
+        rules = [self._rules_inline(s.response_text, s.label) for s in members]
+        if any(r is None for r in rules):  # the rule parts in the judging processes (no learned part there)
+            names.append("")
+            jobs.append(super().score_slow(members, timeout_s))
+        results = dict(zip(names, await gather_fail_fast(jobs)))
+        rules = results.pop("", rules)
+        return [self._combine({**{k: v for k, v in rules[i].items() if k != "score"},
+                               **{n: float(r[i]["score"]) for n, r in results.items()}})
+                for i in range(len(members))]
+
     def _combine(self, parts: dict[str, float]) -> dict[str, float]:
         total = sum(self.conf.weights[name] * s for name, s in parts.items())
         return {"score": total, **parts}
+
+    def stats(self) -> dict[str, float]:
+        """The router's counts plus its learned parts' (their timeouts, judge/unparseable...)."""
+        out = super().stats()
+        for part in self.learned.values():
+            for k, v in part.stats().items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
+    async def close(self) -> None:
+        try:
+            for part in self.learned.values():
+                await part.close()
+        finally:
+            await super().close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A judging process scores the rule parts only; the learned parts stay in the trainer.
+        return {**super().__getstate__(), "learned": {}}
+
+
+def _build_learned(name: str, conf: RouterJudgerConf) -> Judger:
+    from rlharness.judger import build_judger
+
+    return build_judger(getattr(conf, name))

@@ -103,7 +103,11 @@ def rollout_metrics(groups: list[Group], rewards: torch.Tensor, advantages: torc
     response_lens = [len(s.response_ids) for s in samples]
     flat = rewards.reshape(-1)
     zero_signal = int((rewards.max(dim=1).values == rewards.min(dim=1).values).sum())
-    return {
+    # A router's parts (e.g. reward_model and math: the learned reward and the true correctness).
+    parts = sorted({k for s in samples if s.reward for k in s.reward if k != "score"})
+    part_means = {f"rollout/reward_{k}_mean": statistics.fmean(s.reward[k] for s in samples
+                                                             if s.reward and k in s.reward) for k in parts}
+    return {**part_means,
         "rollout/reward_mean": float(flat.mean()),
         "rollout/reward_std": float(flat.std()) if flat.numel() > 1 else 0.0,
         "rollout/reward_max": float(flat.max()),

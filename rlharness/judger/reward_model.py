@@ -1,0 +1,285 @@
+"""`judger=reward_model`: a learned reward model, any Hugging Face sequence-classification folder.
+
+What is scored: the text the policy saw and wrote, `prompt_text + response_text` (the
+task's prompt, chat-formatted where the task applies the policy's chat template), encoded
+with the reward model's OWN tokenizer (BOS added unless the text starts with it, as the
+policy's prompts are encoded). A reward model whose tokenizer differs from the policy's is
+allowed: it re-tokenizes the text; it then reads the policy's chat markup as plain text,
+so it should have been trained on text in that format (scripts/train_reward_model.py
+trains on exactly this text). Texts longer than `max_length` tokens keep their last
+`max_length` tokens (the response's end, where the score is read).
+
+reward = (logit[label_index] + reward_shift) * reward_scale (label_index 0 for a one-label head).
+
+Where it runs: the model lives in a process of its own (a pebble worker started from the
+judging forkserver; the trainer's interpreter and event loop never run its forward passes),
+or, when the run is on Ray (mode=disagg), in a Ray actor with its own placement group
+(`judger.num_cpus`, one GPU when `judger.device` is cuda). A group is one call, scored in
+batches of `batch_size`; a call past `agent.judge_timeout_s` (or a dead process) fails the
+group or scores it 0 (`judger.on_timeout`); a timed-out process is killed and replaced (the
+model reloads), a timed-out Ray call is abandoned (the actor finishes it and goes on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from rlharness.config.schema import ConfigError, ModelConf, RewardModelJudgerConf
+from rlharness.judger.base import Judger
+from rlharness.types import RolloutState
+
+log = logging.getLogger(__name__)
+
+HEAD_PREFIXES = ("score.", "classifier.")  # the head names of transformers' *ForSequenceClassification
+START_TIMEOUT_S = 300.0  # loading the model in its process (a big one from a slow disk)
+
+
+def model_folder(path: str | None, key: str) -> Path:
+    """The folder `key`.path names (relative paths as model.path: the current directory, then the
+    project), checked as model.path is (no GGUF file, no code of its own)."""
+    from rlharness.model import check_model_files
+
+    if not path:
+        raise ConfigError(f"{key}.path is not set: name a model folder "
+                          f"(a reward model: e.g. one made by scripts/train_reward_model.py)")
+    try:
+        return check_model_files(ModelConf(path=path))
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("model.path=", f"{key}.path=", 1)) from None
+
+
+def weight_names(folder: Path) -> list[str]:
+    """The tensor names of a checkpoint folder, read without loading the tensors."""
+    import json
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return list(json.loads(index.read_text())["weight_map"])
+    if (folder / "model.safetensors").is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as fh:
+            return list(fh.keys())
+    if (folder / "pytorch_model.bin").is_file():
+        import torch
+
+        return list(torch.load(folder / "pytorch_model.bin", map_location="meta", weights_only=True, mmap=True))
+    return []
+
+
+def check_reward_model(conf: RewardModelJudgerConf, key: str = "judger") -> None:
+    """Refuse, before a run starts, a folder that is not a sequence classifier or a head whose logit
+    is ambiguous. Reads config.json and the tensor names only."""
+    from transformers import AutoConfig
+
+    folder = model_folder(conf.path, key)
+    config = AutoConfig.from_pretrained(str(folder))
+    architectures = list(getattr(config, "architectures", None) or [])
+    heads = sorted({n.split(".")[0] for n in weight_names(folder) if n.startswith(HEAD_PREFIXES)})
+    if not any(a.endswith("ForSequenceClassification") for a in architectures) or not heads:
+        raise ConfigError(
+            f"{key}.path={conf.path}: {folder} is not a sequence classifier (architectures {architectures}, "
+            f"{'head ' + '/'.join(heads) if heads else 'no score/classifier head in its weights'}); a reward model "
+            f"is an AutoModelForSequenceClassification folder (scripts/train_reward_model.py makes one)")
+    labels = int(config.num_labels)
+    if labels > 1 and conf.label_index is None:
+        raise ConfigError(f"{key}.label_index is not set: {folder} has a head with {labels} labels; "
+                          f"name the one read as the reward ({key}.label_index=0..{labels - 1})")
+    if conf.label_index is not None and conf.label_index >= labels:
+        raise ConfigError(f"{key}.label_index={conf.label_index} is not allowed: {folder} has {labels} "
+                          f"label(s) (0..{labels - 1})")
+
+
+class RewardModelScorer:
+    """The model and its tokenizer, in the process that scores (a judging worker or a Ray actor)."""
+
+    def __init__(self, conf: RewardModelJudgerConf):
+        import torch
+        from transformers import AutoModelForSequenceClassification
+        from transformers.utils import logging as hf_logging
+
+        from rlharness.build import text_codec
+        from rlharness.model import load_tokenizer
+
+        torch.set_num_threads(conf.torch_threads)
+        hf_logging.disable_progress_bar()  # a bar per (re)start of the process would clutter the run's log
+        folder = model_folder(conf.path, "judger")
+        self.conf = conf
+        self.tokenizer = load_tokenizer(ModelConf(path=str(folder)))  # pad = eos when it has no pad token
+        self.tokenizer.padding_side = "right"
+        self.encode = text_codec(self.tokenizer)[0]
+        self.model = AutoModelForSequenceClassification.from_pretrained(
+            str(folder), dtype=getattr(torch, conf.dtype)).to(conf.device).eval()
+        if self.model.config.pad_token_id is None:  # the head pools the last token that is not padding
+            self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        self.label_index = conf.label_index or 0
+
+    def logits(self, texts: list[str]) -> list[float]:
+        """logit[label_index] of each text (no normalisation), `batch_size` texts per forward pass."""
+        import torch
+
+        out: list[float] = []
+        for start in range(0, len(texts), self.conf.batch_size):
+            ids = [self.encode(t)[-self.conf.max_length:] for t in texts[start: start + self.conf.batch_size]]
+            enc = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt").to(self.conf.device)
+            with torch.inference_mode():
+                logits = self.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+            out.extend(logits[:, self.label_index].float().tolist())
+        return out
+
+    def ready(self) -> bool:
+        return True
+
+
+# ----------------------------------------------------------------------------- in the worker process
+_scorer: RewardModelScorer | None = None
+
+
+def _init_worker(conf: RewardModelJudgerConf) -> None:
+    import ctypes
+    import signal
+    import sys
+
+    global _scorer
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # killed at once on timeout, even inside a forward pass
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # dies with its parent
+        except OSError:
+            pass
+    _scorer = RewardModelScorer(conf)
+
+
+def _logits(texts: list[str]) -> list[float]:
+    return _scorer.logits(texts)  # type: ignore[union-attr]
+
+
+def _ready() -> bool:
+    return _scorer is not None
+
+
+# ----------------------------------------------------------------------------- in the trainer
+class _ProcessScorer:
+    """The scorer in one pebble worker process (replaced when a call times out or it dies)."""
+
+    def __init__(self, conf: RewardModelJudgerConf):
+        import pebble
+
+        from rlharness.judger.pool import _forkserver_context
+
+        self._pool = pebble.ProcessPool(max_workers=1, initializer=_init_worker, initargs=(conf,),
+                                        context=_forkserver_context())
+        self._pool.schedule(_ready).result(timeout=START_TIMEOUT_S)  # loads the model (a refusal shows here)
+        self.workers_replaced = 0
+
+    async def logits(self, texts: list[str], timeout_s: float) -> list[float]:
+        import concurrent.futures
+
+        import pebble
+
+        from rlharness.judger.pool import JudgeLimitExceeded
+
+        future = self._pool.schedule(_logits, args=(texts,), timeout=timeout_s)
+        try:
+            return await asyncio.wrap_future(future)
+        except concurrent.futures.TimeoutError:
+            self.workers_replaced += 1
+            raise JudgeLimitExceeded(f"timeout after {timeout_s:g} s (reward-model process replaced)",
+                                     "timeout") from None
+        except pebble.ProcessExpired as exc:
+            self.workers_replaced += 1
+            raise JudgeLimitExceeded(f"reward-model process died (exit code {exc.exitcode})", "died") from None
+
+    def close(self) -> None:
+        self._pool.stop()
+        self._pool.join(timeout=10)
+
+
+class _RayScorer:
+    """The scorer as a Ray actor in a placement group of its own (mode=disagg)."""
+
+    def __init__(self, conf: RewardModelJudgerConf):
+        import ray
+
+        from rlharness.distributed.placement import in_bundle, make_placement_group, thread_env
+
+        gpus = 1.0 if conf.device.startswith("cuda") else 0.0
+        self.placement_group = None
+        options: dict[str, Any] = {"num_cpus": conf.num_cpus, "num_gpus": gpus, "max_restarts": 0,
+                                   "runtime_env": {"env_vars": thread_env(conf.torch_threads)}}
+        if conf.num_cpus or gpus:
+            self.placement_group = make_placement_group("reward_model", 1, conf.num_cpus, gpus, START_TIMEOUT_S)
+            options.update(in_bundle(self.placement_group, 0))
+        self.actor = ray.remote(RewardModelScorer).options(**options).remote(conf)
+        ray.get(self.actor.ready.remote(), timeout=START_TIMEOUT_S)
+        self.workers_replaced = 0
+
+    async def logits(self, texts: list[str], timeout_s: float) -> list[float]:
+        return await asyncio.wait_for(asyncio.wrap_future(self.actor.logits.remote(texts).future()), timeout_s)
+
+    def close(self) -> None:
+        import ray
+
+        ray.kill(self.actor, no_restart=True)
+        if self.placement_group is not None:
+            ray.util.remove_placement_group(self.placement_group)
+
+
+class RewardModelJudger(Judger):
+    name = "reward_model"
+
+    def __init__(self, conf: RewardModelJudgerConf | None = None):
+        self.conf = conf or RewardModelJudgerConf()
+        model_folder(self.conf.path, "judger")
+
+    def normalise(self, logit: float) -> float:
+        return (logit + self.conf.reward_shift) * self.conf.reward_scale
+
+    def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
+        raise TypeError("judger=reward_model scores prompt + response; call judge_group (or score_slow)")
+
+    async def score_slow(self, members: list[RolloutState], timeout_s: float) -> list[dict[str, float]]:
+        from rlharness.judger.pool import JudgeLimitExceeded
+
+        scorer = await self._scorer()
+        try:
+            logits = await scorer.logits([s.prompt_text + s.response_text for s in members], timeout_s)
+        except (JudgeLimitExceeded, asyncio.TimeoutError) as exc:
+            self.counts["timeouts" if getattr(exc, "kind", "timeout") == "timeout" else "memory_or_crash"] += 1
+            if self.conf.on_timeout != "zero":
+                raise
+            log.warning("judger reward_model: %s on group %s; scored 0 (judger.on_timeout=zero)",
+                        exc or "timeout", members[0].group_id)
+            self.counts["scored_zero_on_timeout"] += len(members)
+            return [{"score": 0.0} for _ in members]
+        return [{"score": self.normalise(x)} for x in logits]
+
+    async def _scorer(self):
+        scorer = self.__dict__.get("_pool")
+        if scorer is None:
+            scorer = await asyncio.to_thread(self._start)
+        return scorer
+
+    def _start(self):
+        import threading
+
+        with self.__dict__.setdefault("_pool_lock", threading.Lock()):
+            scorer = self.__dict__.get("_pool")
+            if scorer is None:
+                scorer = _RayScorer(self.conf) if _on_ray() else _ProcessScorer(self.conf)
+                self.__dict__["_pool"] = scorer
+                log.info("judger reward_model: %s loaded (%s, %s)", self.conf.path, self.conf.device,
+                         "Ray actor" if isinstance(scorer, _RayScorer) else "own process")
+            return scorer
+
+
+def _on_ray() -> bool:
+    """The run is on Ray (mode=disagg started it): the reward model becomes an actor."""
+    try:
+        import ray
+    except ImportError:
+        return False
+    return ray.is_initialized()
