@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -271,7 +272,9 @@ class TorchBackend(TrainingBackend):
                 sums.add("loss", step_loss)
                 sums.add("pg_loss", step_pg)
                 sums.add("updates", 1)
-        self.scheduler.step()
+        with warnings.catch_warnings():  # critic warmup: the schedule counts a step without a policy update
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before")
+            self.scheduler.step()
         self._reduce_sums(sums)
         self.last_row_gaps = self._row_gap.tolist()
         return {
