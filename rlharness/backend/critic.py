@@ -66,14 +66,13 @@ class Critic:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=conf.lr, betas=algo_betas,
                                            weight_decay=conf.weight_decay, fused=False)
 
-    @torch.no_grad()
-    def values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        """[b, t] values of a micro-batch's response tokens (0 elsewhere)."""
+    def predict(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[b, t] values of a micro-batch's response tokens (0 elsewhere), with gradient."""
         return self.model(mb["input_ids"], mb["attention_mask"]) * mb["response_mask"]
 
-    def predict(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        """As `values`, with gradient."""
-        return self.model(mb["input_ids"], mb["attention_mask"]) * mb["response_mask"]
+    @torch.no_grad()
+    def values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.predict(mb)
 
     def step(self) -> float:
         """Clip, step (skipped on a non-finite norm), zero; returns the gradient norm before clipping."""

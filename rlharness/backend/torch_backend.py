@@ -205,12 +205,16 @@ class TorchBackend(TrainingBackend):
         return {k: v[idx, :max(width, 1)] for k, v in batch.items()}
 
     @torch.no_grad()
-    def _logprobs_no_grad(self, model, batch: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
+    def _per_token_no_grad(self, batch: dict[str, torch.Tensor], fn) -> torch.Tensor:
+        """[B, T]: `fn(micro-batch)` ([b, t] per token) over the whole batch, micro-batch by micro-batch."""
         out = torch.zeros_like(batch["response_mask"])
         for idx in self._micro_slices(torch.arange(batch["input_ids"].shape[0]), batch["attention_mask"]):
             mb = self._rows(batch, idx)
-            out[idx, : mb["input_ids"].shape[1]] = self._token_scores(model, mb, temperature, "none")[0]
+            out[idx, : mb["input_ids"].shape[1]] = fn(mb)
         return out
+
+    def _logprobs_no_grad(self, model, batch: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
+        return self._per_token_no_grad(batch, lambda mb: self._token_scores(model, mb, temperature, "none")[0])
 
     def _micro_slices(self, rows: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
         """Row indices of each micro-batch: `algo.micro_batch_size` rows, or `backend.micro_batch_tokens`."""
@@ -273,7 +277,7 @@ class TorchBackend(TrainingBackend):
                 sums.add("pg_loss", step_pg)
                 sums.add("updates", 1)
         with warnings.catch_warnings():  # critic warmup: the schedule counts a step without a policy update
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before")
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
             self.scheduler.step()
         self._reduce_sums(sums)
         self.last_row_gaps = self._row_gap.tolist()
@@ -307,20 +311,14 @@ class TorchBackend(TrainingBackend):
         algo, mask = self.algo, tensors["response_mask"]
         if batch.scores is None:
             raise ValueError(f"train_step {batch.train_step}: algo.advantage=gae needs the batch's scores")
-        values = torch.zeros_like(mask)
-        for idx in self._micro_slices(torch.arange(mask.shape[0]), tensors["attention_mask"]):
-            mb = self._rows(tensors, idx)
-            values[idx, : mb["input_ids"].shape[1]] = self.critic.values(mb)
+        values = self._per_token_no_grad(tensors, self.critic.values)
         rewards = last_token_rewards(batch.scores.to(self.device), mask)
         metrics: dict[str, float] = {}
         if algo.kl_reward_coef > 0:  # verl's use_kl_in_reward: k1 of the policy that sampled against the reference
             old = tensors.get("old_logprobs")
             if old is None:
                 old = self._logprobs_no_grad(self.model, tensors, batch.temperature)
-            ref = torch.zeros_like(mask)
-            for idx in self._micro_slices(torch.arange(mask.shape[0]), tensors["attention_mask"]):
-                mb = self._rows(tensors, idx)
-                ref[idx, : mb["input_ids"].shape[1]] = self._reference_scores(mb, batch.temperature)
+            ref = self._per_token_no_grad(tensors, lambda mb: self._reference_scores(mb, batch.temperature))
             kl = (old - ref) * mask
             rewards = rewards - algo.kl_reward_coef * kl
             metrics["critic/kl_reward"] = float(masked_mean(kl, mask))

@@ -11,8 +11,8 @@ import torch
 from rlharness.algo.gae import gae_advantages, last_token_rewards, masked_whiten
 from rlharness.backend.torch_backend import TorchBackend
 from rlharness.config.schema import AlgoConf, CriticConf, ModelConf, TorchBackendConf
-from tests.backend.test_torch_backend import make_batch, make_groups, step
 from rlharness.trainer.batch import build_train_batch
+from tests.backend.test_torch_backend import make_batch, make_groups, step
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -44,7 +44,6 @@ def test_train_step_uses_gae_against_the_critics_values(tiny_model_dir, monkeypa
     b = ppo_backend(tiny_model_dir, gamma=0.9, lam=0.8)
     batch = make_batch(b.algo, seed=1)
     # The values GAE sees are the critic's before this step's update, on this batch.
-    values_before = torch.zeros_like(batch.response_mask)
     with torch.no_grad():
         values_before = b.critic.model(batch.input_ids, batch.attention_mask) * batch.response_mask
     seen = {}
