@@ -109,6 +109,9 @@ def require_finite_weights(finite: bool, directory: str) -> None:
 
 
 class TorchBackend(TrainingBackend):
+    # algo.advantage=gae's value model (set in __init__; backend=deepspeed has none: refused by RunConf).
+    critic: Critic | None = None
+
     def __init__(self, conf: TorchBackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int, seed: int):
         self.conf, self.algo, self.total_steps = conf, algo, total_steps
         self._updates_done = 0  # optimizer updates so far in the current training step (proximal policy)
