@@ -375,10 +375,18 @@ def check_model(conf, checked: set[tuple] | None = None) -> None:
     asking = [f"tasks.{name}.task.apply_chat_template" if conf.tasks else "task.apply_chat_template"
               for name, entry in conf.task_entries().items()
               if getattr(entry.task, "apply_chat_template", None) is True]  # tasks that render chat prompts
-    key = (conf.model.path, conf.model.trust_remote_code, bool(asking))
+    key = (conf.model.path, conf.model.trust_remote_code, bool(asking),
+           conf.algo.critic.path if conf.algo.advantage == "gae" else None)
     if checked is not None and key in checked:
         return
     check_model_files(conf.model)
+    if conf.algo.advantage == "gae" and conf.algo.critic.path is not None:  # the critic's own folder
+        from dataclasses import replace
+
+        try:
+            check_model_files(replace(conf.model, path=conf.algo.critic.path))
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("model.path=", "algo.critic.path=", 1)) from None
     if asking:
         require_chat_template(load_tokenizer(conf.model), asking[0], conf.model.path)
     if checked is not None:

@@ -299,3 +299,6 @@ class TrainBatch:
     # Sampling temperature of the rollouts: the trainer scores tokens at the same
     # temperature so its log-probs are comparable with `rollout_logprobs`.
     temperature: float = 1.0
+    # [B] float: each sample's score (reward + shaping); algo.advantage=gae turns it into token rewards
+    # and the advantages at train time (the backend's critic), so `advantages` is 0 until then.
+    scores: Any = None

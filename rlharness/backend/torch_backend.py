@@ -18,6 +18,13 @@ One `train_step(batch)`:
    computed for response tokens only, chunk by chunk (`rlharness/backend/token_scores.py`).
 3. one LR-scheduler step (warmup and decay are counted in training steps).
 
+With `algo.advantage=gae` (algo=ppo) the backend also owns the critic (rlharness/backend/critic.py):
+before step 2 it computes the critic's values of the batch's response tokens, the token rewards
+(the score on each row's last token, minus `algo.kl_reward_coef` x the old-vs-reference log-prob),
+GAE and the returns (rlharness/algo/gae.py), and whitens the advantages over the batch; in step 2
+every mini-batch also takes one critic update (clipped value loss, token mean), before the policy's.
+During `algo.critic.warmup_steps` only the critic updates.
+
 The heavy work runs inline in the async methods; the caller decides the thread. The
 `*_blocking` methods are the same work for callers that run it in a thread or actor.
 """
@@ -27,11 +34,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rlharness.algo.gae import (clipped_value_loss, explained_variance, gae_advantages, last_token_rewards,
+                                masked_mean, masked_whiten)
 from rlharness.algo.losses import (
     aggregate_loss,
     compute_policy_loss,
@@ -43,6 +53,7 @@ from rlharness.algo.losses import (
     tis_weights,
 )
 from rlharness.backend.base import TrainingBackend
+from rlharness.backend.critic import Critic
 from rlharness.backend.token_scores import (decoder_hidden_states, head_reproduces_logits, model_logits,
                                             response_token_scores)
 from rlharness.backend.micro_batches import token_budget_slices
@@ -57,6 +68,7 @@ from rlharness.types import TrainBatch
 log = logging.getLogger(__name__)
 
 STATE_FILE = "backend_state.pt"
+CRITIC_DIR = "critic"
 
 
 class _Sums:
@@ -97,6 +109,9 @@ def require_finite_weights(finite: bool, directory: str) -> None:
 
 
 class TorchBackend(TrainingBackend):
+    # algo.advantage=gae's value model (set in __init__; backend=deepspeed has none: refused by RunConf).
+    critic: Critic | None = None
+
     def __init__(self, conf: TorchBackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int, seed: int):
         self.conf, self.algo, self.total_steps = conf, algo, total_steps
         self._updates_done = 0  # optimizer updates so far in the current training step (proximal policy)
@@ -111,7 +126,8 @@ class TorchBackend(TrainingBackend):
             self.model.gradient_checkpointing_enable()
         self.model.train()
         self.ref_model = None
-        if algo.kl_coef > 0 and self.peft_model is None:  # the frozen reference is the starting policy
+        needs_reference = algo.kl_coef > 0 or (algo.advantage == "gae" and algo.kl_reward_coef > 0)
+        if needs_reference and self.peft_model is None:  # the frozen reference is the starting policy
             self.ref_model = load_model(model_conf, device=conf.device).eval()
             self.ref_model.requires_grad_(False)
         self._check_head_split()
@@ -120,8 +136,13 @@ class TorchBackend(TrainingBackend):
             betas=(algo.adam_beta1, algo.adam_beta2), weight_decay=algo.weight_decay, fused=False,
         )
         self.lr_plan = LRPlan(total_steps)  # re-planned when a resume changes total_steps (lr_plan.py)
+        self.critic = self._build_critic(model_conf, seed) if algo.advantage == "gae" else None
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: planned(step, self.lr_plan,
                                                                                                  self.algo))
+
+    def _build_critic(self, model_conf: ModelConf, seed: int) -> Critic:
+        return Critic(self.algo.critic, model_conf, (self.algo.adam_beta1, self.algo.adam_beta2), self.conf.device,
+                      seed)
 
     def _setup_lora(self, lora_conf: LoraConf, gradient_checkpointing: bool) -> None:
         """model.lora.rank > 0: the policy becomes a PeftModel (only adapters train; rlharness/lora.py)."""
@@ -187,12 +208,16 @@ class TorchBackend(TrainingBackend):
         return {k: v[idx, :max(width, 1)] for k, v in batch.items()}
 
     @torch.no_grad()
-    def _logprobs_no_grad(self, model, batch: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
+    def _per_token_no_grad(self, batch: dict[str, torch.Tensor], fn) -> torch.Tensor:
+        """[B, T]: `fn(micro-batch)` ([b, t] per token) over the whole batch, micro-batch by micro-batch."""
         out = torch.zeros_like(batch["response_mask"])
         for idx in self._micro_slices(torch.arange(batch["input_ids"].shape[0]), batch["attention_mask"]):
             mb = self._rows(batch, idx)
-            out[idx, : mb["input_ids"].shape[1]] = self._token_scores(model, mb, temperature, "none")[0]
+            out[idx, : mb["input_ids"].shape[1]] = fn(mb)
         return out
+
+    def _logprobs_no_grad(self, model, batch: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
+        return self._per_token_no_grad(batch, lambda mb: self._token_scores(model, mb, temperature, "none")[0])
 
     def _micro_slices(self, rows: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
         """Row indices of each micro-batch: `algo.micro_batch_size` rows, or `backend.micro_batch_tokens`."""
@@ -221,6 +246,9 @@ class TorchBackend(TrainingBackend):
         updates = algo.ppo_epochs * algo.mini_batches
         if updates > 1 and algo.proximal == "recompute":
             tensors["old_logprobs"] = self._logprobs_no_grad(self.model, tensors, batch.temperature)
+        critic_metrics = self._gae_advantages(tensors, batch) if self.critic is not None else {}
+        # algo.critic.warmup_steps: the first steps train the critic only.
+        train_policy = self.critic is None or batch.train_step > algo.critic.warmup_steps
         self._updates_done = 0
         lr = self.optimizer.param_groups[0]["lr"]
         # Mean |engine - trainer| log-prob per row (first epoch): which groups an on-policy gap comes from.
@@ -230,6 +258,10 @@ class TorchBackend(TrainingBackend):
         for epoch in range(algo.ppo_epochs):
             for mini in torch.tensor_split(torch.arange(num_rows), algo.mini_batches):
                 if mini.numel() == 0:
+                    continue
+                if self.critic is not None:
+                    self._critic_update(tensors, mini, sums)
+                if not train_policy:
                     continue
                 den = loss_denominator(tensors["response_mask"][mini], algo.loss_agg)
                 self.optimizer.zero_grad(set_to_none=True)
@@ -247,7 +279,9 @@ class TorchBackend(TrainingBackend):
                 sums.add("loss", step_loss)
                 sums.add("pg_loss", step_pg)
                 sums.add("updates", 1)
-        self.scheduler.step()
+        with warnings.catch_warnings():  # critic warmup: the schedule counts a step without a policy update
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            self.scheduler.step()
         self._reduce_sums(sums)
         self.last_row_gaps = self._row_gap.tolist()
         return {
@@ -269,6 +303,65 @@ class TorchBackend(TrainingBackend):
             # 0 when an applied update left a NaN/inf weight (a finite but far too high LR): the run stops.
             "train/weights_finite": float(self.weights_finite()),
             "train/response_tokens": float(tensors["response_mask"].sum()),
+            **critic_metrics, **self._critic_step_metrics(sums),
+        }
+
+    # ------------------------------------------------------------------ critic (algo.advantage=gae)
+    @torch.no_grad()
+    def _gae_advantages(self, tensors: dict[str, torch.Tensor], batch: TrainBatch) -> dict[str, float]:
+        """Values, token rewards, GAE, returns of the whole batch (before any update this step); writes
+        tensors["advantages"] (whitened), ["returns"], ["old_values"]; returns the critic's value metrics."""
+        algo, mask = self.algo, tensors["response_mask"]
+        if batch.scores is None:
+            raise ValueError(f"train_step {batch.train_step}: algo.advantage=gae needs the batch's scores")
+        values = self._per_token_no_grad(tensors, self.critic.values)
+        rewards = last_token_rewards(batch.scores.to(self.device), mask)
+        metrics: dict[str, float] = {}
+        if algo.kl_reward_coef > 0:  # verl's use_kl_in_reward: k1 of the policy that sampled against the reference
+            old = tensors.get("old_logprobs")
+            if old is None:
+                old = self._logprobs_no_grad(self.model, tensors, batch.temperature)
+            ref = self._per_token_no_grad(tensors, lambda mb: self._reference_scores(mb, batch.temperature))
+            kl = (old - ref) * mask
+            rewards = rewards - algo.kl_reward_coef * kl
+            metrics["critic/kl_reward"] = float(masked_mean(kl, mask))
+        advantages, returns = gae_advantages(rewards, values, mask, algo.gamma, algo.lam)
+        tensors["advantages"] = masked_whiten(advantages, mask)
+        tensors["returns"], tensors["old_values"] = returns, values
+        metrics.update({
+            "critic/values_mean": float(masked_mean(values, mask)),
+            "critic/returns_mean": float(masked_mean(returns, mask)),
+            "critic/advantages_raw_mean": float(masked_mean(advantages, mask)),
+            "critic/vf_explained_var": explained_variance(values, returns, mask),
+        })
+        return metrics
+
+    def _critic_update(self, tensors: dict[str, torch.Tensor], mini: torch.Tensor, sums: _Sums) -> None:
+        """One critic optimizer step on a mini-batch: clipped value loss, mean over its response tokens."""
+        den = float(tensors["response_mask"][mini].sum())
+        if den == 0:
+            return
+        for idx in self._micro_slices(mini, tensors["attention_mask"]):
+            mb = self._rows(tensors, idx)
+            mask = mb["response_mask"]
+            loss_tok, clipped = clipped_value_loss(self.critic.predict(mb), mb["old_values"], mb["returns"],
+                                                   self.algo.critic.cliprange_value)
+            loss = (loss_tok * mask).sum() / den
+            loss.backward()
+            sums.add("vf_loss", loss.detach())
+            sums.add("vf_clipped", (clipped & (mask > 0)).sum())
+            sums.add("vf_tokens", mask.sum())
+        sums.add("critic_grad_norm", self.critic.step())
+        sums.add("critic_updates", 1)
+
+    def _critic_step_metrics(self, sums: _Sums) -> dict[str, float]:
+        if self.critic is None:
+            return {}
+        return {
+            "critic/value_loss": sums.ratio("vf_loss", "critic_updates"),
+            "critic/vf_clip_frac": sums.ratio("vf_clipped", "vf_tokens"),
+            "critic/grad_norm": sums.ratio("critic_grad_norm", "critic_updates"),
+            "critic/lr": self.critic.optimizer.param_groups[0]["lr"],
         }
 
     # Hooks a data-parallel subclass (backend=deepspeed) overrides; the step logic stays here.
@@ -361,6 +454,9 @@ class TorchBackend(TrainingBackend):
             self.tokenizer.save_pretrained(out)
         with writing(out / STATE_FILE):
             self._save_state(out)
+        if self.critic is not None:
+            (out / CRITIC_DIR).mkdir(exist_ok=True)
+            self.critic.save(out / CRITIC_DIR)
 
     def _save_state(self, out: Path) -> None:
         save_state({
@@ -405,6 +501,8 @@ class TorchBackend(TrainingBackend):
             saved = AutoModelForCausalLM.from_pretrained(str(src), dtype=next(self.model.parameters()).dtype)
             self.model.load_state_dict(saved.state_dict())
             del saved
+        if self.critic is not None:
+            self.critic.load(src / CRITIC_DIR)
         state = load_state(state_path)  # data only: a crafted file is refused, never run
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -635,17 +635,51 @@ class SimBackendConf(BackendConf):
 
 # ----------------------------------------------------------------------------- algo
 # Names registered in rlharness.algo (checked against the registries by tests/algo).
-ADVANTAGES = ("grpo", "drgrpo", "rloo", "reinforce_pp")
+ADVANTAGES = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gae")
 POLICY_LOSSES = ("ppo", "dual_clip", "gspo", "cispo")
+
+
+@dataclass
+class CriticConf:
+    """The value model of `algo.advantage=gae` (algo=ppo): rlharness/backend/critic.py."""
+
+    # A causal-LM folder whose decoder becomes the critic's body (a fresh scalar value head on top);
+    # None = model.path (the policy's starting checkpoint).
+    path: Optional[str] = None
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    # The value loss's clip: a new value may move at most this far from the step's old value before
+    # its squared error stops shrinking (verl's critic.cliprange_value).
+    cliprange_value: float = 0.5
+    # The first warmup_steps training steps update only the critic (the policy waits for a baseline
+    # that is better than random); the policy's LR schedule still counts them.
+    warmup_steps: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "algo.critic.lr", self.lr, "> 0")
+        _check(self.weight_decay >= 0, "algo.critic.weight_decay", self.weight_decay, ">= 0")
+        _check(self.grad_clip >= 0, "algo.critic.grad_clip", self.grad_clip, ">= 0 (0 disables)")
+        _check(self.cliprange_value > 0, "algo.critic.cliprange_value", self.cliprange_value, "> 0")
+        _check(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "algo.critic.warmup_steps",
+               self.warmup_steps, "an integer >= 0")
 
 
 @dataclass
 class AlgoConf:
     name: str = MISSING
-    # grpo | drgrpo | rloo | reinforce_pp (= verl's reinforce_plus_plus_baseline). All use a
-    # group baseline, so they need sampler.prompt_repeat_k >= 2.
+    # grpo | drgrpo | rloo | reinforce_pp (= verl's reinforce_plus_plus_baseline): a group
+    # baseline, so they need sampler.prompt_repeat_k >= 2. gae: per-token GAE against a learned
+    # critic (algo=ppo; `critic`, `gamma`, `lam`, `kl_reward_coef` below; rlharness/algo/gae.py).
     advantage: str = "grpo"
     norm_adv_by_std: bool = True
+    # GAE's discount and lambda (verl's algorithm.gamma / lam; lam=1: Monte-Carlo returns - values).
+    gamma: float = 1.0
+    lam: float = 1.0
+    # gae only: -kl_reward_coef x (old - reference log-prob) added to every response token's reward
+    # (verl's use_kl_in_reward with a fixed kl_ctrl.kl_coef); 0 = off. Loads the reference model.
+    kl_reward_coef: float = 0.0
+    critic: CriticConf = field(default_factory=CriticConf)
     # ppo (clipped) | dual_clip (+ cap -clip_ratio_c * A for A < 0) | gspo (sequence ratio;
     # needs loss_agg=seq_mean_token_mean) | cispo (clipped ratio as a detached weight).
     # Formulas: rlharness/algo/losses.py.
@@ -748,6 +782,13 @@ class AlgoConf:
         _check(self.ppo_epochs >= 1, "algo.ppo_epochs", self.ppo_epochs, ">= 1")
         _check(self.mini_batches >= 1, "algo.mini_batches", self.mini_batches, ">= 1")
         _check(self.micro_batch_size >= 1, "algo.micro_batch_size", self.micro_batch_size, ">= 1")
+        _check(0 <= self.gamma <= 1, "algo.gamma", self.gamma, "0 <= gamma <= 1")
+        _check(0 <= self.lam <= 1, "algo.lam", self.lam, "0 <= lam <= 1")
+        _check(self.kl_reward_coef >= 0, "algo.kl_reward_coef", self.kl_reward_coef, ">= 0 (0 = off)")
+        if self.kl_reward_coef > 0 and self.advantage != "gae":
+            raise ConfigError(f"algo.kl_reward_coef={self.kl_reward_coef} is not allowed with algo.advantage="
+                              f"{self.advantage}: the KL reward is per token and only GAE uses token rewards; "
+                              f"use algo.kl_coef (a KL loss) instead")
 
 
 # ----------------------------------------------------------------------------- task
@@ -1142,7 +1183,10 @@ class RunConf:
                 continue  # trained, not evaluated (eval/accuracy averages the tasks that are)
             if self.eval.num_prompts > entry.task.num_eval:
                 raise ConfigError(f"eval.num_prompts={self.eval.num_prompts} exceeds {key}={entry.task.num_eval}")
-        if self.sampler.prompt_repeat_k < 2:
+        if self.algo.advantage == "gae" and self.backend.name == "deepspeed":
+            raise ConfigError("algo.advantage=gae (algo=ppo) with backend=deepspeed is not supported yet: the critic "
+                              "trains in backend=torch (also in mode=disagg); use backend=torch")
+        if self.sampler.prompt_repeat_k < 2 and self.algo.advantage != "gae":  # gae's baseline is the critic
             raise ConfigError(
                 f"sampler.prompt_repeat_k={self.sampler.prompt_repeat_k} is not allowed with "
                 f"algo.advantage={self.algo.advantage}: its baseline is the group's mean, so a group of one "

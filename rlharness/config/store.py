@@ -29,7 +29,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "engine": {"hf": s.HFEngineConf, "vllm": s.VLLMEngineConf, "sim": s.SimEngineConf},
     "backend": {"torch": s.TorchBackendConf, "deepspeed": s.DeepSpeedBackendConf, "sim": s.SimBackendConf},
     "algo": {"grpo": s.AlgoConf, "drgrpo": s.AlgoConf, "rloo": s.AlgoConf, "reinforce_pp": s.AlgoConf,
-             "gspo": s.AlgoConf},
+             "gspo": s.AlgoConf, "ppo": s.AlgoConf},
     "task": {"arithmetic": s.ArithmeticTaskConf, "arithmetic_unpadded": s.ArithmeticTaskConf, "countdown": s.CountdownTaskConf, "jsonl": s.JsonlTaskConf,
              "reasoning_gym": s.ReasoningGymTaskConf},
     "cluster": {"local": s.LocalClusterConf, "local_ray": s.LocalRayClusterConf, "slurm": s.SlurmClusterConf},

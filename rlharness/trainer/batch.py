@@ -62,7 +62,10 @@ def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, tr
     budgets = torch.tensor([[(task_budgets or {}).get(g[0].task, max_response_len)] for g in groups])
     penalty = overlong_penalty(torch.tensor([[len(s.response_ids) for s in g] for g in groups]),
                                budgets, algo.overlong_buffer_len, algo.overlong_penalty_factor)
-    advantages = compute_advantages(rewards + penalty, algo).reshape(-1)
+    scores = (rewards + penalty).reshape(-1)
+    # gae: the backend computes per-token advantages against its critic at train time (from `scores`).
+    advantages = (torch.zeros_like(scores) if algo.advantage == "gae"
+                  else compute_advantages(rewards + penalty, algo).reshape(-1))
     truncated = truncated_samples(samples)
     masked_out = [t and algo.mask_truncated for t in truncated]
 
@@ -90,9 +93,11 @@ def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, tr
         input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask, advantages=token_adv,
         rollout_logprobs=rollout_logprobs, model_steps=model_steps, train_step=train_step,
         num_groups=len(groups), max_response_len=max_response_len,
-        temperature=temperature if temperature > 0 else 1.0,
+        temperature=temperature if temperature > 0 else 1.0, scores=scores,
     )
     metrics = rollout_metrics(groups, rewards, advantages)
+    if algo.advantage == "gae":  # not known before the critic's values (critic/* metrics)
+        del metrics["rollout/adv_abs_mean"]
     metrics["rollout/overlong_penalty_mean"] = float(penalty.mean())
     metrics["rollout/truncated_masked_frac"] = sum(masked_out) / len(samples)
     return batch, metrics
