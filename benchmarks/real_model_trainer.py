@@ -10,14 +10,15 @@
    Forward + backward of one micro-batch of `--rows` rows (a 48-token prompt and a response
    drawn lognormal, CV 1), timed; tokens/s counts every non-padding token.
 2. engine=hf against `model.generate` on the same prompts and per-request lengths (EOS off),
-   `benchmarks/engine_throughput.py`'s two loops.
+   `benchmarks/engine_throughput.py`'s two loops; with `--parts vllm` (run it with
+   `.venv-vllm/bin/python`) also vLLM's CPU build (`engine=vllm`) on the same requests.
 3. One weight sync into the hf engine (`load_weights`, the whole state dict) against a plain
    copy of the same tensors and one memcpy of the same number of bytes.
 
     python benchmarks/real_model_trainer.py            # a few minutes on 2 cores
     python benchmarks/real_model_trainer.py --quick    # smaller batch and fewer tokens
 
-vLLM's CPU build is not compared here unless it is installed (`.venv-vllm`, see the doc).
+    PYTHONPATH=. .venv-vllm/bin/python benchmarks/real_model_trainer.py --parts engine,vllm   # the three side by side
 """
 
 from __future__ import annotations
@@ -128,7 +129,34 @@ def run_children(args) -> list[dict]:
     return out
 
 
-def engine_vs_generate(requests: int, mean_len: float, max_len: int, seed: int) -> dict:
+def run_vllm(prompts: list[list[int]], lengths: list[int]) -> tuple[float, float]:
+    """vLLM's CPU build (engine=vllm) on the same requests, EOS off: (start seconds, generation seconds)."""
+    from rlharness.config.schema import VLLMEngineConf
+    from rlharness.engine import build_engine
+    from rlharness.engine.base import GenerateRequest
+    from vllm_weight_sync import NoEOS
+
+    async def go():
+        t0 = time.perf_counter()
+        engine = build_engine(VLLMEngineConf(), ModelConf(path=MODEL), seed=0)
+        start_s = time.perf_counter() - t0
+        try:
+            await engine.generate(GenerateRequest("warm", prompts[0], NoEOS(temperature=1.0, max_tokens=2)))
+            t0 = time.perf_counter()
+            results = await asyncio.gather(*(
+                engine.generate(GenerateRequest(str(i), p, NoEOS(temperature=1.0, max_tokens=n), seed=i))
+                for i, (p, n) in enumerate(zip(prompts, lengths))))
+            elapsed = time.perf_counter() - t0
+        finally:
+            await engine.close()
+        if [len(r.token_ids) for r in results] != lengths:
+            raise RuntimeError("vllm returned other lengths than requested")
+        return start_s, elapsed
+
+    return asyncio.run(go())
+
+
+def engine_vs_generate(requests: int, mean_len: float, max_len: int, seed: int, vllm: bool = False) -> dict:
     model = load_model(ModelConf(path=MODEL)).eval()
     tok = load_tokenizer(ModelConf(path=MODEL))
     model.generation_config.eos_token_id = None
@@ -140,8 +168,14 @@ def engine_vs_generate(requests: int, mean_len: float, max_len: int, seed: int) 
     generate_s = et.run_generate(model, prompts, lengths, requests, tok.pad_token_id)
     engine_s = et.run_engine(model, prompts, lengths, requests, seed)
     tokens = sum(lengths)
-    return {"requests": requests, "tokens": tokens, "generate_tok_s": tokens / generate_s,
-            "engine_tok_s": tokens / engine_s, "speedup": generate_s / engine_s}
+    out = {"requests": requests, "tokens": tokens, "generate_tok_s": tokens / generate_s,
+           "engine_tok_s": tokens / engine_s, "speedup": generate_s / engine_s}
+    if vllm:
+        del model
+        gc.collect()
+        out["vllm_start_s"], vllm_s = run_vllm(prompts, lengths)
+        out["vllm_tok_s"] = tokens / vllm_s
+    return out
 
 
 def weight_sync(repeats: int) -> dict:
@@ -187,7 +221,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-len", type=int, default=192)
     p.add_argument("--chunk", type=int, default=TorchBackendConf.logprob_chunk_tokens)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--parts", default="trainer,engine,sync", help="comma-separated: trainer, engine, sync")
+    p.add_argument("--parts", default="trainer,engine,sync",
+                   help="comma-separated: trainer, engine, sync, vllm (with engine; needs .venv-vllm)")
+    p.add_argument("--requests", type=int, default=16, help="requests in the engine comparison (--quick: 8)")
     args = p.parse_args(argv)
     if args.rows < 4 or args.rows % 4:
         p.error(f"--rows={args.rows} must be a positive multiple of 4 (groups of 4)")
@@ -200,15 +236,19 @@ def main(argv: list[str] | None = None) -> None:
     print(f"SmolLM2-135M-Instruct, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{platform.machine()}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, load {os.getloadavg()[0]:.2f}")
     parts = set(args.parts.split(","))
-    if parts - {"trainer", "engine", "sync"}:
-        p.error(f"--parts={args.parts!r}: expected a comma-separated subset of trainer, engine, sync")
+    if parts - {"trainer", "engine", "sync", "vllm"}:
+        p.error(f"--parts={args.parts!r}: expected a comma-separated subset of trainer, engine, sync, vllm")
     if "trainer" in parts:
         trainer_table(run_children(args))
     if "engine" in parts:
-        e = engine_vs_generate(8 if args.quick else 16, 8 if args.quick else 32, 24 if args.quick else 96,
-                               args.seed)
+        e = engine_vs_generate(8 if args.quick else args.requests, 8 if args.quick else 32,
+                               24 if args.quick else 96, args.seed, vllm="vllm" in parts)
         print(f"\nengine=hf {e['engine_tok_s']:.1f} tok/s vs model.generate {e['generate_tok_s']:.1f} tok/s "
-              f"({e['requests']} requests, {e['tokens']} tokens, x{e['speedup']:.2f})")
+              f"({e['requests']} requests, {e['tokens']} tokens, x{e['speedup']:.2f}); load {os.getloadavg()[0]:.2f}")
+        if "vllm_tok_s" in e:
+            print(f"engine=vllm (CPU build) {e['vllm_tok_s']:.1f} tok/s on the same requests (started in "
+                  f"{e['vllm_start_s']:.1f} s; engine=hf x{e['engine_tok_s'] / e['vllm_tok_s']:.2f} of it); "
+                  f"load {os.getloadavg()[0]:.2f}")
     if "sync" in parts:
         w = weight_sync(2 if args.quick else 3)
         print(f"weight sync: hf engine load_weights {w['hf_load_s'] * 1e3:.0f} ms, plain tensor copy "
