@@ -3,19 +3,25 @@
     python benchmarks/logprob_gap_rescore.py RUN_DIR [--steps 1,2,3] [--dtype bfloat16]
 
 For each step N, the prompts that RUN_DIR trained at step N (`rollouts/step_N.jsonl`) go to a
-fresh hf engine (the run's model folder, `--dtype` on both sides, the run's sampling: T=1,
-`--max-tokens`, `--samples` per prompt), in one process, no checkpoint and no resume. The
+fresh hf engine (the run's model folder and `model.dtype` unless `--dtype`, the run's sampling:
+T=1, `--max-tokens`, `--samples` per prompt), in one process, no checkpoint and no resume. The
 trainer's scoring (`TorchBackend._token_scores`, what `train/logprob_diff_rollout` compares
-against) then recomputes the same tokens' log-probs on the same weights:
+against) recomputes the same tokens' log-probs on the same weights. One line per prompt:
 
-- `batch`: all the step's rows in one right-padded micro-batch, as the run scored them;
-- `alone`: each row by itself (no padding, another matrix shape).
+- its length and its left padding in the engine's batch (the engine left-aligns the batch's
+  prompts, the trainer right-pads);
+- mean |engine - trainer| per response token, the step's prompts batched in the engine as in
+  the run, and the prompt alone in the engine (no padding; same seeds);
+- the trainer against itself: the rows in the step's micro-batch against each row alone;
+- the worst token's |engine - trainer| (batched).
 
-Printed per step: the prompt lengths, the mean |engine - trainer| per response token for
-both (the first is what the run logs), the mean |batch - alone| (the trainer against
-itself: only the shapes differ), and the share of tokens whose two log-probs are equal.
-For runs whose weights did not move (reward 0 everywhere, as in the "real model paths"
-runs) the model folder's weights are the weights the run's engine sampled with.
+`--pad-probe STEP:PROMPT` then takes that prompt's first batched sample and runs the model itself
+(no engine, one forward over prompt + response) with k = 1..16 pad tokens on the left against none,
+for `sdpa` and `eager` attention, bfloat16 and float32: the mean change of the response tokens'
+log-probs, i.e. what left padding alone does to the numerics.
+
+For runs whose weights did not move (reward 0 everywhere, as in the "real model paths" runs)
+the model folder's weights are the weights the run's engine sampled with.
 """
 
 from __future__ import annotations
@@ -79,7 +85,31 @@ def trainer_logprobs(backend: TorchBackend, groups, pad_id: int, max_tokens: int
     return lp, batch.rollout_logprobs, batch.response_mask
 
 
-def main(argv: list[str] | None = None) -> None:
+def padding_probe(path: str, ids: list[int], first: int) -> None:
+    """Mean |log-prob with k pad tokens on the left - without| over positions >= `first`, per k."""
+    from transformers import AutoModelForCausalLM
+
+    ks = (1, 2, 4, 7, 8, 9, 12, 16)
+    print(f"\n| attention, dtype | {' | '.join(f'pad {k}' for k in ks)} |\n|---|{'---|' * len(ks)}")
+    target = torch.tensor(ids[1:])[:, None]
+    for attn in ("sdpa", "eager"):
+        for dtype in (torch.bfloat16, torch.float32):
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn).eval()
+
+            def logprobs(pad: int) -> torch.Tensor:
+                mask = torch.tensor([[0] * pad + [1] * len(ids)])
+                with torch.no_grad():
+                    logits = model(input_ids=torch.tensor([[0] * pad + ids]), attention_mask=mask,
+                                   position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[0, pad:-1]
+                return logits.float().log_softmax(-1).gather(-1, target)[first - 1:, 0]
+
+            base = logprobs(0)
+            cells = " | ".join(f"{float((logprobs(k) - base).abs().mean()):.1e}" for k in ks)
+            print(f"| {attn}, {str(dtype).removeprefix('torch.')} | {cells} |", flush=True)
+            del model
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run_dir", type=Path)
     p.add_argument("--steps", default="1,2,3")
@@ -87,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--samples", type=int, default=None, help="default: the run's sampler.prompt_repeat_k")
     p.add_argument("--max-tokens", type=int, default=None, help="default: the run's agent.sampling.max_tokens")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pad-probe", default=None, metavar="STEP:PROMPT",
+                   help="then the left-padding probe on that step's prompt (index in the table)")
     args = p.parse_args(argv)
     conf = OmegaConf.load(args.run_dir / ".hydra" / "config.yaml")
     dtype = args.dtype or conf.model.dtype
@@ -101,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| step | prompt | prompt tokens (engine left-padding) | engine vs trainer: prompts batched "
           "| prompt alone in the engine | trainer: batch vs row alone | worst token (batched) |")
     print("|---|---|---|---|---|---|---|")
+    probe, out = None, []
     try:
         for step in (int(s) for s in args.steps.split(",")):
             prompt_ids = [tok(t, add_special_tokens=False)["input_ids"] for t in step_prompts(args.run_dir, step)]
@@ -112,19 +145,30 @@ def main(argv: list[str] | None = None) -> None:
             for i, p_ids in enumerate(prompt_ids):
                 rows = slice(i * samples, (i + 1) * samples)
                 diff = (engine_lp[rows] - lp[rows]).abs() * mask[rows]
-                alone_lp = torch.cat([trainer_logprobs(backend, [[s]], tok.pad_token_id, max_tokens)[0]
-                                      for s in batched[i]])
+                alone_lp = torch.zeros_like(lp[rows])  # each row scored by itself, no padding
+                for k, s in enumerate(batched[i]):
+                    a = trainer_logprobs(backend, [[s]], tok.pad_token_id, max_tokens)[0][0]
+                    alone_lp[k, :a.shape[0]] = a
                 # The same prompt alone in the engine (no left padding), same seeds.
                 solo = groups_of([p_ids], asyncio.run(sample(engine, [p_ids], samples, max_tokens, seed + 100 * i)),
                                  samples)
                 s_lp, s_engine, s_mask = trainer_logprobs(backend, solo, tok.pad_token_id, max_tokens)
                 n, s_n = mask[rows].sum(), s_mask.sum()
-                self_gap = float(((lp[rows, :alone_lp.shape[1]] - alone_lp).abs() * mask[rows, :alone_lp.shape[1]]).sum() / n)
-                print(f"| {step} | {i} | {len(p_ids)} ({width - len(p_ids)}) | {float(diff.sum() / n):.2e} | "
-                      f"{float(((s_engine - s_lp).abs() * s_mask).sum() / s_n):.2e} | {self_gap:.2e} | "
-                      f"{float(diff.max()):.2e} |", flush=True)
+                row = {"step": step, "prompt": i, "prompt_tokens": len(p_ids), "left_pad": width - len(p_ids),
+                       "batched": float(diff.sum() / n), "alone": float(((s_engine - s_lp).abs() * s_mask).sum() / s_n),
+                       "trainer_self": float(((lp[rows] - alone_lp).abs() * mask[rows]).sum() / n),
+                       "worst": float(diff.max())}
+                out.append(row)
+                print(f"| {step} | {i} | {row['prompt_tokens']} ({row['left_pad']}) | {row['batched']:.2e} | "
+                      f"{row['alone']:.2e} | {row['trainer_self']:.2e} | {row['worst']:.2e} |", flush=True)
+                if args.pad_probe == f"{step}:{i}":
+                    probe = (p_ids + batched[i][0].response_ids, len(p_ids))
     finally:
         asyncio.run(engine.close())
+    if probe is not None:
+        del backend, engine
+        padding_probe(conf.model.path, *probe)
+    return out
 
 
 if __name__ == "__main__":
