@@ -259,6 +259,10 @@ def main(argv: list[str] | None = None) -> None:
     parts = set(args.parts.split(","))
     if parts - {"trainer", "engine", "sync", "vllm"}:
         p.error(f"--parts={args.parts!r}: expected a comma-separated subset of trainer, engine, sync, vllm")
+    if "vllm" in parts and "engine" not in parts:
+        p.error("--parts: vllm is compared within the engine part; give --parts engine,vllm")
+    if args.requests < 1:
+        p.error(f"--requests={args.requests}: must be >= 1")
     if "trainer" in parts:
         trainer_table(run_children(args))
     if "engine" in parts:
