@@ -3,9 +3,9 @@
     python benchmarks/logprob_gap_rescore.py RUN_DIR [--steps 1,2,3] [--dtype bfloat16]
 
 For each step N, the prompts that RUN_DIR trained at step N (`rollouts/step_N.jsonl`) go to a
-fresh hf engine (the run's model folder and `model.dtype` unless `--dtype`, the run's sampling:
-T=1, `--max-tokens`, `--samples` per prompt), in one process, no checkpoint and no resume. The
-trainer's scoring (`TorchBackend._token_scores`, what `train/logprob_diff_rollout` compares
+fresh hf engine (the run's model folder and `model.dtype` unless `--dtype`, the run's sampling
+temperature, budget and samples per prompt unless `--max-tokens`/`--samples`), in one process, no
+checkpoint and no resume. The trainer's scoring (`TorchBackend._token_scores`, what `train/logprob_diff_rollout` compares
 against) recomputes the same tokens' log-probs on the same weights. One line per prompt:
 
 - its length and its left padding in the engine's batch (the engine left-aligns the batch's
@@ -52,8 +52,9 @@ def step_prompts(run_dir: Path, step: int) -> list[str]:
     return list(seen.values())
 
 
-async def sample(engine, prompt_ids: list[list[int]], samples: int, max_tokens: int, seed: int):
-    reqs = [GenerateRequest(f"{i}-{j}", p, SamplingParams(temperature=1.0, max_tokens=max_tokens),
+async def sample(engine, prompt_ids: list[list[int]], samples: int, max_tokens: int, temperature: float,
+                 seed: int):
+    reqs = [GenerateRequest(f"{i}-{j}", p, SamplingParams(temperature=temperature, max_tokens=max_tokens),
                             seed=seed + 100 * i + j)
             for i, p in enumerate(prompt_ids) for j in range(samples)]
     return await asyncio.gather(*(engine.generate(r) for r in reqs))
@@ -74,14 +75,15 @@ def groups_of(prompt_ids, results, samples: int) -> list[list[RolloutState]]:
     return groups
 
 
-def trainer_logprobs(backend: TorchBackend, groups, pad_id: int, max_tokens: int) -> tuple[torch.Tensor, ...]:
+def trainer_logprobs(backend: TorchBackend, groups, pad_id: int, max_tokens: int,
+                     temperature: float) -> tuple[torch.Tensor, ...]:
     algo = AlgoConf(name="grpo", micro_batch_size=64)
     batch, _ = build_train_batch(groups, algo, pad_token_id=pad_id, train_step=1, max_response_len=max_tokens,
-                                 temperature=1.0)
+                                 temperature=temperature)
     mb = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
           "response_mask": batch.response_mask}
     with torch.no_grad():
-        lp, _ = backend._token_scores(backend.model, mb, 1.0, "none")
+        lp, _ = backend._token_scores(backend.model, mb, batch.temperature, "none")
     return lp, batch.rollout_logprobs, batch.response_mask
 
 
@@ -124,12 +126,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     dtype = args.dtype or conf.model.dtype
     samples = args.samples or conf.sampler.prompt_repeat_k
     max_tokens = args.max_tokens or conf.agent.sampling.max_tokens
+    temperature = float(conf.agent.sampling.temperature)
     model_conf = ModelConf(path=conf.model.path, dtype=dtype)
     tok = load_tokenizer(model_conf)
     backend = TorchBackend(TorchBackendConf(), model_conf, AlgoConf(name="grpo"), 10, 0)
     engine = build_engine(HFEngineConf(), model_conf, seed=args.seed)
-    print(f"{conf.model.path} {dtype}, {samples} samples x {max_tokens} tokens per prompt, torch "
-          f"{torch.__version__}, {torch.get_num_threads()} threads, load {os.getloadavg()[0]:.2f}")
+    print(f"{conf.model.path} {dtype}, {samples} samples x {max_tokens} tokens per prompt at T={temperature}, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {os.getloadavg()[0]:.2f}")
     print("| step | prompt | prompt tokens (engine left-padding) | engine vs trainer: prompts batched "
           "| prompt alone in the engine | trainer: batch vs row alone | worst token (batched) |")
     print("|---|---|---|---|---|---|---|")
@@ -138,21 +141,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for step in (int(s) for s in args.steps.split(",")):
             prompt_ids = [tok(t, add_special_tokens=False)["input_ids"] for t in step_prompts(args.run_dir, step)]
             seed = args.seed + 1000 * step
-            batched = groups_of(prompt_ids, asyncio.run(sample(engine, prompt_ids, samples, max_tokens, seed)),
-                                samples)
-            lp, engine_lp, mask = trainer_logprobs(backend, batched, tok.pad_token_id, max_tokens)
+            results = asyncio.run(sample(engine, prompt_ids, samples, max_tokens, temperature, seed))
+            batched = groups_of(prompt_ids, results, samples)
+            lp, engine_lp, mask = trainer_logprobs(backend, batched, tok.pad_token_id, max_tokens, temperature)
             width = max(map(len, prompt_ids))
             for i, p_ids in enumerate(prompt_ids):
                 rows = slice(i * samples, (i + 1) * samples)
                 diff = (engine_lp[rows] - lp[rows]).abs() * mask[rows]
                 alone_lp = torch.zeros_like(lp[rows])  # each row scored by itself, no padding
                 for k, s in enumerate(batched[i]):
-                    a = trainer_logprobs(backend, [[s]], tok.pad_token_id, max_tokens)[0][0]
+                    a = trainer_logprobs(backend, [[s]], tok.pad_token_id, max_tokens, temperature)[0][0]
                     alone_lp[k, :a.shape[0]] = a
                 # The same prompt alone in the engine (no left padding), same seeds.
-                solo = groups_of([p_ids], asyncio.run(sample(engine, [p_ids], samples, max_tokens, seed + 100 * i)),
+                solo = groups_of([p_ids], asyncio.run(sample(engine, [p_ids], samples, max_tokens, temperature,
+                                                           seed + 100 * i)),
                                  samples)
-                s_lp, s_engine, s_mask = trainer_logprobs(backend, solo, tok.pad_token_id, max_tokens)
+                s_lp, s_engine, s_mask = trainer_logprobs(backend, solo, tok.pad_token_id, max_tokens, temperature)
                 n, s_n = mask[rows].sum(), s_mask.sum()
                 row = {"step": step, "prompt": i, "prompt_tokens": len(p_ids), "left_pad": width - len(p_ids),
                        "batched": float(diff.sum() / n), "alone": float(((s_engine - s_lp).abs() * s_mask).sum() / s_n),

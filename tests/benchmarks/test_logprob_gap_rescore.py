@@ -31,7 +31,7 @@ def _run_dir(tmp_path: Path) -> Path:
     (run / ".hydra").mkdir(parents=True)
     (run / "rollouts").mkdir()
     conf = {"model": {"path": str(ROOT / "assets" / "tiny-chat"), "dtype": "float32"},
-            "sampler": {"prompt_repeat_k": 2}, "agent": {"sampling": {"max_tokens": 12}}}
+            "sampler": {"prompt_repeat_k": 2}, "agent": {"sampling": {"max_tokens": 12, "temperature": 1.0}}}
     (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(conf))
     prompts = ["Max had 47 beads and gave away 11. How many beads are left?", "Raj had 74 marbles."]
     rows = [{"group_id": f"g{i}", "prompt": p} for i, p in enumerate(prompts) for _ in range(2)]
