@@ -10,14 +10,15 @@
    Forward + backward of one micro-batch of `--rows` rows (a 48-token prompt and a response
    drawn lognormal, CV 1), timed; tokens/s counts every non-padding token.
 2. engine=hf against `model.generate` on the same prompts and per-request lengths (EOS off),
-   `benchmarks/engine_throughput.py`'s two loops.
+   `benchmarks/engine_throughput.py`'s two loops; with `--parts vllm` (run it with
+   `.venv-vllm/bin/python`) also vLLM's CPU build (`engine=vllm`) on the same requests.
 3. One weight sync into the hf engine (`load_weights`, the whole state dict) against a plain
    copy of the same tensors and one memcpy of the same number of bytes.
 
     python benchmarks/real_model_trainer.py            # a few minutes on 2 cores
     python benchmarks/real_model_trainer.py --quick    # smaller batch and fewer tokens
 
-vLLM's CPU build is not compared here unless it is installed (`.venv-vllm`, see the doc).
+    PYTHONPATH=. .venv-vllm/bin/python benchmarks/real_model_trainer.py --parts engine,vllm   # the three side by side
 """
 
 from __future__ import annotations
@@ -99,21 +100,22 @@ def child_micro_batch(config: str, rows: int, mean_len: float, max_len: int, chu
                "response_mask": batch.response_mask, "advantages": batch.advantages,
                "rollout_logprobs": batch.rollout_logprobs, "model_steps": batch.model_steps}
     den = loss_denominator(batch.response_mask, algo.loss_agg)
-    mb = b._rows(tensors, torch.arange(rows))
+    mb = {**b._rows(tensors, torch.arange(rows)), "rows": torch.arange(rows)}
+    b._row_gap = torch.zeros(rows, dtype=torch.float64)  # per-row gaps, as train_step sets them up
 
-    def once() -> float:
-        t0 = time.perf_counter()
+    def once() -> tuple[float, float]:
+        t0, c0 = time.perf_counter(), time.process_time()
         b._micro_step(mb, 1.0, den, max_len, _Sums(), first_epoch=True)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
     gc.collect()
     before = rss_bytes()
-    seconds = once()  # the first micro-batch (it allocates the gradient buffers, in every configuration alike)
+    seconds, cpu = once()  # the first micro-batch (it allocates the gradient buffers, in every configuration alike)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     tokens = int(batch.attention_mask.sum())
     return {"config": config, "rows": rows, "width": int(batch.input_ids.shape[1]), "tokens": tokens,
             "response_tokens": int(batch.response_mask.sum()), "peak_over_start_gb": (peak - before) / 2**30,
-            "step_s": seconds, "train_tok_s": tokens / seconds}
+            "step_s": seconds, "train_tok_s": tokens / seconds, "cpu_s": cpu, "train_tok_cpu_s": tokens / cpu}
 
 
 def run_children(args) -> list[dict]:
@@ -128,7 +130,50 @@ def run_children(args) -> list[dict]:
     return out
 
 
-def engine_vs_generate(requests: int, mean_len: float, max_len: int, seed: int) -> dict:
+def cpu_s() -> float:
+    """CPU seconds used so far by this process and its live children (vLLM's engine core and worker):
+    on a shared box the work each side did, whatever share of the cores it got."""
+    import psutil
+
+    total = 0.0
+    me = psutil.Process()
+    for proc in (me, *me.children(recursive=True)):
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def run_vllm(prompts: list[list[int]], lengths: list[int]) -> tuple[float, float, float]:
+    """vLLM's CPU build (engine=vllm) on the same requests, EOS off: (start s, generation s, generation CPU s)."""
+    from rlharness.config.schema import VLLMEngineConf
+    from rlharness.engine import build_engine
+    from rlharness.engine.base import GenerateRequest
+    from vllm_weight_sync import NoEOS
+
+    async def go():
+        t0 = time.perf_counter()
+        engine = build_engine(VLLMEngineConf(), ModelConf(path=MODEL), seed=0)
+        start_s = time.perf_counter() - t0
+        try:
+            await engine.generate(GenerateRequest("warm", prompts[0], NoEOS(temperature=1.0, max_tokens=2)))
+            t0, c0 = time.perf_counter(), cpu_s()
+            results = await asyncio.gather(*(
+                engine.generate(GenerateRequest(str(i), p, NoEOS(temperature=1.0, max_tokens=n), seed=i))
+                for i, (p, n) in enumerate(zip(prompts, lengths))))
+            elapsed, cpu = time.perf_counter() - t0, cpu_s() - c0
+        finally:
+            await engine.close()
+        if [len(r.token_ids) for r in results] != lengths:
+            raise RuntimeError("vllm returned other lengths than requested")
+        return start_s, elapsed, cpu
+
+    return asyncio.run(go())
+
+
+def engine_vs_generate(requests: int, mean_len: float, max_len: int, seed: int, vllm: bool = False) -> dict:
     model = load_model(ModelConf(path=MODEL)).eval()
     tok = load_tokenizer(ModelConf(path=MODEL))
     model.generation_config.eos_token_id = None
@@ -137,11 +182,21 @@ def engine_vs_generate(requests: int, mean_len: float, max_len: int, seed: int) 
     lengths = et.lognormal_lengths(requests, mean_len, 1.0, max_len, rng)
     et.run_engine(model, prompts[:2], [2, 2], requests, seed)  # warm-up
     torch.manual_seed(seed)
+    c0 = cpu_s()
     generate_s = et.run_generate(model, prompts, lengths, requests, tok.pad_token_id)
+    c1 = cpu_s()
     engine_s = et.run_engine(model, prompts, lengths, requests, seed)
+    c2 = cpu_s()
     tokens = sum(lengths)
-    return {"requests": requests, "tokens": tokens, "generate_tok_s": tokens / generate_s,
-            "engine_tok_s": tokens / engine_s, "speedup": generate_s / engine_s}
+    out = {"requests": requests, "tokens": tokens, "generate_tok_s": tokens / generate_s,
+           "engine_tok_s": tokens / engine_s, "speedup": generate_s / engine_s,
+           "generate_tok_cpu_s": tokens / (c1 - c0), "engine_tok_cpu_s": tokens / (c2 - c1)}
+    if vllm:
+        del model
+        gc.collect()
+        out["vllm_start_s"], vllm_s, vllm_cpu = run_vllm(prompts, lengths)
+        out["vllm_tok_s"], out["vllm_tok_cpu_s"] = tokens / vllm_s, tokens / vllm_cpu
+    return out
 
 
 def weight_sync(repeats: int) -> dict:
@@ -187,7 +242,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-len", type=int, default=192)
     p.add_argument("--chunk", type=int, default=TorchBackendConf.logprob_chunk_tokens)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--parts", default="trainer,engine,sync", help="comma-separated: trainer, engine, sync")
+    p.add_argument("--parts", default="trainer,engine,sync",
+                   help="comma-separated: trainer, engine, sync, vllm (with engine; needs .venv-vllm)")
+    p.add_argument("--requests", type=int, default=16, help="requests in the engine comparison (--quick: 8)")
     args = p.parse_args(argv)
     if args.rows < 4 or args.rows % 4:
         p.error(f"--rows={args.rows} must be a positive multiple of 4 (groups of 4)")
@@ -200,15 +257,24 @@ def main(argv: list[str] | None = None) -> None:
     print(f"SmolLM2-135M-Instruct, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{platform.machine()}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, load {os.getloadavg()[0]:.2f}")
     parts = set(args.parts.split(","))
-    if parts - {"trainer", "engine", "sync"}:
-        p.error(f"--parts={args.parts!r}: expected a comma-separated subset of trainer, engine, sync")
+    if parts - {"trainer", "engine", "sync", "vllm"}:
+        p.error(f"--parts={args.parts!r}: expected a comma-separated subset of trainer, engine, sync, vllm")
+    if "vllm" in parts and "engine" not in parts:
+        p.error("--parts: vllm is compared within the engine part; give --parts engine,vllm")
+    if args.requests < 1:
+        p.error(f"--requests={args.requests}: must be >= 1")
     if "trainer" in parts:
         trainer_table(run_children(args))
     if "engine" in parts:
-        e = engine_vs_generate(8 if args.quick else 16, 8 if args.quick else 32, 24 if args.quick else 96,
-                               args.seed)
+        e = engine_vs_generate(8 if args.quick else args.requests, 8 if args.quick else 32,
+                               24 if args.quick else 96, args.seed, vllm="vllm" in parts)
         print(f"\nengine=hf {e['engine_tok_s']:.1f} tok/s vs model.generate {e['generate_tok_s']:.1f} tok/s "
-              f"({e['requests']} requests, {e['tokens']} tokens, x{e['speedup']:.2f})")
+              f"({e['requests']} requests, {e['tokens']} tokens, x{e['speedup']:.2f}); per CPU second "
+              f"{e['engine_tok_cpu_s']:.1f} vs {e['generate_tok_cpu_s']:.1f}; load {os.getloadavg()[0]:.2f}")
+        if "vllm_tok_s" in e:
+            print(f"engine=vllm (CPU build) {e['vllm_tok_s']:.1f} tok/s, {e['vllm_tok_cpu_s']:.1f} per CPU second "
+                  f"(its processes together) on the same requests (started in {e['vllm_start_s']:.1f} s); "
+                  f"load {os.getloadavg()[0]:.2f}")
     if "sync" in parts:
         w = weight_sync(2 if args.quick else 3)
         print(f"weight sync: hf engine load_weights {w['hf_load_s'] * 1e3:.0f} ms, plain tensor copy "
@@ -217,11 +283,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def trainer_table(rows: list[dict]) -> None:
-    print("\n| scoring | rows x width | tokens (response) | peak RSS over start, GB | fwd+bwd s | train tok/s |")
-    print("|---|---|---|---|---|---|")
+    print("\n| scoring | rows x width | tokens (response) | peak RSS over start, GB | fwd+bwd s | train tok/s "
+          "| CPU s | tok per CPU s |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['config']} | {r['rows']} x {r['width']} | {r['tokens']} ({r['response_tokens']}) | "
-              f"{r['peak_over_start_gb']:.2f} | {r['step_s']:.2f} | {r['train_tok_s']:.0f} |")
+              f"{r['peak_over_start_gb']:.2f} | {r['step_s']:.2f} | {r['train_tok_s']:.0f} | {r['cpu_s']:.2f} | "
+              f"{r['train_tok_cpu_s']:.0f} |")
 
 
 if __name__ == "__main__":
