@@ -225,7 +225,8 @@ class Trainer:
         if gap is None or not all_tokens_on_policy(batch.model_steps, batch.response_mask, step):
             return
         row_gaps = getattr(self.c.backend, "last_row_gaps", None)
-        warning = onpolicy_gap_warning(step, groups, row_gaps, gap, self.conf.algo.onpolicy_logprob_gap_warn)
+        warning = onpolicy_gap_warning(step, groups, row_gaps, gap, self.conf.algo.onpolicy_logprob_gap_warn,
+                                       self.conf.model.dtype)
         if warning:
             log.warning(warning)
 
