@@ -9,8 +9,10 @@ which is how it is tested here) the transport. A transfer is:
 
 1. rank 0 writes the version's tensor specs (name, shape, dtype) into the store;
 2. same-dtype tensors are flattened into buckets of at most `bucket_bytes`, and each
-   bucket is broadcast from rank 0; receivers split them back into named tensors;
-3. each engine loads the received dict as that version.
+   bucket is broadcast from rank 0; receivers split them back into named tensors (views,
+   no copy). Pipelined on both sides: rank 0 packs bucket k+1 while k is on the wire, and a
+   receiver posts bucket k+1 before it hands bucket k to the loader;
+3. each engine loads the received tensors as that version, as they arrive.
 
 Every step is bounded by the group's timeout: reading the specs (the store's
 timeout), each broadcast (`Work.wait(timeout)`; NCCL's watchdog also aborts a
@@ -32,7 +34,7 @@ import logging
 import pickle
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -123,18 +125,23 @@ class WeightGroupMember:
         if shutdown is not None:
             shutdown()
 
-    def _broadcast(self, tensor: torch.Tensor) -> None:
+    def _start_broadcast(self, tensor: torch.Tensor) -> Any:
         import torch.distributed as dist
 
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         opts.rootTensor = 0
-        work = self.pg.broadcast([tensor], opts)
+        return self.pg.broadcast([tensor], opts)
+
+    def _finish(self, work: Any) -> None:
         if not work.wait(timedelta(seconds=self.timeout_s)):
             raise TimeoutError(f"weight broadcast (rank {self.rank}) did not finish within {self.timeout_s:g} s")
 
     def send(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        """Rank 0: publish the specs, broadcast every bucket."""
+        """Rank 0: publish the specs, broadcast every bucket.
+
+        Pipelined: bucket k+1 is packed (one copy per tensor, the only one on this side)
+        while bucket k is on the wire."""
         if self.rank != 0:
             raise WeightGroupError(f"send on rank {self.rank}: only rank 0 (training rank 0) sends")
         specs = tensor_specs(state)
@@ -143,13 +150,28 @@ class WeightGroupMember:
             self.store.delete_key(_SPECS_KEY.format(version=self._last_version))
         self._last_version = version
         tensors = list(state.values())
+        in_flight: tuple[Any, torch.Tensor] | None = None  # (work, its buffer: alive until it is done)
         with torch.no_grad():
             for bucket in plan_buckets(specs, self.bucket_bytes):
-                flat = torch.cat([tensors[i].detach().reshape(-1).to(self.device) for i in bucket])
-                self._broadcast(flat)
+                flat = torch.empty(sum(specs[i].numel for i in bucket), dtype=specs[bucket[0]].torch_dtype,
+                                   device=self.device)
+                torch.cat([tensors[i].detach().reshape(-1) for i in bucket], out=flat)
+                if in_flight is not None:
+                    self._finish(in_flight[0])
+                in_flight = (self._start_broadcast(flat), flat)
+            if in_flight is not None:
+                self._finish(in_flight[0])
 
     def receive(self, version: int, specs: list[TensorSpec] | None = None) -> dict[str, torch.Tensor]:
-        """Ranks 1..n: receive every bucket of `version`, return named tensors.
+        """Ranks 1..n: receive every bucket of `version`, return named tensors."""
+        return dict(self.receive_stream(version, specs))
+
+    def receive_stream(self, version: int, specs: list[TensorSpec] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Ranks 1..n: (name, tensor) pairs of `version`, bucket by bucket.
+
+        Pipelined: bucket k+1's broadcast is posted before bucket k's tensors are yielded, so
+        it arrives while the caller loads bucket k (vLLM's `reload_weights` takes the iterator).
+        The tensors are views of the received buffers: no copy here.
 
         `specs` are the version's tensor specs when the caller has them (e.g. sent along
         with the request); otherwise they are read from the group's store."""
@@ -159,17 +181,23 @@ class WeightGroupMember:
             key = _SPECS_KEY.format(version=version)
             self.store.wait([key], timedelta(seconds=self.timeout_s))  # raises after the timeout
             specs = pickle.loads(self.store.get(key))
-        out: dict[str, torch.Tensor] = {}
-        for bucket in plan_buckets(specs, self.bucket_bytes):
+        buckets = plan_buckets(specs, self.bucket_bytes)
+
+        def post(bucket: list[int]) -> tuple[Any, torch.Tensor]:
             flat = torch.empty(sum(specs[i].numel for i in bucket), dtype=specs[bucket[0]].torch_dtype,
                                device=self.device)
-            self._broadcast(flat)
+            return self._start_broadcast(flat), flat
+
+        nxt = post(buckets[0]) if buckets else None
+        for k, bucket in enumerate(buckets):
+            work, flat = nxt
+            self._finish(work)
+            nxt = post(buckets[k + 1]) if k + 1 < len(buckets) else None
             offset = 0
             for i in bucket:
                 n = specs[i].numel
-                out[specs[i].name] = flat[offset:offset + n].view(specs[i].shape)
+                yield specs[i].name, flat[offset:offset + n].view(specs[i].shape)
                 offset += n
-        return out
 
 
 def choose_weight_transfer(engine_gpus: float, trainer_gpus: float, engine: str = "hf",

@@ -66,8 +66,11 @@ def test_two_zero_ranks_match_torch_and_resume_from_save(ray_session, tiny_model
                     assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
             weights, ref_weights = await ds.get_weights(), await ref.get_weights()
             assert set(weights) == set(ref_weights)
+            # Up to a tenth of lr apart: Adam divides each gradient by its own running RMS, so float
+            # rounding of near-zero gradients (the ranks sum them in another order) moves those elements
+            # by up to lr; a wrong gradient moves most elements by about lr.
             for name, t in ref_weights.items():
-                torch.testing.assert_close(weights[name], t, rtol=1e-4, atol=1e-5, msg=name)
+                torch.testing.assert_close(weights[name], t, rtol=1e-4, atol=1e-4, msg=name)
 
             await ds.save(str(tmp_path / "ckpt"))
             assert (tmp_path / "ckpt" / "config.json").is_file()  # the HF copy: usable as model.path
