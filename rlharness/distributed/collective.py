@@ -40,7 +40,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-BUCKET_BYTES = 256 << 20
+BUCKET_BYTES = 32 << 20  # 2 kept buffers per member; several buckets for the pipeline to overlap
 _SPECS_KEY = "weights/specs/{version}"
 
 
@@ -118,6 +118,10 @@ class WeightGroupMember:
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self.store, self.pg = make_process_group(backend, host, port, rank, world_size, timeout_s)
         self._last_version: int | None = None
+        # Two bucket buffers used in turn (bucket k in buffer k % 2), kept across syncs: the
+        # pipeline needs two, and memory touched for the first time costs a page fault per page
+        # (on a loaded CPU host more than the copy itself).
+        self._buffers: list[torch.Tensor | None] = [None, None]
 
     def close(self) -> None:
         """Leave the group (its communicator's resources are freed)."""
@@ -137,6 +141,16 @@ class WeightGroupMember:
         if not work.wait(timedelta(seconds=self.timeout_s)):
             raise TimeoutError(f"weight broadcast (rank {self.rank}) did not finish within {self.timeout_s:g} s")
 
+    def _bucket_buffer(self, k: int, specs: list[TensorSpec], bucket: list[int]) -> torch.Tensor:
+        """Bucket k's flat tensor in buffer k % 2 (grown when a bucket needs more)."""
+        dtype = specs[bucket[0]].torch_dtype
+        numel = sum(specs[i].numel for i in bucket)
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        buf = self._buffers[k % 2]
+        if buf is None or buf.numel() < nbytes:
+            buf = self._buffers[k % 2] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return buf[:nbytes].view(dtype)
+
     def send(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Rank 0: publish the specs, broadcast every bucket.
 
@@ -152,9 +166,8 @@ class WeightGroupMember:
         tensors = list(state.values())
         in_flight: tuple[Any, torch.Tensor] | None = None  # (work, its buffer: alive until it is done)
         with torch.no_grad():
-            for bucket in plan_buckets(specs, self.bucket_bytes):
-                flat = torch.empty(sum(specs[i].numel for i in bucket), dtype=specs[bucket[0]].torch_dtype,
-                                   device=self.device)
+            for k, bucket in enumerate(plan_buckets(specs, self.bucket_bytes)):
+                flat = self._bucket_buffer(k, specs, bucket)  # bucket k - 2 is through: its buffer is free
                 torch.cat([tensors[i].detach().reshape(-1) for i in bucket], out=flat)
                 if in_flight is not None:
                     self._finish(in_flight[0])
@@ -163,15 +176,18 @@ class WeightGroupMember:
                 self._finish(in_flight[0])
 
     def receive(self, version: int, specs: list[TensorSpec] | None = None) -> dict[str, torch.Tensor]:
-        """Ranks 1..n: receive every bucket of `version`, return named tensors."""
-        return dict(self.receive_stream(version, specs))
+        """Ranks 1..n: receive every bucket of `version`, return named tensors (each bucket its own memory)."""
+        return dict(self.receive_stream(version, specs, reuse_buffers=False))
 
-    def receive_stream(self, version: int, specs: list[TensorSpec] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    def receive_stream(self, version: int, specs: list[TensorSpec] | None = None,
+                       reuse_buffers: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
         """Ranks 1..n: (name, tensor) pairs of `version`, bucket by bucket.
 
         Pipelined: bucket k+1's broadcast is posted before bucket k's tensors are yielded, so
         it arrives while the caller loads bucket k (vLLM's `reload_weights` takes the iterator).
-        The tensors are views of the received buffers: no copy here.
+        The tensors are views of the received buffers: no copy here. With `reuse_buffers` the
+        buffers are the member's two kept ones, so a tensor is valid only until the iterator
+        moves on to the next bucket: for a caller that copies each tensor as it comes (a load).
 
         `specs` are the version's tensor specs when the caller has them (e.g. sent along
         with the request); otherwise they are read from the group's store."""
@@ -183,16 +199,18 @@ class WeightGroupMember:
             specs = pickle.loads(self.store.get(key))
         buckets = plan_buckets(specs, self.bucket_bytes)
 
-        def post(bucket: list[int]) -> tuple[Any, torch.Tensor]:
-            flat = torch.empty(sum(specs[i].numel for i in bucket), dtype=specs[bucket[0]].torch_dtype,
-                               device=self.device)
+        def post(k: int) -> tuple[Any, torch.Tensor]:
+            bucket = buckets[k]
+            flat = (self._bucket_buffer(k, specs, bucket) if reuse_buffers else
+                    torch.empty(sum(specs[i].numel for i in bucket), dtype=specs[bucket[0]].torch_dtype,
+                                device=self.device))
             return self._start_broadcast(flat), flat
 
-        nxt = post(buckets[0]) if buckets else None
+        nxt = post(0) if buckets else None
         for k, bucket in enumerate(buckets):
             work, flat = nxt
             self._finish(work)
-            nxt = post(buckets[k + 1]) if k + 1 < len(buckets) else None
+            nxt = post(k + 1) if k + 1 < len(buckets) else None  # into bucket k - 1's buffer: loaded already
             offset = 0
             for i in bucket:
                 n = specs[i].numel
