@@ -165,9 +165,9 @@ def train_part(args) -> list[dict]:
             print(name, f"step {step_s:.1f} s (optimizer {b.optimizer_s:.1f} s)", flush=True)
     out_rows = []
     for r in rows.values():
-        step_s, fb = statistics.median(r.pop("step_s")), statistics.median(r.pop("fwd_bwd_s"))
+        step_s, fb, peak = statistics.median(r.pop("step_s")), statistics.median(r.pop("fwd_bwd_s")), r.pop("peak")
         out_rows.append({**r, "step_s": step_s, "fwd_bwd_s": fb, "step_tok_s": tokens / step_s,
-                         "fwd_bwd_tok_s": tokens / fb, "peak_rss_over_start_gb": r.pop("peak")})
+                         "fwd_bwd_tok_s": tokens / fb, "peak_rss_over_start_gb": peak})
     del b
     gc.collect()
     return out_rows
