@@ -4,8 +4,10 @@ Each process (`DeepSpeedWorker`, one rank) is a `TorchBackend` whose model is th
 DeepSpeed engine: the step logic (old log-probs, mini/micro-batches, the clipped
 loss with TIS/KL/entropy, the metrics) is the torch backend's, unchanged. What
 differs is confined to its hooks:
-- every rank gets the whole batch and trains on its share of the samples
-  (rows rank, rank + W, ...); the loss denominator is still the whole mini-batch's,
+- every rank gets the whole batch and trains on its share of each mini-batch's samples
+  (equal row counts, token counts balanced by Karmarkar-Karp: `rank_balance.py`; or rows
+  rank, rank + W, ... with `balance_ranks=false`), in micro-batches of `micro_batch_size`
+  rows or `micro_batch_tokens` tokens; the loss denominator is still the whole mini-batch's,
   and the loss is multiplied by W because DeepSpeed averages gradients over ranks,
   so the update equals the single-process one;
 - each mini-batch is padded (zero mask, zero advantage rows) to a multiple of W so
@@ -42,6 +44,7 @@ import torch
 from rlharness import lora
 from rlharness.checkpoint import check_state_files, writing
 from rlharness.backend.lr_plan import LRPlan, planned
+from rlharness.backend.rank_balance import imbalance, rank_micro_slices, rank_shares
 from rlharness.backend.torch_backend import TorchBackend, _Sums, all_finite, require_finite_weights
 from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, ModelConf
 from rlharness.model import load_model, load_tokenizer
@@ -86,15 +89,20 @@ def _skip_shm_comm_build() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
-def pad_plan(rows: int, world_size: int, mini_batches: int) -> tuple[list[int] | None, list[float]]:
-    """Which row each padded row copies (None: no padding needed) and whether it is a real row."""
+def pad_plan(rows: int, world_size: int, mini_batches: int,
+             lengths: torch.Tensor | None = None) -> tuple[list[int] | None, list[float]]:
+    """Which row each padded row copies (None: no padding needed) and whether it is a real row.
+
+    A padding row copies its mini-batch's shortest row (by `lengths`; the first row without them):
+    it trains nothing but still costs a forward and backward pass."""
     chunks = torch.tensor_split(torch.arange(rows), mini_batches)
     size = math.ceil(max(len(c) for c in chunks) / world_size) * world_size
     if all(len(c) == size for c in chunks):
         return None, [1.0] * rows
     index, real = [], []
     for c in chunks:
-        index += c.tolist() + [0] * (size - len(c))
+        copy = 0 if lengths is None or not len(c) else int(c[torch.argmin(lengths[c])])
+        index += c.tolist() + [copy] * (size - len(c))
         real += [1.0] * len(c) + [0.0] * (size - len(c))
     return index, real
 
@@ -102,10 +110,10 @@ def pad_plan(rows: int, world_size: int, mini_batches: int) -> tuple[list[int] |
 def pad_rows(batch: TrainBatch, world_size: int, mini_batches: int) -> TrainBatch:
     """Pad every mini-batch (TorchBackend's `tensor_split` of the rows) to the same multiple of `world_size`.
 
-    Padding rows copy row 0 but train nothing (mask and advantage 0), and sit inside the
-    mini-batch they pad, so each mini-batch holds the same real rows as without padding.
+    Padding rows copy the mini-batch's shortest row but train nothing (mask and advantage 0), and
+    sit inside the mini-batch they pad, so each mini-batch holds the same real rows as without padding.
     """
-    index, real = pad_plan(batch.input_ids.shape[0], world_size, mini_batches)
+    index, real = pad_plan(batch.input_ids.shape[0], world_size, mini_batches, batch.attention_mask.sum(-1))
     if index is None:
         return batch
     index_t = torch.tensor(index)
@@ -139,6 +147,7 @@ class DeepSpeedWorker(TorchBackend):
                                    timeout=timedelta(seconds=timeout_s), verbose=False)
         self.conf, self.algo, self.total_steps = conf, algo, total_steps
         self.rank, self.world_size = rank, world_size
+        self._warned_oversized = False
         self.device = torch.device("cpu" if on_cpu else "cuda")
         torch.manual_seed(seed)
         self.tokenizer = load_tokenizer(model_conf)
@@ -168,14 +177,37 @@ class DeepSpeedWorker(TorchBackend):
 
     # ------------------------------------------------------------------ TorchBackend hooks
     def train_step_blocking(self, batch: TrainBatch) -> dict[str, float]:
-        out = super().train_step_blocking(pad_rows(batch, self.world_size, self.algo.mini_batches))
+        padded = pad_rows(batch, self.world_size, self.algo.mini_batches)
+        out = super().train_step_blocking(padded)
         _, real = pad_plan(batch.input_ids.shape[0], self.world_size, self.algo.mini_batches)
         self.last_row_gaps = [g for g, r in zip(self.last_row_gaps, real) if r]  # the batch's own rows
+        out["perf/rank_token_imbalance"] = self._rank_token_imbalance(padded.attention_mask.sum(-1))
+        return out
+
+    def _rank_token_imbalance(self, lengths: torch.Tensor) -> float:
+        """max/mean over ranks of the tokens (padding rows included) each trains per epoch."""
+        tokens = [0.0] * self.world_size
+        for mini in torch.tensor_split(torch.arange(lengths.numel()), self.algo.mini_batches):
+            if mini.numel():
+                for r, share in enumerate(rank_shares(lengths[mini], self.world_size, self.conf.balance_ranks)):
+                    tokens[r] += float(lengths[mini][share].sum())
+        return imbalance(tokens)
+
+    def _logprobs_no_grad(self, model, batch: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
+        """Every row's: each rank scores its share of the whole batch (zeros elsewhere), and a mini-batch's
+        balanced shares are not the whole batch's, so the ranks' parts are summed."""
+        out = super()._logprobs_no_grad(model, batch, temperature)
+        torch.distributed.all_reduce(out)
         return out
 
     def _micro_slices(self, rows: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
-        share = rows[self.rank::self.world_size]  # equal shares: rows are padded to a multiple of W
-        return list(torch.split(share, self.algo.micro_batch_size))
+        """This rank's micro-batches of `rows` (a multiple of W: padded); every rank gets as many."""
+        lengths = attention_mask[rows].sum(-1)
+        per_rank, oversized = rank_micro_slices(rows, lengths, self.world_size, balance=self.conf.balance_ranks,
+                                                micro_batch_size=self.algo.micro_batch_size,
+                                                budget=self.conf.micro_batch_tokens)
+        self._warn_oversized(oversized, int(lengths.max()))
+        return per_rank[self.rank]
 
     def _hf_model(self, model):
         return self.engine.module if model is self.engine else model

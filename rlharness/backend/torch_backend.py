@@ -225,11 +225,14 @@ class TorchBackend(TrainingBackend):
         if budget is None:
             return list(torch.split(rows, self.algo.micro_batch_size))
         slices, oversized = token_budget_slices(rows, attention_mask[rows].sum(-1), budget)
+        self._warn_oversized(oversized, int(attention_mask[rows].sum(-1).max()))
+        return slices
+
+    def _warn_oversized(self, oversized: int, longest: int) -> None:
         if oversized and not self._warned_oversized:
             self._warned_oversized = True  # once per run: the row still trains, alone in its micro-batch
             log.warning("backend.micro_batch_tokens=%d is below the longest row (%d tokens): such rows train "
-                        "alone in their micro-batch", budget, int(attention_mask[rows].sum(-1).max()))
-        return slices
+                        "alone in their micro-batch", self.conf.micro_batch_tokens, longest)
 
     def train_step_blocking(self, batch: TrainBatch) -> dict[str, float]:
         algo = self.algo

@@ -615,9 +615,15 @@ class DeepSpeedBackendConf(BackendConf):
     device: str = "cpu"
     gradient_checkpointing: bool = False
     logprob_chunk_tokens: int = 1024  # as backend=torch's
+    micro_batch_tokens: Optional[int] = None  # as backend=torch's, within each rank's share
+    # Rows split across ranks by Karmarkar-Karp on their lengths, equal row counts
+    # (rlharness/backend/rank_balance.py); false: rank r trains rows r, r + W, ...
+    balance_ranks: bool = True
 
     def __post_init__(self) -> None:
         _check(self.logprob_chunk_tokens >= 1, "backend.logprob_chunk_tokens", self.logprob_chunk_tokens, ">= 1")
+        _check(self.micro_batch_tokens is None or self.micro_batch_tokens >= 1, "backend.micro_batch_tokens",
+               self.micro_batch_tokens, ">= 1 (or null for algo.micro_batch_size rows per micro-batch)")
         _one_of("backend.zero_stage", self.zero_stage, (0, 1, 2, 3))
         _check(self.num_workers >= 1, "backend.num_workers", self.num_workers, ">= 1")
 

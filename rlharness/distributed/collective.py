@@ -9,8 +9,10 @@ which is how it is tested here) the transport. A transfer is:
 
 1. rank 0 writes the version's tensor specs (name, shape, dtype) into the store;
 2. same-dtype tensors are flattened into buckets of at most `bucket_bytes`, and each
-   bucket is broadcast from rank 0; receivers split them back into named tensors;
-3. each engine loads the received dict as that version.
+   bucket is broadcast from rank 0; receivers split them back into named tensors (views,
+   no copy). Pipelined on both sides: rank 0 packs bucket k+1 while k is on the wire, and a
+   receiver posts bucket k+1 before it hands bucket k to the loader;
+3. each engine loads the received tensors as that version, as they arrive.
 
 Every step is bounded by the group's timeout: reading the specs (the store's
 timeout), each broadcast (`Work.wait(timeout)`; NCCL's watchdog also aborts a
@@ -32,13 +34,13 @@ import logging
 import pickle
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 
 log = logging.getLogger(__name__)
 
-BUCKET_BYTES = 256 << 20
+BUCKET_BYTES = 32 << 20  # 2 kept buffers per member; several buckets for the pipeline to overlap
 _SPECS_KEY = "weights/specs/{version}"
 
 
@@ -116,6 +118,10 @@ class WeightGroupMember:
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self.store, self.pg = make_process_group(backend, host, port, rank, world_size, timeout_s)
         self._last_version: int | None = None
+        # Two bucket buffers used in turn (bucket k in buffer k % 2), kept across syncs: the
+        # pipeline needs two, and memory touched for the first time costs a page fault per page
+        # (on a loaded CPU host more than the copy itself).
+        self._buffers: list[torch.Tensor | None] = [None, None]
 
     def close(self) -> None:
         """Leave the group (its communicator's resources are freed)."""
@@ -123,18 +129,33 @@ class WeightGroupMember:
         if shutdown is not None:
             shutdown()
 
-    def _broadcast(self, tensor: torch.Tensor) -> None:
+    def _start_broadcast(self, tensor: torch.Tensor) -> Any:
         import torch.distributed as dist
 
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         opts.rootTensor = 0
-        work = self.pg.broadcast([tensor], opts)
+        return self.pg.broadcast([tensor], opts)
+
+    def _finish(self, work: Any) -> None:
         if not work.wait(timedelta(seconds=self.timeout_s)):
             raise TimeoutError(f"weight broadcast (rank {self.rank}) did not finish within {self.timeout_s:g} s")
 
+    def _bucket_buffer(self, k: int, specs: list[TensorSpec], bucket: list[int]) -> torch.Tensor:
+        """Bucket k's flat tensor in buffer k % 2 (grown when a bucket needs more)."""
+        dtype = specs[bucket[0]].torch_dtype
+        numel = sum(specs[i].numel for i in bucket)
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        buf = self._buffers[k % 2]
+        if buf is None or buf.numel() < nbytes:
+            buf = self._buffers[k % 2] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return buf[:nbytes].view(dtype)
+
     def send(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        """Rank 0: publish the specs, broadcast every bucket."""
+        """Rank 0: publish the specs, broadcast every bucket.
+
+        Pipelined: bucket k+1 is packed (one copy per tensor, the only one on this side)
+        while bucket k is on the wire."""
         if self.rank != 0:
             raise WeightGroupError(f"send on rank {self.rank}: only rank 0 (training rank 0) sends")
         specs = tensor_specs(state)
@@ -143,13 +164,30 @@ class WeightGroupMember:
             self.store.delete_key(_SPECS_KEY.format(version=self._last_version))
         self._last_version = version
         tensors = list(state.values())
+        in_flight: tuple[Any, torch.Tensor] | None = None  # (work, its buffer: alive until it is done)
         with torch.no_grad():
-            for bucket in plan_buckets(specs, self.bucket_bytes):
-                flat = torch.cat([tensors[i].detach().reshape(-1).to(self.device) for i in bucket])
-                self._broadcast(flat)
+            for k, bucket in enumerate(plan_buckets(specs, self.bucket_bytes)):
+                flat = self._bucket_buffer(k, specs, bucket)  # bucket k - 2 is through: its buffer is free
+                torch.cat([tensors[i].detach().reshape(-1) for i in bucket], out=flat)
+                if in_flight is not None:
+                    self._finish(in_flight[0])
+                in_flight = (self._start_broadcast(flat), flat)
+            if in_flight is not None:
+                self._finish(in_flight[0])
 
     def receive(self, version: int, specs: list[TensorSpec] | None = None) -> dict[str, torch.Tensor]:
-        """Ranks 1..n: receive every bucket of `version`, return named tensors.
+        """Ranks 1..n: receive every bucket of `version`, return named tensors (each bucket its own memory)."""
+        return dict(self.receive_stream(version, specs, reuse_buffers=False))
+
+    def receive_stream(self, version: int, specs: list[TensorSpec] | None = None,
+                       reuse_buffers: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+        """Ranks 1..n: (name, tensor) pairs of `version`, bucket by bucket.
+
+        Pipelined: bucket k+1's broadcast is posted before bucket k's tensors are yielded, so
+        it arrives while the caller loads bucket k (vLLM's `reload_weights` takes the iterator).
+        The tensors are views of the received buffers: no copy here. With `reuse_buffers` the
+        buffers are the member's two kept ones, so a tensor is valid only until the iterator
+        moves on to the next bucket: for a caller that copies each tensor as it comes (a load).
 
         `specs` are the version's tensor specs when the caller has them (e.g. sent along
         with the request); otherwise they are read from the group's store."""
@@ -159,17 +197,25 @@ class WeightGroupMember:
             key = _SPECS_KEY.format(version=version)
             self.store.wait([key], timedelta(seconds=self.timeout_s))  # raises after the timeout
             specs = pickle.loads(self.store.get(key))
-        out: dict[str, torch.Tensor] = {}
-        for bucket in plan_buckets(specs, self.bucket_bytes):
-            flat = torch.empty(sum(specs[i].numel for i in bucket), dtype=specs[bucket[0]].torch_dtype,
-                               device=self.device)
-            self._broadcast(flat)
+        buckets = plan_buckets(specs, self.bucket_bytes)
+
+        def post(k: int) -> tuple[Any, torch.Tensor]:
+            bucket = buckets[k]
+            flat = (self._bucket_buffer(k, specs, bucket) if reuse_buffers else
+                    torch.empty(sum(specs[i].numel for i in bucket), dtype=specs[bucket[0]].torch_dtype,
+                                device=self.device))
+            return self._start_broadcast(flat), flat
+
+        nxt = post(0) if buckets else None
+        for k, bucket in enumerate(buckets):
+            work, flat = nxt
+            self._finish(work)
+            nxt = post(k + 1) if k + 1 < len(buckets) else None  # into bucket k - 1's buffer: loaded already
             offset = 0
             for i in bucket:
                 n = specs[i].numel
-                out[specs[i].name] = flat[offset:offset + n].view(specs[i].shape)
+                yield specs[i].name, flat[offset:offset + n].view(specs[i].shape)
                 offset += n
-        return out
 
 
 def choose_weight_transfer(engine_gpus: float, trainer_gpus: float, engine: str = "hf",

@@ -55,11 +55,25 @@ class WeightSyncExtension:
         if member is None:
             raise WeightGroupError("rlh_receive_weights before rlh_weight_group_join")
         typed = None if specs is None else [TensorSpec(n, tuple(s), d) for n, s, d in specs]
-        state = member.receive(int(version), typed)
+        incoming = member.receive_stream(int(version), typed)
+        # The specs and the first bucket arrive before vLLM's reload starts: a sync that never
+        # starts (no sender, a timeout) raises here and leaves the model as it was.
+        first = next(incoming, None)
+        loaded = 0
+
+        def stream():  # bucket k+1 arrives while vLLM loads bucket k (WeightGroupMember.receive_stream)
+            nonlocal loaded
+            for item in ([] if first is None else [first]):
+                loaded += 1
+                yield item
+            for item in incoming:
+                loaded += 1
+                yield item
+
         # vLLM's in-place reload (not the model's bare `load_weights`): it restores the
         # loaders that post-load processing removed and re-processes the weights.
-        self.reload_weights(weights_iterator=iter(state.items()))
-        return len(state)
+        self.reload_weights(weights_iterator=stream())
+        return loaded
 
     def rlh_weight_names(self) -> list[str]:
         """The model's parameter names as vLLM holds them (tests, diagnostics)."""

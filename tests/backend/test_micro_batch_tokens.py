@@ -11,7 +11,7 @@ import torch
 from rlharness.algo.losses import LOSS_AGG_MODES
 from rlharness.backend.micro_batches import token_budget_slices
 from rlharness.backend.torch_backend import TorchBackend
-from rlharness.config.schema import AlgoConf, ConfigError, ModelConf, TorchBackendConf
+from rlharness.config.schema import AlgoConf, ConfigError, DeepSpeedBackendConf, ModelConf, TorchBackendConf
 from tests.backend.test_torch_backend import make_batch
 
 pytestmark = pytest.mark.timeout(300)
@@ -65,7 +65,8 @@ def test_budget_below_the_longest_row_warns_once_and_trains_every_row(tiny_model
     assert got["train/loss"] == pytest.approx(want["train/loss"], rel=1e-6, abs=1e-9)
 
 
+@pytest.mark.parametrize("conf", [TorchBackendConf(), DeepSpeedBackendConf()])
 @pytest.mark.parametrize("value", [0, -5])
-def test_non_positive_budget_is_refused_by_key(value):
+def test_non_positive_budget_is_refused_by_key(conf, value):
     with pytest.raises(ConfigError, match=f"backend.micro_batch_tokens={value} is not allowed"):
-        dataclasses.replace(TorchBackendConf(), micro_batch_tokens=value)
+        dataclasses.replace(conf, micro_batch_tokens=value)

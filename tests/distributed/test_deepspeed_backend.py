@@ -66,8 +66,11 @@ def test_two_zero_ranks_match_torch_and_resume_from_save(ray_session, tiny_model
                     assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
             weights, ref_weights = await ds.get_weights(), await ref.get_weights()
             assert set(weights) == set(ref_weights)
+            # Up to a tenth of lr apart: Adam divides each gradient by its own running RMS, so float
+            # rounding of near-zero gradients (the ranks sum them in another order) moves those elements
+            # by up to lr; a wrong gradient moves most elements by about lr.
             for name, t in ref_weights.items():
-                torch.testing.assert_close(weights[name], t, rtol=1e-4, atol=1e-5, msg=name)
+                torch.testing.assert_close(weights[name], t, rtol=1e-4, atol=1e-4, msg=name)
 
             await ds.save(str(tmp_path / "ckpt"))
             assert (tmp_path / "ckpt" / "config.json").is_file()  # the HF copy: usable as model.path
@@ -144,6 +147,32 @@ def test_gradient_checkpointing_and_chunked_scores_match_torch(ray_session, tiny
                     assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
             # Step 2's loss is that of step 1's update: the updated weights agree. (Not compared element
             # by element: Adam turns rounding differences of near-zero gradients into up to lr.)
+        finally:
+            await ds.close()
+
+    asyncio.run(main())
+
+
+def test_token_budget_on_balanced_ranks_matches_torch(ray_session, tiny_model_dir):
+    """backend.micro_batch_tokens on ranks given Karmarkar-Karp shares: the ranks hold different
+    numbers of token-budget groups before they are evened out (ZeRO-3 gathers parameters in every
+    pass, so a rank with fewer passes would hang the others); two updates per step (the old log-probs
+    of a row come from whichever rank scored it); the loss and gradient norm are plain backend=torch's
+    (every algo.loss_agg: tests/backend/test_rank_balance.py); the imbalance metric is reported."""
+    algo = AlgoConf(name="grpo", lr=1e-3, mini_batches=2, kl_coef=0.01, loss_agg="seq_mean_token_mean")
+    model = ModelConf(path=tiny_model_dir)
+    ds = build_backend(DeepSpeedBackendConf(zero_stage=3, num_workers=2, micro_batch_tokens=16),
+                       model, algo, 10, 0, cpus_per_worker=1.0, timeout_s=240)
+    ref = build_backend(TorchBackendConf(), model, algo, 10, 0)
+
+    async def main():
+        try:
+            for seed in (6, 7):
+                b = make_batch(algo, seed=seed, num_groups=4)
+                got, want = await ds.train_step(b), await ref.train_step(b)
+                for key in ("train/loss", "train/kl", "train/entropy", "train/grad_norm", "train/response_tokens"):
+                    assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
+                assert 1.0 <= got["perf/rank_token_imbalance"] <= 1.2
         finally:
             await ds.close()
 
