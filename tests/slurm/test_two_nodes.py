@@ -146,7 +146,8 @@ def test_disagg_run_across_two_nodes_requeued_resumes_from_its_run_dir(slurm_env
     # Ray spans both nodes and sees their GPUs; engines on node 2, the trainer on node 1 (both attempts).
     assert re.search(r"Ray cluster up: head 127\.0\.0\.2:\d+, 2 node\(s\), .*'GPU': 2\.0", log), log[-3000:]
     found = re.findall(r"placed (engine0|torch-rank0) on (\S+) \((\S+)\)", log)
-    assert sorted(set(found)) == [("engine0", "rlh-node2", "127.0.0.3"), ("torch-rank0", "rlh-node1", "127.0.0.2")], found
+    assert sorted(set(found)) == [("engine0", "rlh-node2", "127.0.0.3"),
+                                  ("torch-rank0", "rlh-node1", "127.0.0.2")], found
     resumed = re.findall(r"resumed from \S*checkpoints/step_(\d+)", log)
     assert resumed and int(resumed[-1]) >= 4, "the requeued job did not resume"
     steps = [s for s in _steps(run_dir) if s > 0]
