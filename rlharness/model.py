@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from rlharness.config.schema import ConfigError, ModelConf
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -19,8 +17,6 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Any one of these makes a directory loadable by AutoTokenizer (fast, SentencePiece, BPE, tiktoken).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tokenizer.tiktoken",
                    "spiece.model")
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Model folders that are not in the repo, and the command that makes each one.
 FETCH_COMMANDS = {"smollm2-135m-instruct": "bash scripts/fetch_smollm2.sh"}
@@ -145,11 +141,15 @@ def load_model_config(conf: ModelConf):
 
 
 def load_model(conf: ModelConf, device: str = "cpu"):
+    # torch here, not at the top: train.py imports this module, and a start refused for its
+    # config should not pay for importing torch (most of its CPU time; docs/benchmarks.md, issue 21 CI).
+    import torch
     from transformers import AutoModelForCausalLM
 
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     model = AutoModelForCausalLM.from_pretrained(
         str(resolve_model_path(conf.path)),
-        dtype=_DTYPES[conf.dtype],
+        dtype=dtypes[conf.dtype],
         attn_implementation=conf.attn_implementation,
         trust_remote_code=conf.trust_remote_code,
     )

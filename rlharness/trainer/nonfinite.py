@@ -16,8 +16,6 @@ import logging
 import math
 from typing import Any
 
-import torch
-
 from rlharness.types import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -33,6 +31,8 @@ class NonFiniteTraining(RuntimeError):
 
 def batch_problem(batch: TrainBatch) -> str | None:
     """Why `batch` cannot be trained (non-finite advantages), or None."""
+    import torch  # not at the top: train.py imports this module for its exception (see rlharness/model.py)
+
     if not bool(torch.isfinite(batch.advantages).all()):
         return "the batch's advantages are non-finite"
     return None

@@ -115,38 +115,11 @@ def assert_nothing_left(job_id: str) -> None:
     _wait(f"job {job_id}'s Ray processes to stop", lambda: not ray_processes(job_id), 60)
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
-def test_disagg_run_across_two_nodes(slurm_env, tmp_path):
-    total = 6
-    sweep = tmp_path / "sweep"
-    proc = _train(sweep, f"total_steps={total}", "seed=5")
-    run_dir = sweep / "0"
-    try:
-        job_id = wait_job_id(run_dir)
-        job = _slurm("scontrol", "show", "job", job_id)
-        assert "NumNodes=2" in job and "NodeList=rlh-node[1-2]" in job, job
-        assert re.search(r"TresPerNode=\S*gpu:1", job), job  # the GPUs the launcher asked for
-        out = _finish(proc)
-    finally:
-        _stop(proc, sweep)
-    assert proc.returncode == 0, out[-4000:]
-    log = (run_dir / "train.log").read_text()
-    # Ray spans both nodes and sees their GPUs; engines on node 2, the trainer on node 1.
-    assert re.search(r"Ray cluster up: head 127\.0\.0\.2:\d+, 2 node\(s\), .*'GPU': 2\.0", log), log[-3000:]
-    where = placements(run_dir)
-    assert where["engine0"] == ("rlh-node2", "127.0.0.3"), where
-    assert where["torch-rank0"] == ("rlh-node1", "127.0.0.2"), where
-    check_ledger(run_dir, total)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    for r in (r for r in rows if r["step"] > 0):
-        assert r["staleness/max"] <= MAX_STALENESS
-        assert r["perf/engine_version"] == r["step"]  # every step's weights crossed to the engine node
-    assert (run_dir / "checkpoints" / f"step_{total:08d}" / "DONE").exists()
-    assert_nothing_left(job_id)
-
-
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S)
-def test_requeued_two_node_job_resumes_from_its_run_dir(slurm_env, tmp_path):
+def test_disagg_run_across_two_nodes_requeued_resumes_from_its_run_dir(slurm_env, tmp_path):
+    """One two-node job (a bring-up costs minutes on 2 cores, so one run checks both): where Ray
+    and the actors are, every step's weights reaching the engine node, and a requeue (preemption)
+    that resumes from the run directory; staleness bound and no prompt lost or repeated across it."""
     total = 10
     sweep = tmp_path / "sweep"
     run_dir = sweep / "0"
@@ -155,6 +128,9 @@ def test_requeued_two_node_job_resumes_from_its_run_dir(slurm_env, tmp_path):
         _wait("a checkpoint at step 4", lambda: (run_dir / "checkpoints" / "step_00000004" / "DONE").exists(),
               START_TIMEOUT_S)
         job_id = wait_job_id(run_dir)
+        job = _slurm("scontrol", "show", "job", job_id)
+        assert "NumNodes=2" in job and "NodeList=rlh-node[1-2]" in job, job
+        assert re.search(r"TresPerNode=\S*gpu:1", job), job  # the GPUs the launcher asked for
         # Preemption by hand: Slurm stops both nodes' tasks and queues the same job again.
         _slurm("scontrol", "requeue", job_id)
         _wait("the requeue", lambda: "Restarts=1" in _slurm("scontrol", "show", "job", job_id), 60)
@@ -167,12 +143,22 @@ def test_requeued_two_node_job_resumes_from_its_run_dir(slurm_env, tmp_path):
         _stop(proc, sweep)
     assert proc.returncode == 0, out[-4000:]
     log = (run_dir / "train.log").read_text()
+    # Ray spans both nodes and sees their GPUs; engines on node 2, the trainer on node 1 (both attempts).
+    assert re.search(r"Ray cluster up: head 127\.0\.0\.2:\d+, 2 node\(s\), .*'GPU': 2\.0", log), log[-3000:]
+    found = re.findall(r"placed (engine0|torch-rank0) on (\S+) \((\S+)\)", log)
+    assert sorted(set(found)) == [("engine0", "rlh-node2", "127.0.0.3"),
+                                  ("torch-rank0", "rlh-node1", "127.0.0.2")], found
     resumed = re.findall(r"resumed from \S*checkpoints/step_(\d+)", log)
     assert resumed and int(resumed[-1]) >= 4, "the requeued job did not resume"
     steps = [s for s in _steps(run_dir) if s > 0]
     assert sorted(set(steps)) == list(range(1, total + 1))
     # Steps after the checkpoint ran twice (once per attempt): the ledger holds the last attempt's.
     check_ledger(run_dir, total)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in (r for r in rows if r["step"] > 0):  # both attempts' rows
+        assert r["staleness/max"] <= MAX_STALENESS
+        assert r["perf/engine_version"] == r["step"]  # every step's weights crossed to the engine node
+    assert (run_dir / "checkpoints" / f"step_{total:08d}" / "DONE").exists()
     assert_nothing_left(job_id)
 
 
