@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill-step", type=int, default=2, help="the checkpoint the first life dies in")
     ap.add_argument("--work-dir", default=None, help="default: a temporary directory, removed at the end")
     ap.add_argument("--out", default=None, help="write one JSON line per life here")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no new life after this many seconds (a shared box: report the lives that fit)")
     ap.add_argument("overrides", nargs="*", help="extra train.py overrides for every life")
     args = ap.parse_args(argv)
     overrides = [*SYNC, f"total_steps={args.kill_step}", *args.overrides]
@@ -78,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     next_life = 0
     try:
         while next_life < args.lives or running:
+            if args.budget_s is not None and time.monotonic() - t0 > args.budget_s:
+                args.lives = next_life  # out of time: finish the lives running, start no more
             while next_life < args.lives and len(running) < args.parallel:
                 life_dir = work / f"life-{next_life:04d}"
                 shutil.copytree(source, life_dir, symlinks=True)

@@ -153,4 +153,21 @@ def load_model(conf: ModelConf, device: str = "cpu"):
         attn_implementation=conf.attn_implementation,
         trust_remote_code=conf.trust_remote_code,
     )
-    return model.to(device)
+    return own_memory(model.to(device))
+
+
+def own_memory(model):
+    """Give every CPU parameter and buffer memory of its own (returns `model`).
+
+    transformers loads safetensors weights as views of a private memory map of the file: a page the
+    process has not written still reads the file, so a model file rewritten in place while a run
+    is going (a re-fetched or regenerated model, a hard-linked copy written through another link)
+    would change the weights a frozen model (the KL reference, the engine before its first
+    weight sync) computes with, and a truncated one kills the process with SIGBUS. Copied once here,
+    the run computes with what it loaded, whatever happens to the file (docs/resume_race.md).
+    """
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:  # parameters() yields a tied weight once
+            if t.device.type == "cpu":
+                t.data = t.data.clone()
+    return model
