@@ -166,6 +166,8 @@ def own_memory(model):
     weight sync) computes with, and a truncated one kills the process with SIGBUS. Copied once here,
     the run computes with what it loaded, whatever happens to the file (docs/resume_race.md).
     """
+    import torch  # not at the top: see load_model
+
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:  # parameters() yields a tied weight once
             if t.device.type == "cpu":
