@@ -4,7 +4,7 @@ Routes, under `/rollout/<id>/v1` (one base URL per member: concurrent agents nev
 `POST /chat/completions`, `POST /completions`, `GET /models`. Streaming is not served.
 Refused per request with an OpenAI-style error body (`{"error": {"message", "type",
 "param", "code"}}`) and counted, the rollout going on: malformed JSON or fields (400), a
-temperature other than the run's, `n > 1`, `max_tokens` above the run's budget (400),
+temperature or top_p other than the run's, `n > 1`, `max_tokens` above the run's budget, a field it does not honour (`stop`, `seed`, `logprobs`, penalties, ...) (400),
 another model name (404), an unknown rollout id (404).
 
 The server runs in the run's event loop (the engine calls are the loop's coroutines);

@@ -52,6 +52,21 @@ for _name in ("httpx", "httpx2"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
 
+
+# Request fields the gateway does not implement, each with the values that mean "as if absent";
+# any other value is refused (400) rather than ignored.
+NOT_HONOURED = {
+    "stop": lambda v: v is None or v == [] or v == "",
+    "seed": lambda v: v is None,
+    "presence_penalty": lambda v: v in (None, 0),
+    "frequency_penalty": lambda v: v in (None, 0),
+    "logit_bias": lambda v: not v,
+    "logprobs": lambda v: not v,
+    "top_logprobs": lambda v: v in (None, 0),
+    "response_format": lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
+    "tool_choice": lambda v: v in (None, "auto"),
+}
+
 class GatewayAgentLoop(AgentLoop):
     conf: OpenAIGatewayAgentConf
 
@@ -257,6 +272,14 @@ class GatewayAgentLoop(AgentLoop):
                                         abs(float(temperature) - sc.temperature) > 1e-9):
             raise ApiError(400, f"temperature={temperature!r} is not allowed: this run samples at temperature "
                                 f"{sc.temperature:g} (omit it or pass that value)", param="temperature")
+        top_p = body.get("top_p")
+        if top_p is not None and (not isinstance(top_p, (int, float)) or abs(float(top_p) - sc.top_p) > 1e-9):
+            raise ApiError(400, f"top_p={top_p!r} is not allowed: this run samples with top_p {sc.top_p:g} "
+                                f"(omit it or pass that value)", param="top_p")
+        for key, honoured in NOT_HONOURED.items():  # would be silently ignored: what is trained would not be what was asked
+            if key in body and not honoured(body[key]):
+                raise ApiError(400, f"{key}={body[key]!r} is not supported by the rollout gateway: the run's sampling "
+                                    f"decides what is generated (agent.sampling.*)", param=key)
         n = body.get("n")
         if n is not None and n != 1:
             raise ApiError(400, f"n={n!r} is not allowed: one choice per call (call again for another sample)",

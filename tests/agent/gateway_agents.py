@@ -28,6 +28,10 @@ async def refused_then_served(row: dict, client: openai.AsyncOpenAI) -> str:
         "n": dict(model=row["model"], n=2),
         "max_tokens": dict(model=row["model"], max_tokens=10_000),
         "stream": dict(model=row["model"], stream=True),
+        "top_p": dict(model=row["model"], top_p=0.5),
+        "stop": dict(model=row["model"], stop=["\n"]),
+        "seed": dict(model=row["model"], seed=3),
+        "logprobs": dict(model=row["model"], logprobs=True),
     }
     for name, kwargs in bad.items():
         try:

@@ -131,7 +131,8 @@ def test_refused_requests_get_openai_errors_and_the_rollout_goes_on(model):
     seen = gateway_agents.SEEN[g[0].uid]
     status = {name: code for name, (code, _) in seen["status"].items()}
     assert status == {"model": 404, "temperature": 400, "n": 400, "max_tokens": 400, "stream": 400,
-                      "malformed": 400, "rollout": 404}
+                      "top_p": 400, "stop": 400, "seed": 400, "logprobs": 400, "malformed": 400, "rollout": 404}
+    assert seen["status"]["stop"][1]["param"] == "stop"  # the openai client's exc.body: the error object
     body = seen["status"]["malformed"][1]
     assert body["error"]["type"] == "invalid_request_error" and body["error"]["code"] == "malformed_json"
     assert seen["models"] == ["policy"]
@@ -139,7 +140,7 @@ def test_refused_requests_get_openai_errors_and_the_rollout_goes_on(model):
     for s in g:  # only the served call is recorded and trained
         assert s.status == Status.COMPLETED and s.extra["calls"] == 1 and 0 < len(s.response_ids) <= 8
         assert [t["role"] for t in s.extra["turns"]] == ["user", "assistant"]
-    assert loop.step_metrics([g])["agent/requests_refused"] == 14  # 7 per member
+    assert loop.step_metrics([g])["agent/requests_refused"] == 22  # 11 per member
     assert loop.step_metrics([g])["agent/requests_refused"] == 0  # counted once
 
 
