@@ -345,14 +345,16 @@ class RewardModelJudgerConf(JudgerConf):
     on_timeout: str = "fail"
 
     def __post_init__(self) -> None:
+        if non_finite_values(self):
+            # Left to RunConf's generic pass, which names the whole key (judger.reward_model.* under
+            # judger=router, tasks.<name>.judger.* per task); this class knows only "judger.".
+            return
         _one_of("judger.dtype", self.dtype, ("float32", "bfloat16", "float16"))
         _check(self.max_length >= 2, "judger.max_length", self.max_length, ">= 2")
         _check(self.batch_size >= 1, "judger.batch_size", self.batch_size, ">= 1")
         _check(self.label_index is None or self.label_index >= 0, "judger.label_index", self.label_index,
                "null or >= 0")
-        _check(math.isfinite(self.reward_scale) and self.reward_scale != 0, "judger.reward_scale",
-               self.reward_scale, "a finite non-zero number")
-        _check(math.isfinite(self.reward_shift), "judger.reward_shift", self.reward_shift, "a finite number")
+        _check(self.reward_scale != 0, "judger.reward_scale", self.reward_scale, "a non-zero number")
         _check(self.torch_threads >= 1, "judger.torch_threads", self.torch_threads, ">= 1")
         _check(self.num_cpus >= 0, "judger.num_cpus", self.num_cpus, ">= 0")
         _one_of("judger.on_timeout", self.on_timeout, ("fail", "zero"))
@@ -386,11 +388,11 @@ class LLMJudgerConf(JudgerConf):
     on_timeout: str = "fail"
 
     def __post_init__(self) -> None:
+        if non_finite_values(self):  # left to RunConf's generic pass (see RewardModelJudgerConf)
+            return
         _one_of("judger.engine", self.engine, ("hf", "vllm"))
         _check(self.max_tokens >= 1, "judger.max_tokens", self.max_tokens, ">= 1")
         _check(self.temperature >= 0, "judger.temperature", self.temperature, ">= 0 (0 = greedy)")
-        _check(math.isfinite(self.reward_scale) and math.isfinite(self.reward_shift), "judger.reward_scale",
-               self.reward_scale, "finite numbers (reward_scale and reward_shift)")
         _one_of("judger.on_timeout", self.on_timeout, ("fail", "zero"))
         try:
             re.compile(self.score_pattern)
