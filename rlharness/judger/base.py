@@ -143,22 +143,34 @@ class Judger(abc.ABC):
         """The judging processes of a rule judger, started on first use (off the event loop)."""
         from rlharness.config.schema import RuleJudgerConf
 
-        pool = self.__dict__.get("_pool")
-        if pool is None and isinstance(self.conf, RuleJudgerConf):
-            pool = await asyncio.to_thread(self._start_pool)
-        return pool
+        if not isinstance(self.conf, RuleJudgerConf):
+            return self.__dict__.get("_pool")
+        return await self._started("_pool", self._new_pool)
 
-    def _start_pool(self):
+    def _new_pool(self):
         from rlharness.judger.pool import JudgePool
 
-        with self.__dict__.setdefault("_pool_lock", threading.Lock()):
-            pool = self.__dict__.get("_pool")
-            if pool is None:
-                pool = JudgePool(self, self.conf.num_workers, self.conf.worker_memory_mb)
-                pool.start()
-                self.__dict__["_pool"] = pool
-                log.info("judger %s: %d judging process(es) started", self.name, self.conf.num_workers)
-            return pool
+        pool = JudgePool(self, self.conf.num_workers, self.conf.worker_memory_mb)
+        pool.start()
+        log.info("judger %s: %d judging process(es) started", self.name, self.conf.num_workers)
+        return pool
+
+    async def _started(self, key: str, start):
+        """What `start()` builds (processes, a model, an engine), built once and kept under `key`.
+
+        Built off the event loop (it takes seconds); a lock (`<key>_lock`) makes concurrent first
+        calls build it once. `close` pops both keys."""
+        held = self.__dict__.get(key)
+        if held is None:
+            held = await asyncio.to_thread(self._start_once, key, start)
+        return held
+
+    def _start_once(self, key: str, start):
+        with self.__dict__.setdefault(f"{key}_lock", threading.Lock()):
+            held = self.__dict__.get(key)
+            if held is None:
+                held = self.__dict__[key] = start()
+            return held
 
     async def close(self) -> None:
         """Stop the judging processes (and anything else the judger holds)."""

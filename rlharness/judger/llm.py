@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import threading
 from typing import Any
 
 from rlharness.config.schema import HFEngineConf, LLMJudgerConf, ModelConf, VLLMEngineConf
@@ -99,36 +98,29 @@ class LLMJudger(Judger):
         return {"score": 0.0}
 
     async def _engine(self):
-        held = self.__dict__.get("_judge_engine")
-        if held is None:
-            held = await asyncio.to_thread(self._start)
-        return held
+        return await self._started("_judge_engine", self._new_engine)
 
-    def _start(self):
-        """The judge's engine and prompt encoder, built once (off the event loop: loading takes seconds)."""
+    def _new_engine(self):
+        """The judge's engine and prompt encoder (built once, off the event loop: loading takes seconds)."""
         from rlharness.build import text_codec
         from rlharness.engine import build_engine
         from rlharness.model import load_tokenizer
 
-        with self.__dict__.setdefault("_judge_engine_lock", threading.Lock()):
-            held = self.__dict__.get("_judge_engine")
-            if held is None:
-                model = ModelConf(path=self.conf.path)
-                engine_conf = HFEngineConf(device=self.conf.device) if self.conf.engine == "hf" else VLLMEngineConf()
-                engine = build_engine(engine_conf, model, seed=0)
-                tokenizer = load_tokenizer(model)
-                encode_text = text_codec(tokenizer)[0]
-                chat = self.conf.apply_chat_template and getattr(tokenizer, "chat_template", None)
+        model = ModelConf(path=self.conf.path)
+        engine_conf = HFEngineConf(device=self.conf.device) if self.conf.engine == "hf" else VLLMEngineConf()
+        engine = build_engine(engine_conf, model, seed=0)
+        tokenizer = load_tokenizer(model)
+        encode_text = text_codec(tokenizer)[0]
+        chat = self.conf.apply_chat_template and getattr(tokenizer, "chat_template", None)
 
-                def encode(text: str) -> list[int]:
-                    if chat:
-                        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                             add_generation_prompt=True)
-                    return encode_text(text)
+        def encode(text: str) -> list[int]:
+            if chat:
+                text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                     add_generation_prompt=True)
+            return encode_text(text)
 
-                held = self.__dict__["_judge_engine"] = (engine, encode)
-                log.info("judger llm: engine=%s with %s", self.conf.engine, self.conf.path)
-            return held
+        log.info("judger llm: engine=%s with %s", self.conf.engine, self.conf.path)
+        return engine, encode
 
     async def close(self) -> None:
         held = self.__dict__.pop("_judge_engine", None)

@@ -258,23 +258,13 @@ class RewardModelJudger(Judger):
         return [{"score": self.normalise(x)} for x in logits]
 
     async def _scorer(self):
-        scorer = self.__dict__.get("_pool")
-        if scorer is None:
-            scorer = await asyncio.to_thread(self._start)
+        return await self._started("_pool", self._new_scorer)
+
+    def _new_scorer(self):
+        scorer = _RayScorer(self.conf) if _on_ray() else _ProcessScorer(self.conf)
+        log.info("judger reward_model: %s loaded (%s, %s)", self.conf.path, self.conf.device,
+                 "Ray actor" if isinstance(scorer, _RayScorer) else "own process")
         return scorer
-
-    def _start(self):
-        import threading
-
-        with self.__dict__.setdefault("_pool_lock", threading.Lock()):
-            scorer = self.__dict__.get("_pool")
-            if scorer is None:
-                scorer = _RayScorer(self.conf) if _on_ray() else _ProcessScorer(self.conf)
-                self.__dict__["_pool"] = scorer
-                log.info("judger reward_model: %s loaded (%s, %s)", self.conf.path, self.conf.device,
-                         "Ray actor" if isinstance(scorer, _RayScorer) else "own process")
-            return scorer
-
 
 def _on_ray() -> bool:
     """The run is on Ray (mode=disagg started it): the reward model becomes an actor."""
