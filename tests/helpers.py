@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +48,13 @@ def run_cli(args: list[str], cwd: str | Path, timeout_s: float = 600, check: boo
     if check and proc.returncode != 0:
         raise AssertionError(f"train.py {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+def load_script(path: str | Path, name: str):
+    """A script (benchmarks/, scripts/) imported as module `name`, registered in sys.modules
+    before it runs: its dataclasses look their module up there."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "engine_throughput.py"
 
 
 def _load_script():
-    # Registered in sys.modules before running: its dataclasses look their module up there.
-    spec = importlib.util.spec_from_file_location("engine_throughput_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "engine_throughput_bench")
 
 
 @pytest.mark.timeout(180)

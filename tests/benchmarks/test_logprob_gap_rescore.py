@@ -5,24 +5,20 @@ depend on the micro-batch it is scored in."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "logprob_gap_rescore.py"
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("logprob_gap_rescore_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "logprob_gap_rescore_bench")
 
 
 def _run_dir(tmp_path: Path) -> Path:
