@@ -112,6 +112,7 @@ class HFEngine(RolloutEngine):
         self.conf = conf
         self.device = torch.device(conf.device)
         self.model = model.to(self.device).eval()
+        self._cache_kwarg = kv.cache_kwarg(self.model)
         self.tokenizer = tokenizer
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.eos_token_ids = frozenset(self._default_eos() if eos_token_ids is None else eos_token_ids)
@@ -363,7 +364,7 @@ class HFEngine(RolloutEngine):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = kv.prefill_cache(self.model)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+                         **{self._cache_kwarg: cache}, use_cache=True, logits_to_keep=1)
         rows = RowParams.from_params([s.request.sampling for s in joining], self.vocab_size, self.device,
                                      seeds=[s.request.seed for s in joining])
         tokens, logprobs = sample_next(out.logits[:, -1, :], rows, self._generator, positions=mask.sum(-1))
@@ -386,7 +387,7 @@ class HFEngine(RolloutEngine):
                 self.vocab_size, self.device, seeds=[s.request.seed if s is not None else None for s in self._slots])
         mask = torch.cat([b.attention_mask, b.attention_mask.new_ones(b.size, 1)], 1)
         out = self.model(input_ids=b.next_tokens[:, None], attention_mask=mask,
-                         position_ids=b.next_positions[:, None], past_key_values=b.cache,
+                         position_ids=b.next_positions[:, None], **{self._cache_kwarg: b.cache},
                          use_cache=True)
         tokens, logprobs = sample_next(out.logits[:, -1, :], self._rows, self._generator,
                                        positions=b.next_positions + 1)

@@ -13,6 +13,7 @@ into fresh buffers, right-aligned, dropping columns that are padding for every r
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,13 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 # Free columns a rebuilt buffer gets; it doubles when full.
 HEADROOM_COLS = 64
+
+
+def cache_kwarg(model) -> str:
+    """The name `model.forward` takes the KV cache by: transformers 5.24 renamed
+    `past_key_values` to `cache` (the old name warns at every call until 5.40 removes it);
+    vLLM's venv pins an older line that knows only `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class SlotLayer(DynamicLayer):
