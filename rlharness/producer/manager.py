@@ -56,6 +56,22 @@ class ProducedBatch:
         return sum(len(g) for g in self.groups)
 
 
+def _check_parts(tasks: dict[str, tuple[Sampler, AgentLoop]], strategy: ProduceStrategy,
+                 replay_buffer: ReplayBuffer) -> None:
+    """Refuse parts that were not built for one run (build.py builds them together)."""
+    if not tasks:
+        raise ValueError("AgentLoopManager needs at least one task")
+    differ = strategy.staleness.disagreements(replay_buffer.staleness, "the replay buffer's")
+    if differ:
+        raise ValueError(f"the strategy's staleness policy is not the replay buffer's: {'; '.join(differ)}")
+    for name, (sampler, _) in tasks.items():
+        if sampler.task != name:
+            raise ValueError(f"tasks[{name!r}] holds a sampler for task {sampler.task!r}")
+    unknown = sorted(set(replay_buffer.staleness.task_bounds) - set(tasks))
+    if unknown:
+        raise ValueError(f"the replay buffer has staleness bounds for tasks {unknown} this manager lacks")
+
+
 class AgentLoopManager:
     def __init__(
         self,
@@ -71,18 +87,8 @@ class AgentLoopManager:
         """`weights` split every step's batch over the tasks (largest remainder carried across
         steps; None = equal); `over_sample_thresholds` replace the async strategy's per task.
         The staleness policy is the replay buffer's; the strategy must have been given the same."""
-        if not tasks:
-            raise ValueError("AgentLoopManager needs at least one task")
+        _check_parts(tasks, strategy, replay_buffer)
         self.staleness = replay_buffer.staleness
-        differ = strategy.staleness.disagreements(self.staleness, "the replay buffer's")
-        if differ:
-            raise ValueError(f"the strategy's staleness policy is not the replay buffer's: {'; '.join(differ)}")
-        for name, (sampler, _) in tasks.items():
-            if sampler.task != name:
-                raise ValueError(f"tasks[{name!r}] holds a sampler for task {sampler.task!r}")
-        unknown = sorted(set(self.staleness.task_bounds) - set(tasks))
-        if unknown:
-            raise ValueError(f"the replay buffer has staleness bounds for tasks {unknown} this manager lacks")
         self.strategy = strategy
         self.replay_buffer = replay_buffer
         self.batch_size = batch_size
@@ -110,15 +116,29 @@ class AgentLoopManager:
         self._model_step = 0
         self._producer_wake = Signal()
         self._consumer_wake = Signal()
-        self.contexts: dict[str, ProduceContext] = {
+        self.contexts = self._contexts(tasks, over_sample_thresholds or {})
+        self._paused = False
+        self._closed = False
+        self._loop_task: asyncio.Task | None = None
+        self._loop_error: BaseException | None = None
+        self._exhausted = False  # the produce loop's last round ran out of data with nothing in flight
+        self._consumer_waiting_step = 0
+        self._serving_step = 0  # the step produce_batch/get_batch is producing for right now
+        self.metrics = StepMetrics(replay_buffer, self.contexts)
+
+    def _contexts(self, tasks: dict[str, tuple[Sampler, AgentLoop]],
+                  over_sample_thresholds: dict[str, float]) -> dict[str, ProduceContext]:
+        """One produce context per task, sharing the progress, the wake-ups and the staleness policy."""
+        strategy = self.strategy
+        return {
             name: ProduceContext(
                 task=name,
                 sampler=sampler,
                 agent_loop=loop,
-                replay_buffer=replay_buffer,
+                replay_buffer=self.replay_buffer,
                 progress=self.progress,
                 task_batch_size=self.allocation.share(name),
-                over_sample_threshold=(over_sample_thresholds or {}).get(name),
+                over_sample_threshold=over_sample_thresholds.get(name),
                 group_filter=strategy.group_filter,
                 model_step=lambda: self._model_step,
                 producer_wake=self._producer_wake,
@@ -131,14 +151,6 @@ class AgentLoopManager:
             )
             for name, (sampler, loop) in tasks.items()
         }
-        self._paused = False
-        self._closed = False
-        self._loop_task: asyncio.Task | None = None
-        self._loop_error: BaseException | None = None
-        self._exhausted = False  # the produce loop's last round ran out of data with nothing in flight
-        self._consumer_waiting_step = 0
-        self._serving_step = 0  # the step produce_batch/get_batch is producing for right now
-        self.metrics = StepMetrics(replay_buffer, self.contexts)
 
     def _target_cap(self, task: str):
         """Token mode, a task tighter than the run (`StalenessPolicy.caps_target`): it produces only for
@@ -232,11 +244,9 @@ class AgentLoopManager:
         step = self.progress.next_consumer_step
         while self.allocation.cumulative(step)[task] <= supply:
             step += 1
-        old = [self.allocation.sizes(s) for s in range(step, self.progress.target_upto_future_step + 1)]
+        old = {s: self.allocation.sizes(s) for s in range(step, self.progress.target_upto_future_step + 1)}
         self.allocation.leave(task, step)
-        for s, before in zip(range(step, self.progress.target_upto_future_step + 1), old):
-            for t, n in self.allocation.sizes(s).items():
-                self.progress.target_samples[t] += n - before[t]
+        self.progress.follow_split(step, old.__getitem__, self.allocation.sizes)
         log.warning("task %s: data exhausted (no epoch roll-over); it leaves the mix from train step %d, "
                     "the other tasks share its weight: step %d is split %s", task, step, step,
                     self.allocation.sizes(step))
@@ -450,15 +460,12 @@ class AgentLoopManager:
     def _load_allocation(self, saved: dict[str, Any]) -> None:
         """The saved split; weights changed since apply from the resumed step (the steps trained keep
         theirs), and the targets the producer already set for later steps follow them."""
-        step, upto = self.progress.next_consumer_step, self.progress.target_upto_future_step
+        step = self.progress.next_consumer_step
         before = BatchAllocation(self.batch_size, dict(saved["weights"]))
         before.load_state_dict(saved)
         if not self.allocation.load_state_dict(saved, from_step=step):
             return
-        for s in range(step, upto + 1):
-            old, new = before.sizes(s), self.allocation.sizes(s)
-            for t in new:
-                self.progress.target_samples[t] += new[t] - old[t]
+        self.progress.follow_split(step, before.sizes, self.allocation.sizes)
         log.warning("the checkpoint's task weights were %s; this run's %s apply from train step %d on "
                     "(steps before keep their split): step %d is split %s", before.weights,
                     self.allocation.weights, step, step, self.allocation.sizes(step))
