@@ -34,6 +34,7 @@ from rlharness.engine.router import EngineRouter
 from rlharness.engine.sim import SimEngine, lognormal_params
 from rlharness.judger.base import Judger
 from rlharness.producer.manager import AgentLoopManager
+from rlharness.producer.staleness import StalenessPolicy
 from rlharness.producer.strategies import build_strategy
 from rlharness.replay_buffer import ReplayBuffer
 from rlharness.sampler import Sampler
@@ -123,16 +124,15 @@ def build_stack(
     poll_interval_s: float = 0.5,
 ) -> Stack:
     """The project's producer (sampler, replay buffer, agent loop, manager, strategy) on sim engines."""
-    rb = ReplayBuffer(max_staleness=strategy.max_staleness, sync_weights_interval=1,
-                      staleness_mode=strategy.staleness_mode)
+    staleness = StalenessPolicy(max_staleness=strategy.max_staleness, mode=strategy.staleness_mode)
+    rb = ReplayBuffer(staleness)
     sampler = Sampler(SamplerConf(prompt_repeat_k=group_size), TASK, make_rows(num_rows), encode_prompt, rb, seed)
     engines = [SimEngine(engine_conf, seed=seed * 1000 + i, vocab_size=VOCAB) for i in range(num_engines)]
     router = EngineRouter(engines)
     agent = SingleTurnAgentLoop(SingleTurnAgentConf(sampling=SamplingConf(max_tokens=max_tokens)), router,
                                 PureAsyncJudger(), decode_len)
-    manager = AgentLoopManager(tasks={TASK: (sampler, agent)}, strategy=build_strategy(strategy), replay_buffer=rb,
-                               batch_size=batch_size, max_staleness=strategy.max_staleness, sync_weights_interval=1,
-                               poll_interval_s=poll_interval_s)
+    manager = AgentLoopManager(tasks={TASK: (sampler, agent)}, strategy=build_strategy(strategy, staleness),
+                               replay_buffer=rb, batch_size=batch_size, poll_interval_s=poll_interval_s)
     return Stack(manager, engines, router, rb, sampler)
 
 

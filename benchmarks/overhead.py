@@ -51,6 +51,7 @@ from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
 from rlharness.gc_tuning import tune_gc, untune_gc  # noqa: E402
 from rlharness.judger.base import Judger  # noqa: E402
 from rlharness.producer.manager import AgentLoopManager  # noqa: E402
+from rlharness.producer.staleness import StalenessPolicy  # noqa: E402
 from rlharness.producer.strategies import build_strategy  # noqa: E402
 from rlharness.replay_buffer import ReplayBuffer  # noqa: E402
 from rlharness.sampler import Sampler  # noqa: E402
@@ -133,14 +134,15 @@ class ParityJudger(Judger):
 
 
 def build(strategy: StrategyConf, groups: int, group_size: int, staggered: bool) -> AgentLoopManager:
-    rb = ReplayBuffer(max_staleness=strategy.max_staleness)
+    staleness = StalenessPolicy(max_staleness=strategy.max_staleness, mode=strategy.staleness_mode)
+    rb = ReplayBuffer(staleness)
     rows = [PromptRow(index=i, prompt_text=str(i), label={"answer": "8"}) for i in range(max(groups * 4, 1000))]
     sampler = Sampler(SamplerConf(prompt_repeat_k=group_size), TASK, rows,
                       encode_prompt, rb, seed=0)
     agent = SingleTurnAgentLoop(SingleTurnAgentConf(sampling=SamplingConf(max_tokens=8)),
                                 InstantEngine(staggered=staggered), ParityJudger(), decode_len)
-    return AgentLoopManager(tasks={TASK: (sampler, agent)}, strategy=build_strategy(strategy), replay_buffer=rb,
-                            batch_size=groups, max_staleness=strategy.max_staleness)
+    return AgentLoopManager(tasks={TASK: (sampler, agent)}, strategy=build_strategy(strategy, staleness),
+                            replay_buffer=rb, batch_size=groups)
 
 
 async def _colocated(mgr: AgentLoopManager, steps: int) -> list[tuple[float, float]]:

@@ -206,6 +206,17 @@ def build_evaluator(conf: RunConf, task_data: dict[str, Any], encode, agent_loop
         evaluators, {name: e.weight for name, e in entries.items() if name in evaluators})
 
 
+def staleness_policy(conf: RunConf):
+    """The run's one staleness policy, handed to the replay buffer, the strategy, the contexts
+    and the manager (producer/staleness.py)."""
+    from rlharness.producer.staleness import StalenessPolicy
+
+    return StalenessPolicy(max_staleness=conf.max_staleness, sync_weights_interval=conf.sync_weights_interval,
+                           mode=conf.strategy.staleness_mode,
+                           task_bounds={name: e.max_staleness for name, e in conf.task_entries().items()
+                                        if e.max_staleness is not None})
+
+
 def build_components(conf: RunConf, engine=None, backend=None) -> Components:
     """Build everything; `engine`/`backend` may be passed in (e.g. Ray actor proxies)."""
     from rlharness.backend import build_backend
@@ -224,10 +235,8 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
         with phase(f"loading {conf.model.path} into backend={conf.backend.name}"):
             backend = build_backend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed)
 
-    replay_buffer = ReplayBuffer(max_staleness=conf.max_staleness, sync_weights_interval=conf.sync_weights_interval,
-                                 staleness_mode=conf.strategy.staleness_mode,
-                                 task_max_staleness={name: e.max_staleness for name, e in entries.items()
-                                                     if e.max_staleness is not None})
+    staleness = staleness_policy(conf)
+    replay_buffer = ReplayBuffer(staleness)
     agent_loop_with = agent_loop_factory(conf, engine, judgers, tokenizer, decode)
 
     tasks = {}
@@ -237,11 +246,9 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
         tasks[name] = (sampler, agent_loop_with(name))
     manager = AgentLoopManager(
         tasks=tasks,
-        strategy=build_strategy(conf.strategy),
-        replay_buffer=replay_buffer,
+        strategy=build_strategy(conf.strategy, staleness),
+        replay_buffer=replay_buffer,  # with the staleness policy
         batch_size=conf.batch_size,
-        max_staleness=conf.max_staleness,
-        sync_weights_interval=conf.sync_weights_interval,
         weights={name: e.weight for name, e in entries.items()},
         over_sample_thresholds={name: e.over_sample_threshold for name, e in entries.items()
                                 if e.over_sample_threshold is not None},

@@ -6,14 +6,12 @@ and EXPIRED groups wait for the sampler to hand them out again; FILTERED and FAI
 groups are counted and handed to a `dropped` list that the trainer drains into the
 ledger (`rollouts/dropped.jsonl`), never kept here.
 
-Staleness (DESIGN.md): a sample trained at `train_step` whose oldest token came from
-weight version v has staleness `train_step - v - 1`; a group expires once any sample
-reaches `(max_staleness + 1) * sync_weights_interval`, with the bound of its task
-(`task_max_staleness`, a multi-task run's `tasks.<name>.max_staleness`). An expired group loses its
+Staleness: the run's `StalenessPolicy` (producer/staleness.py) says when a kept group is
+too stale (`expired`: token mode, the bound of its task). An expired group loses its
 responses and goes back to the sampler instead of being dropped, so slow prompts are
-not silently skipped (tinker-cookbook PR #822). With `staleness_mode="admission"` the
-bound is held where groups start (the producer's admission budget) and nothing kept
-here ever expires for staleness: a started group is continued, not thrown away.
+not silently skipped (tinker-cookbook PR #822). In admission mode the bound is held
+where groups start and nothing kept here ever expires for staleness: a started group
+is continued, not thrown away.
 """
 
 from __future__ import annotations
@@ -22,23 +20,14 @@ import logging
 from collections import Counter, OrderedDict
 from typing import Any, Iterable
 
-from rlharness.config.schema import STALENESS_MODES
-from rlharness.types import Group, RolloutState, Status, group_status, oldest_version, stable_seed, staleness
+from rlharness.producer.staleness import StalenessPolicy
+from rlharness.types import Group, RolloutState, Status, group_status, oldest_version, stable_seed
 
 log = logging.getLogger(__name__)
 
 # Pools a group can wait in; FILTERED/FAILED go to the dropped list instead.
 KEPT_STATUSES = (Status.COMPLETED, Status.ABORTED, Status.EXPIRED)
 DROPPED_STATUSES = (Status.FILTERED, Status.FAILED)
-
-
-def stale_threshold(max_staleness: int, sync_weights_interval: int) -> int:
-    """Staleness at which a sample expires: one sync period of lag is inherent, hence +1."""
-    if max_staleness < 0:
-        raise ValueError(f"max_staleness={max_staleness} must be >= 0")
-    if sync_weights_interval < 1:
-        raise ValueError(f"sync_weights_interval={sync_weights_interval} must be >= 1")
-    return (max_staleness + 1) * sync_weights_interval
 
 
 def mark_aborted(group: Group) -> Group:
@@ -75,22 +64,9 @@ def _expire(group: Group) -> int:
 
 
 class ReplayBuffer:
-    def __init__(self, max_staleness: int, sync_weights_interval: int = 1, staleness_mode: str = "token",
-                 task_max_staleness: dict[str, int] | None = None) -> None:
-        """`max_staleness` bounds every task; `task_max_staleness` gives some tasks a tighter bound."""
-        if staleness_mode not in STALENESS_MODES:
-            raise ValueError(f"staleness_mode={staleness_mode!r} is not one of {', '.join(STALENESS_MODES)}")
-        self.max_staleness = max_staleness
-        self.sync_weights_interval = sync_weights_interval
-        self.stale_threshold = stale_threshold(max_staleness, sync_weights_interval)
-        wider = {t: b for t, b in (task_max_staleness or {}).items() if not 0 <= b <= max_staleness}
-        if wider:
-            raise ValueError(f"task bounds {wider} must be within 0..max_staleness={max_staleness}")
-        self.task_max_staleness = dict(task_max_staleness or {})
-        self._task_threshold = {t: stale_threshold(b, sync_weights_interval) for t, b in self.task_max_staleness.items()}
-        self.staleness_mode = staleness_mode
-        # Admission mode: the bound is held by the producer's admission budget, never by expiry.
-        self.expires = staleness_mode == "token"
+    def __init__(self, staleness: StalenessPolicy) -> None:
+        """`staleness`: the run's policy (built once, shared with the producer)."""
+        self.staleness = staleness
         # task -> status -> group_id -> group (insertion order = FIFO)
         self._pools: dict[str, dict[Status, OrderedDict[str, Group]]] = {}
         self._dropped: list[tuple[Group, str]] = []
@@ -166,7 +142,7 @@ class ReplayBuffer:
         gid = group[0].group_id
         if status in (Status.COMPLETED, Status.ABORTED):
             oldest = oldest_version(group)
-            if self._too_stale(oldest, train_step, task):
+            if self.staleness.expired(oldest, train_step, task):
                 self._expire_into_pool(group)
                 return Status.EXPIRED
             if status == Status.ABORTED:
@@ -184,18 +160,6 @@ class ReplayBuffer:
                     return str(s.extra[key])
         return status.value
 
-    def bound(self, task: str) -> int:
-        """`task`'s max_staleness: its own or the run's."""
-        return self.task_max_staleness.get(task, self.max_staleness)
-
-    def threshold(self, task: str) -> int:
-        """Staleness at which `task`'s samples expire (or past which none is admitted)."""
-        return self._task_threshold.get(task, self.stale_threshold)
-
-    def _too_stale(self, oldest: float, train_step: int, task: str) -> bool:
-        """Whether a group of `task` whose oldest token has version `oldest` is past its bound at `train_step`."""
-        return self.expires and staleness(oldest, train_step) >= self.threshold(task)
-
     def _expire_into_pool(self, group: Group) -> None:
         self.counters["expired_tokens"] += _expire(group)
         self.counters["expired"] += 1
@@ -203,14 +167,13 @@ class ReplayBuffer:
 
     def refresh_staleness(self, train_step: int) -> int:
         """Expire every kept group that would be too stale at `train_step`; returns how many."""
-        if train_step <= self._checked_step or not self.expires:
+        if train_step <= self._checked_step or not self.staleness.expires:
             return 0
         self._checked_step = train_step
         expired = 0
         for task, pools in self._pools.items():
-            limit = self.threshold(task)
             for status in (Status.COMPLETED, Status.ABORTED):
-                stale = [gid for gid in pools[status] if staleness(self._oldest[gid], train_step) >= limit]
+                stale = [gid for gid in pools[status] if self.staleness.expired(self._oldest[gid], train_step, task)]
                 for gid in stale:
                     del self._oldest[gid]
                     self._expire_into_pool(pools[status].pop(gid))
@@ -263,10 +226,7 @@ class ReplayBuffer:
         for g in in_flight:
             groups.append([s.to_dict() for s in mark_aborted([s.clone() for s in g])])
         return {
-            "max_staleness": self.max_staleness,
-            "sync_weights_interval": self.sync_weights_interval,
-            "staleness_mode": self.staleness_mode,
-            "task_max_staleness": dict(self.task_max_staleness),
+            **self.staleness.state_dict(),
             "groups": groups,
             "dropped": [[[s.to_dict() for s in g], reason] for g, reason in self._dropped],
             "counters": dict(self.counters),

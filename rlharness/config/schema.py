@@ -88,7 +88,8 @@ STALENESS_MODES = ("token", "admission")
 @dataclass
 class StrategyConf:
     name: str = MISSING
-    # A weight version may lag the trained step by at most this many syncs.
+    # A weight version may lag the trained step by at most this many syncs. Another spelling of
+    # the top-level max_staleness, kept at the config edge (adopt_strategy_max_staleness).
     max_staleness: int = II("max_staleness")
     # Drop groups that carry no learning signal ("none" | "all_equal_reward", as DAPO).
     group_filter: str = "none"
@@ -1293,8 +1294,9 @@ class RunConf:
 def adopt_strategy_max_staleness(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
     """Make `strategy.max_staleness=N` given alone the run's bound (before `OmegaConf.to_object`).
 
-    The strategy's value interpolates the top-level `max_staleness`, which the replay
-    buffer and the manager read. A user who sets the strategy's key replaces the
+    The strategy's value interpolates the top-level `max_staleness`, which the run's
+    staleness policy is built from (producer/staleness.py; nothing at run time reads the
+    strategy's copy). A user who sets the strategy's key replaces the
     interpolation: unless the top-level key was also given on the command line (even as
     its default, 0) or changed by an experiment, it takes the user's value; if both were
     set and differ, `RunConf` refuses the pair.

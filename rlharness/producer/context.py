@@ -7,11 +7,10 @@ stamps and puts the group into the replay buffer. Nothing taken from the sampler
 leaves the pending set without landing in the buffer (or its dropped ledger).
 
 Admission: every group that starts without tokens (fresh, expired, or restarted) is
-stamped with the engines' weight version and the step its place in the cumulative
-counts budgets it for (`extra["admit_version"]`, `extra["admit_step"]`); a continuation
-keeps its stamp. Staleness at admission is `admit_step - 1 - admit_version`; in
-admission mode (`strategy.staleness_mode=admission`) `admission_room` keeps it within
-the task's bound (`extra["max_staleness"]`, stamped too: the ledger shows it held).
+stamped (the run's `StalenessPolicy.stamp`) with the engines' weight version and the
+step its place in the cumulative counts budgets it for; a continuation keeps its stamp.
+In admission mode `admission_room` (the policy's, on this task's counts) keeps the
+staleness at admission within the task's bound.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from rlharness.agent.base import AgentLoop
 from rlharness.producer.filters import GroupFilter
 from rlharness.producer.pending import Claimed, Started, _PendingTasks
 from rlharness.producer.progress import ProduceProgress
+from rlharness.producer.staleness import StalenessPolicy
 from rlharness.replay_buffer import ReplayBuffer, mark_aborted
 from rlharness.sampler import Sampler
 from rlharness.types import Group, Status, group_status
@@ -122,12 +122,9 @@ class ProduceContext:
     model_step: Callable[[], int]  # the engines' current weight version, read live
     producer_wake: Signal  # set when a task finishes or a pause is requested
     on_put: Callable[[], None]  # tells waiting consumers the buffer changed
+    staleness: StalenessPolicy  # the run's (shared with the buffer, strategy and manager)
     # This task's async over-sampling (None = the strategy's over_sample_threshold).
     over_sample_threshold: float | None = None
-    # Staleness (in weight versions) at which a sample expires, or past which no group is admitted.
-    stale_threshold: int = 1
-    # This task's bound (stamped on every group it starts, for the ledger).
-    max_staleness: int = 0
     # Token mode, a task bound tighter than the run's: the most groups worth producing now (its
     # cumulative allocation up to the furthest step they would not expire for); None: no cap.
     target_cap: Callable[[], int] | None = None
@@ -168,13 +165,11 @@ class ProduceContext:
         return self.progress.consumed_samples[self.task] + self.replay_buffer.count(self.task, Status.COMPLETED)
 
     def admission_room(self) -> int:
-        """The most groups that may be in flight now so that every group produced (consumed, waiting
-        COMPLETED or in flight) is budgeted for a step within the bound of the engines' version v:
-        the steps up to v + stale_threshold, from absolute counts (AReaL's max_head_offpolicyness)."""
+        """The most groups that may be in flight now within the bound of the engines' weights."""
         p = self.progress
-        last = self.model_step() + self.stale_threshold
-        room = sum(self._step_size(s) for s in range(p.next_consumer_step, last + 1))
-        return p.consumed_samples[self.task] + room - self.available()
+        return self.staleness.admission_room(
+            self.task, model_step=self.model_step(), next_train_step=p.next_consumer_step,
+            consumed=p.consumed_samples[self.task], available=self.available(), step_size=self._step_size)
 
     def _step_size(self, step: int) -> int:
         return self.task_batch_size if self.step_size is None else self.step_size(step)
@@ -196,11 +191,7 @@ class ProduceContext:
             while budget < ahead and step < p.next_consumer_step + ahead:
                 step += 1
                 budget += self._step_size(step)
-        version = self.model_step()
-        for s in group:
-            s.extra["admit_version"] = version
-            s.extra["admit_step"] = step
-            s.extra["max_staleness"] = self.max_staleness
+        self.staleness.stamp(group, self.task, version=self.model_step(), step=step)
 
     def expired_count(self) -> int:
         return self.replay_buffer.count(self.task, Status.EXPIRED)

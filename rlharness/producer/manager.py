@@ -6,11 +6,12 @@ to the buffer as ABORTED) and takes the batch.
 
 Disaggregated (`produce_loop` + `get_batch`): the loop produces ahead of the consumer
 while staying within the staleness bound; `get_batch` blocks until a full batch is
-ready; `pause`/`resume` bracket a weight sync. In token mode the bound itself is
-enforced by the replay buffer at take time (`refresh_staleness(train_step)`), the loop
-only avoids producing what would expire on arrival; in admission mode the strategy
-holds it where groups start (`ProduceContext.admission_room`) and nothing expires. It
-never produces for steps past `last_step`.
+ready; `pause`/`resume` bracket a weight sync. The staleness bound is the run's
+`StalenessPolicy` (producer/staleness.py), which comes with the replay buffer: in token
+mode the buffer enforces it at take time (`refresh_staleness(train_step)`) and the loop
+only avoids producing what would expire on arrival (`may_produce_for`); in admission
+mode the strategy holds it where groups start (`ProduceContext.admission_room`) and
+nothing expires. It never produces for steps past `last_step`.
 
 End of data (`sampler.allow_epoch_rollover=false`): when a batch cannot be completed
 because nothing is left to draw or retry and nothing is in flight, `produce_batch` and
@@ -32,11 +33,12 @@ from typing import Any
 
 from rlharness.agent.base import AgentLoop
 from rlharness.producer.context import ProduceContext, Signal
+from rlharness.producer.metrics import StepMetrics
 from rlharness.producer.progress import BatchAllocation, ProduceProgress
 from rlharness.producer.strategies import ProduceStatus, ProduceStrategy
-from rlharness.replay_buffer import ReplayBuffer, stale_threshold
+from rlharness.replay_buffer import ReplayBuffer
 from rlharness.sampler import DataExhausted, Sampler
-from rlharness.types import Group, Status, staleness
+from rlharness.types import Group, Status
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,22 @@ class ProducedBatch:
         return sum(len(g) for g in self.groups)
 
 
+def _check_parts(tasks: dict[str, tuple[Sampler, AgentLoop]], strategy: ProduceStrategy,
+                 replay_buffer: ReplayBuffer) -> None:
+    """Refuse parts that were not built for one run (build.py builds them together)."""
+    if not tasks:
+        raise ValueError("AgentLoopManager needs at least one task")
+    differ = strategy.staleness.disagreements(replay_buffer.staleness, "the replay buffer's")
+    if differ:
+        raise ValueError(f"the strategy's staleness policy is not the replay buffer's: {'; '.join(differ)}")
+    for name, (sampler, _) in tasks.items():
+        if sampler.task != name:
+            raise ValueError(f"tasks[{name!r}] holds a sampler for task {sampler.task!r}")
+    unknown = sorted(set(replay_buffer.staleness.task_bounds) - set(tasks))
+    if unknown:
+        raise ValueError(f"the replay buffer has staleness bounds for tasks {unknown} this manager lacks")
+
+
 class AgentLoopManager:
     def __init__(
         self,
@@ -61,39 +79,19 @@ class AgentLoopManager:
         strategy: ProduceStrategy,
         replay_buffer: ReplayBuffer,
         batch_size: int,
-        max_staleness: int,
-        sync_weights_interval: int = 1,
         poll_interval_s: float = 0.5,
         weights: dict[str, float] | None = None,
         over_sample_thresholds: dict[str, float] | None = None,
         last_step: int = 0,
     ) -> None:
         """`weights` split every step's batch over the tasks (largest remainder carried across
-        steps; None = equal); `over_sample_thresholds` replace the async strategy's per task."""
-        if not tasks:
-            raise ValueError("AgentLoopManager needs at least one task")
-        threshold = stale_threshold(max_staleness, sync_weights_interval)
-        if threshold != replay_buffer.stale_threshold:
-            raise ValueError(
-                f"max_staleness={max_staleness}, sync_weights_interval={sync_weights_interval} disagree with "
-                f"the replay buffer's (max_staleness={replay_buffer.max_staleness}, "
-                f"sync_weights_interval={replay_buffer.sync_weights_interval})"
-            )
-        if strategy.staleness_mode != replay_buffer.staleness_mode:
-            raise ValueError(f"strategy.staleness_mode={strategy.staleness_mode!r} disagrees with the replay "
-                             f"buffer's ({replay_buffer.staleness_mode!r})")
-        for name, (sampler, _) in tasks.items():
-            if sampler.task != name:
-                raise ValueError(f"tasks[{name!r}] holds a sampler for task {sampler.task!r}")
-        unknown = sorted(set(replay_buffer.task_max_staleness) - set(tasks))
-        if unknown:
-            raise ValueError(f"the replay buffer has staleness bounds for tasks {unknown} this manager lacks")
+        steps; None = equal); `over_sample_thresholds` replace the async strategy's per task.
+        The staleness policy is the replay buffer's; the strategy must have been given the same."""
+        _check_parts(tasks, strategy, replay_buffer)
+        self.staleness = replay_buffer.staleness
         self.strategy = strategy
         self.replay_buffer = replay_buffer
         self.batch_size = batch_size
-        self.max_staleness = max_staleness
-        self.sync_weights_interval = sync_weights_interval
-        self.stale_threshold = threshold
         self.poll_interval_s = poll_interval_s
         weights = dict(weights) if weights is not None else {name: 1.0 for name in tasks}
         if set(weights) != set(tasks):
@@ -118,21 +116,34 @@ class AgentLoopManager:
         self._model_step = 0
         self._producer_wake = Signal()
         self._consumer_wake = Signal()
-        self.contexts: dict[str, ProduceContext] = {
+        self.contexts = self._contexts(tasks, over_sample_thresholds or {})
+        self._paused = False
+        self._closed = False
+        self._loop_task: asyncio.Task | None = None
+        self._loop_error: BaseException | None = None
+        self._exhausted = False  # the produce loop's last round ran out of data with nothing in flight
+        self._consumer_waiting_step = 0
+        self._serving_step = 0  # the step produce_batch/get_batch is producing for right now
+        self.metrics = StepMetrics(replay_buffer, self.contexts)
+
+    def _contexts(self, tasks: dict[str, tuple[Sampler, AgentLoop]],
+                  over_sample_thresholds: dict[str, float]) -> dict[str, ProduceContext]:
+        """One produce context per task, sharing the progress, the wake-ups and the staleness policy."""
+        strategy = self.strategy
+        return {
             name: ProduceContext(
                 task=name,
                 sampler=sampler,
                 agent_loop=loop,
-                replay_buffer=replay_buffer,
+                replay_buffer=self.replay_buffer,
                 progress=self.progress,
                 task_batch_size=self.allocation.share(name),
-                over_sample_threshold=(over_sample_thresholds or {}).get(name),
+                over_sample_threshold=over_sample_thresholds.get(name),
                 group_filter=strategy.group_filter,
                 model_step=lambda: self._model_step,
                 producer_wake=self._producer_wake,
                 on_put=self._on_put,
-                stale_threshold=replay_buffer.threshold(name),
-                max_staleness=replay_buffer.bound(name),
+                staleness=self.staleness,
                 target_cap=self._target_cap(name),
                 # One task: every step's batch is `batch_size` (task_batch_size), no per-step lookup.
                 step_size=None if len(tasks) == 1 else (lambda step, name=name: self.allocation.sizes(step)[name]),
@@ -140,27 +151,16 @@ class AgentLoopManager:
             )
             for name, (sampler, loop) in tasks.items()
         }
-        self._paused = False
-        self._closed = False
-        self._loop_task: asyncio.Task | None = None
-        self._loop_error: BaseException | None = None
-        self._exhausted = False  # the produce loop's last round ran out of data with nothing in flight
-        self._produce_s = 0.0  # seconds spent producing (strategies running) since the last batch was taken
-        self._consumer_waiting_step = 0
-        self._serving_step = 0  # the step produce_batch/get_batch is producing for right now
-        self._window_marks = self._marks()
 
     def _target_cap(self, task: str):
-        """Token mode: a task with a tighter bound than the run's produces only for the steps its
-        groups would not expire for (the run's `_may_produce_for`, with its own threshold); the
-        buffer's expiry holds the bound, this avoids producing what would expire on arrival.
-        Admission mode needs no cap: its admission room uses the task's threshold."""
-        threshold = self.replay_buffer.threshold(task)
-        if self.strategy.admission or threshold >= self.stale_threshold:
+        """Token mode, a task tighter than the run (`StalenessPolicy.caps_target`): it produces only for
+        the steps its groups would not expire for; the buffer's expiry holds the bound, this avoids
+        producing what would expire on arrival. Admission mode needs none (its room is per task)."""
+        if not self.staleness.caps_target(task):
             return None
 
         def cap() -> int:
-            furthest = max(self._model_step + threshold, self._serving_step)
+            furthest = max(self.staleness.furthest_step(self._model_step, task), self._serving_step)
             return self.allocation.cumulative(furthest)[task]
         return cap
 
@@ -185,11 +185,11 @@ class AgentLoopManager:
     async def produce_batch(self, train_step: int) -> ProducedBatch:
         if self._loop_task is not None and not self._loop_task.done():
             raise RuntimeError("produce_batch is for colocated mode, but produce_loop is running; use get_batch")
-        lag = train_step - 1 - self._model_step
-        if lag >= self.stale_threshold:
+        if not self.staleness.may_produce_for(train_step, self._model_step):
             raise ValueError(
                 f"produce_batch(train_step={train_step}): engine weights are version {self._model_step}, so "
-                f"every sample would be {lag} versions stale (expires at {self.stale_threshold}); "
+                f"every sample would be {train_step - 1 - self._model_step} versions stale (expires at "
+                f"{self.staleness.threshold()}); "
                 f"call set_model_step(version) after each weight sync"
             )
         if self._closed or self._paused:
@@ -224,7 +224,7 @@ class AgentLoopManager:
         try:
             results = await asyncio.gather(*(self.strategy.produce(c) for c in contexts), return_exceptions=True)
         finally:
-            self._produce_s += loop.time() - start_s
+            self.metrics.produce_s += loop.time() - start_s
         statuses = []
         for c, r in zip(contexts, results):
             if r is ProduceStatus.EXHAUSTED and c.task in self.may_leave and self._leave(c.task):
@@ -244,11 +244,9 @@ class AgentLoopManager:
         step = self.progress.next_consumer_step
         while self.allocation.cumulative(step)[task] <= supply:
             step += 1
-        old = [self.allocation.sizes(s) for s in range(step, self.progress.target_upto_future_step + 1)]
+        old = {s: self.allocation.sizes(s) for s in range(step, self.progress.target_upto_future_step + 1)}
         self.allocation.leave(task, step)
-        for s, before in zip(range(step, self.progress.target_upto_future_step + 1), old):
-            for t, n in self.allocation.sizes(s).items():
-                self.progress.target_samples[t] += n - before[t]
+        self.progress.follow_split(step, old.__getitem__, self.allocation.sizes)
         log.warning("task %s: data exhausted (no epoch roll-over); it leaves the mix from train step %d, "
                     "the other tasks share its weight: step %d is split %s", task, step, step,
                     self.allocation.sizes(step))
@@ -318,7 +316,7 @@ class AgentLoopManager:
             return False
         if future_step <= self._consumer_waiting_step:
             return True
-        return future_step - 1 - self._model_step < self.stale_threshold
+        return self.staleness.may_produce_for(future_step, self._model_step)
 
     async def get_batch(self, train_step: int, timeout_s: float) -> ProducedBatch:
         """Block until a full batch for `train_step` is ready; TimeoutError after `timeout_s`."""
@@ -417,119 +415,8 @@ class AgentLoopManager:
         self.progress.mark_consumed(dict(counts))
         self.progress.finish_consume(train_step)
         self._producer_wake.set()  # consumption opens room for the next step
-        return ProducedBatch(groups=groups, train_step=train_step, stats=self._stats(groups, train_step, produce_s))
-
-    def _marks(self) -> dict[str, int]:
-        c = self.replay_buffer.counters
-        return {
-            "expired": c["expired"],
-            "expired_tokens": c["expired_tokens"],
-            "discarded_tokens": sum(ctx.agent_loop.tokens_discarded for ctx in self.contexts.values()),
-        }
-
-    def _stats(self, groups: list[Group], train_step: int, produce_s: float) -> dict[str, float]:
-        window: Counter = Counter()
-        per_task = self._task_stats(groups, train_step) if len(self.contexts) > 1 else {}
-        for c in self.contexts.values():
-            window.update(c.window)
-            c.window.clear()
-        now, before = self._marks(), self._window_marks
-        self._window_marks = now
-        # One pass over the samples (this runs for every sample of every step). Staleness is per
-        # response token (train_step - 1 - its version), summed per sample in C, not token by token.
-        samples = rewarded = tokens = version_sum = 0
-        reward_sum = 0.0
-        oldest: int | None = None
-        versions: Counter = Counter()  # tokens per weight version (counted in C), for the histogram
-        admitted: list[int] = []  # staleness at admission, per group
-        for g in groups:
-            samples += len(g)
-            extra = g[0].extra
-            if "admit_step" in extra:
-                admitted.append(extra["admit_step"] - 1 - extra["admit_version"])
-            for s in g:
-                steps = s.response_model_steps
-                if steps:
-                    tokens += len(steps)
-                    version_sum += sum(steps)
-                    versions.update(steps)
-                    low = min(steps)
-                    if oldest is None or low < oldest:
-                        oldest = low
-                if s.reward is not None and "score" in s.reward:
-                    reward_sum += s.reward["score"]
-                    rewarded += 1
-        raw_n = window["raw_reward_count"]
-        raw_mean = window["raw_reward_sum"] / raw_n if raw_n else 0.0
-        raw_var = window["raw_reward_sq_sum"] / raw_n - raw_mean * raw_mean if raw_n else 0.0
-        producing_s, self._produce_s = self._produce_s, 0.0
-        mean_stale = staleness(version_sum / tokens, train_step) if tokens else 0.0
-        max_stale = staleness(oldest, train_step) if oldest is not None else 0
-        hist = {f"staleness/tokens_at_{int(staleness(v, train_step))}": float(n) for v, n in sorted(versions.items())}
-        return {
-            "rollout/groups_filtered": float(window["groups_filtered"]),
-            "rollout/groups_failed": float(window["groups_failed"]),
-            "rollout/groups_aborted": float(window["groups_aborted"]),
-            "rollout/groups_cancelled": float(window["groups_cancelled"]),
-            "rollout/groups_abort_capped": float(window["groups_abort_capped"]),
-            "rollout/tokens_generated": float(window["tokens_generated"]),
-            "rollout/tokens_wasted": float(now["expired_tokens"] - before["expired_tokens"]
-                                           + now["discarded_tokens"] - before["discarded_tokens"]),
-            "rollout/reward_mean": reward_sum / rewarded if rewarded else 0.0,
-            # Every judged group generated since the last batch, before filtering (a filter such as
-            # all_equal_reward makes the trained batch's reward mean say nothing about the policy).
-            "rollout/raw_reward_mean": raw_mean,
-            "rollout/raw_reward_std": max(raw_var, 0.0) ** 0.5,
-            "rollout/raw_samples_judged": float(raw_n),
-            "rollout/samples_generated": float(window["samples_generated"]),
-            "perf/produce_s": producing_s,
-            "rollout/response_len_mean": tokens / max(samples, 1),  # per-token lists have equal lengths
-            "buffer/expired": float(now["expired"] - before["expired"]),
-            "staleness/mean": float(mean_stale),
-            "staleness/max": float(max_stale),
-            # Bounded by max_staleness in admission mode (a slow group may be trained later than that).
-            "staleness/admission_mean": sum(admitted) / len(admitted) if admitted else 0.0,
-            "staleness/admission_max": float(max(admitted, default=0)),
-            **hist,
-            "perf/rollout_s": float(produce_s),
-            **per_task,
-            **self._agent_stats(groups),
-        }
-
-    def _agent_stats(self, groups: list[Group]) -> dict[str, float]:
-        """What each task's agent loop reports on its part of the batch (e.g. the gateway's calls)."""
-        out: dict[str, float] = {}
-        for name, c in self.contexts.items():
-            out.update(c.agent_loop.step_metrics([g for g in groups if g[0].task == name]))
-        return out
-
-    def _task_stats(self, groups: list[Group], train_step: int) -> dict[str, float]:
-        """`rollout/<task>/...` and `staleness/<task>/...` for a multi-task run (before the windows are reset)."""
-        out: dict[str, float] = {}
-        for name, c in self.contexts.items():
-            mine = [g for g in groups if g[0].task == name]
-            samples = [s for g in mine for s in g]
-            scores = [s.reward["score"] for s in samples if s.reward is not None and "score" in s.reward]
-            oldest = min((min(s.response_model_steps) for s in samples if s.response_model_steps), default=None)
-            admitted = [g[0].extra["admit_step"] - 1 - g[0].extra["admit_version"] for g in mine
-                        if "admit_step" in g[0].extra]
-            out.update({
-                f"staleness/{name}/max": float(staleness(oldest, train_step)) if oldest is not None else 0.0,
-                f"staleness/{name}/admission_max": float(max(admitted, default=0)),
-                f"rollout/{name}/num_groups": float(len(mine)),
-                f"rollout/{name}/reward_mean": sum(scores) / len(scores) if scores else 0.0,
-                f"rollout/{name}/response_len_mean":
-                    sum(len(s.response_ids) for s in samples) / len(samples) if samples else 0.0,
-                f"rollout/{name}/raw_reward_mean":
-                    c.window["raw_reward_sum"] / c.window["raw_reward_count"] if c.window["raw_reward_count"] else 0.0,
-                # Groups that came back from generation (kept, dropped or aborted): beyond the trained
-                # ones, what over-sampling (tasks.<name>.over_sample_threshold) and retries cost.
-                f"rollout/{name}/groups_generated": float(c.window["groups_generated"]),
-                f"rollout/{name}/groups_filtered": float(c.window["groups_filtered"]),
-                f"rollout/{name}/groups_failed": float(c.window["groups_failed"]),
-                f"rollout/{name}/groups_aborted": float(c.window["groups_aborted"]),
-            })
-        return out
+        stats = self.metrics.step_stats(groups, train_step, produce_s)
+        return ProducedBatch(groups=groups, train_step=train_step, stats=stats)
 
     # ------------------------------------------------------------------ ledger and accounting
     def pop_dropped(self) -> list[tuple[Group, str]]:
@@ -573,15 +460,12 @@ class AgentLoopManager:
     def _load_allocation(self, saved: dict[str, Any]) -> None:
         """The saved split; weights changed since apply from the resumed step (the steps trained keep
         theirs), and the targets the producer already set for later steps follow them."""
-        step, upto = self.progress.next_consumer_step, self.progress.target_upto_future_step
+        step = self.progress.next_consumer_step
         before = BatchAllocation(self.batch_size, dict(saved["weights"]))
         before.load_state_dict(saved)
         if not self.allocation.load_state_dict(saved, from_step=step):
             return
-        for s in range(step, upto + 1):
-            old, new = before.sizes(s), self.allocation.sizes(s)
-            for t in new:
-                self.progress.target_samples[t] += new[t] - old[t]
+        self.progress.follow_split(step, before.sizes, self.allocation.sizes)
         log.warning("the checkpoint's task weights were %s; this run's %s apply from train step %d on "
                     "(steps before keep their split): step %d is split %s", before.weights,
                     self.allocation.weights, step, step, self.allocation.sizes(step))
@@ -607,4 +491,4 @@ class AgentLoopManager:
             c.window.clear()
         self.replay_buffer.load_state_dict(state["replay_buffer"])
         self._model_step = state["model_step"]
-        self._window_marks = self._marks()
+        self.metrics.restart_window()

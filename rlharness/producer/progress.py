@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, Callable
 
 
 def _exact(weight: float) -> Fraction:
@@ -163,6 +163,15 @@ class ProduceProgress:
             self.target_upto_future_step += 1
             for task, n in allocation.sizes(self.target_upto_future_step).items():
                 self.target_samples[task] += n
+
+    def follow_split(self, from_step: int, old_sizes: Callable[[int], dict[str, int]],
+                     new_sizes: Callable[[int], dict[str, int]]) -> None:
+        """The split of the steps from `from_step` on changed (a task left the mix, or a resumed run's
+        new weights): the targets already set for them (up to `target_upto_future_step`) follow."""
+        for step in range(from_step, self.target_upto_future_step + 1):
+            old, new = old_sizes(step), new_sizes(step)
+            for task in new:
+                self.target_samples[task] += new[task] - old[task]
 
     def at_last_step(self) -> bool:
         """The targets already cover the run's last step (so over-sampling would draw for nothing)."""

@@ -14,9 +14,9 @@ input groups of the cancelled tasks back as ABORTED. Nothing is ever lost.
   `tail_batch_trigger_size` EXPIRED groups wait) stops over-sampling and refills from
   the EXPIRED pool first.
 
-With `staleness_mode="admission"` both keep what is produced or in flight within the
-admission room (`ProduceContext.admission_room`): no group starts for a step past the
-bound of the engines' weights, and the buffer never expires a started one.
+In admission mode (the run's `StalenessPolicy`) both keep what is produced or in flight
+within the admission room (`ProduceContext.admission_room`): no group starts for a step
+past the bound of the engines' weights, and the buffer never expires a started one.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from enum import Enum
 from rlharness.config.schema import AsyncStrategyConf, StrategyConf, SyncStrategyConf
 from rlharness.producer.context import ProduceContext, stall_message
 from rlharness.producer.filters import build_group_filter
+from rlharness.producer.staleness import StalenessPolicy
 from rlharness.sampler import DataExhausted
 
 log = logging.getLogger(__name__)
@@ -58,13 +59,11 @@ class ProduceStrategy(abc.ABC):
     name: str = "base"
     enable_partial_rollout: bool = False
 
-    def __init__(self, conf: StrategyConf) -> None:
-        self.max_staleness = conf.max_staleness
+    def __init__(self, conf: StrategyConf, staleness: StalenessPolicy) -> None:
+        self.staleness = staleness  # the run's policy; the conf's staleness keys fed it (build.py)
         self.pause_timeout_s = conf.pause_timeout_s
         self.group_filter_name = conf.group_filter
         self.group_filter = build_group_filter(conf.group_filter)
-        self.staleness_mode = conf.staleness_mode
-        self.admission = conf.staleness_mode == "admission"
         self.max_aborts = conf.max_aborts
 
     def abort_cap(self) -> int:
@@ -84,7 +83,7 @@ class ProduceStrategy(abc.ABC):
         limit = max(MIN_DROPPED_IN_A_ROW, DROPPED_IN_A_ROW_PER_GROUP * ctx.task_batch_size)
         if ctx.dropped_in_a_row >= limit:
             raise ProductionStalled(stall_message(ctx, self.group_filter_name))
-        if self.admission:  # the bound held where groups start (pending also counts continuations)
+        if self.staleness.admission:  # the bound held where groups start (pending also counts continuations)
             max_pending = min(max_pending, ctx.admission_room())
         ctx.data_exhausted = False
         try:
@@ -138,8 +137,8 @@ class ProduceStrategy(abc.ABC):
 class SyncProduceStrategy(ProduceStrategy):
     name = "sync"
 
-    def __init__(self, conf: SyncStrategyConf) -> None:
-        super().__init__(conf)
+    def __init__(self, conf: SyncStrategyConf, staleness: StalenessPolicy) -> None:
+        super().__init__(conf, staleness)
 
     async def produce(self, ctx: ProduceContext) -> ProduceStatus:
         while True:
@@ -159,17 +158,17 @@ class SyncProduceStrategy(ProduceStrategy):
 class AsyncProduceStrategy(ProduceStrategy):
     name = "async"
 
-    def __init__(self, conf: AsyncStrategyConf) -> None:
-        super().__init__(conf)
+    def __init__(self, conf: AsyncStrategyConf, staleness: StalenessPolicy) -> None:
+        super().__init__(conf, staleness)
         self.over_sample_threshold = conf.over_sample_threshold
         self.enable_partial_rollout = conf.enable_partial_rollout
         self.tail_batch_trigger_size = conf.tail_batch_trigger_size
-        if not conf.enable_partial_rollout and conf.max_staleness > 0:
+        if not conf.enable_partial_rollout and staleness.max_staleness > 0:
             log.warning(
                 "strategy.enable_partial_rollout=false with max_staleness=%d: groups interrupted by a weight sync "
                 "restart from scratch, so long responses may be retried again and again (failed after "
                 "strategy.max_aborts=%d interruptions); partial rollout keeps their tokens",
-                conf.max_staleness, conf.max_aborts)
+                staleness.max_staleness, conf.max_aborts)
 
     def oversample(self, ctx: ProduceContext) -> int:
         threshold = self.over_sample_threshold if ctx.over_sample_threshold is None else ctx.over_sample_threshold
@@ -205,11 +204,11 @@ class AsyncProduceStrategy(ProduceStrategy):
             await ctx.wait_and_collect(_POLL_S)
 
 
-def build_strategy(conf: StrategyConf) -> ProduceStrategy:
+def build_strategy(conf: StrategyConf, staleness: StalenessPolicy) -> ProduceStrategy:
     if conf.name == "sync":
-        return SyncProduceStrategy(conf)  # type: ignore[arg-type]
+        return SyncProduceStrategy(conf, staleness)  # type: ignore[arg-type]
     if conf.name == "async":
         if not isinstance(conf, AsyncStrategyConf):
             raise TypeError(f"strategy.name='async' needs AsyncStrategyConf, got {type(conf).__name__}")
-        return AsyncProduceStrategy(conf)
+        return AsyncProduceStrategy(conf, staleness)
     raise ValueError(f"strategy.name={conf.name!r} is not one of sync, async")

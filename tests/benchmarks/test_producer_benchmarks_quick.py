@@ -19,6 +19,7 @@ import pytest
 from rlharness.config.schema import AsyncStrategyConf
 from rlharness.engine.sim import lognormal_params
 from rlharness.producer.pending import _PendingTasks
+from rlharness.producer.staleness import StalenessPolicy
 from rlharness.replay_buffer import ReplayBuffer
 from rlharness.types import Status, make_group
 
@@ -244,7 +245,7 @@ def _completed(task: str, version: int, k: int = 2):
 
 
 def test_refresh_staleness_skips_rescans_but_never_keeps_a_too_stale_group():
-    rb = ReplayBuffer(max_staleness=0)
+    rb = ReplayBuffer(StalenessPolicy(max_staleness=0))
     rb.put(_completed("t", 0), model_step=0, train_step=1)
     assert rb.refresh_staleness(1) == 0
     assert rb.refresh_staleness(2) == 1  # version 0 at step 2: staleness 1 >= 1

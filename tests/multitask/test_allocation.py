@@ -79,18 +79,19 @@ def test_resumed_with_other_weights_the_producer_targets_follow_the_new_split():
     from rlharness.config.schema import SamplerConf, SamplingConf, SingleTurnAgentConf, SimEngineConf
     from rlharness.engine.sim import SimEngine
     from rlharness.producer.manager import AgentLoopManager
+    from rlharness.producer.staleness import StalenessPolicy
     from rlharness.producer.strategies import build_strategy
     from rlharness.replay_buffer import ReplayBuffer
     from rlharness.sampler import Sampler
     from tests.producer.producer_harness import VOCAB, ParityJudger, decode, encode, make_rows, strategy_conf
 
     def manager(weights):
-        rb = ReplayBuffer(max_staleness=2)
+        rb = ReplayBuffer(StalenessPolicy(max_staleness=2))
         engine = SimEngine(SimEngineConf(), seed=0, vocab_size=VOCAB)
         loop = build_agent_loop(SingleTurnAgentConf(sampling=SamplingConf(max_tokens=4)), engine, ParityJudger(), decode)
         tasks = {t: (Sampler(SamplerConf(prompt_repeat_k=2), t, make_rows(30), encode, rb, 0), loop) for t in weights}
-        return AgentLoopManager(tasks=tasks, strategy=build_strategy(strategy_conf("async", max_staleness=2)),
-                                replay_buffer=rb, batch_size=10, max_staleness=2, weights=weights)
+        strategy = build_strategy(strategy_conf("async", max_staleness=2), rb.staleness)
+        return AgentLoopManager(tasks=tasks, strategy=strategy, replay_buffer=rb, batch_size=10, weights=weights)
 
     old, new = {"a": 0.7, "b": 0.3}, {"a": 0.2, "b": 0.8}
     saved = manager(old)

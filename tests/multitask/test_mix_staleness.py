@@ -61,3 +61,19 @@ def test_a_task_bound_outside_the_run_s_is_refused_naming_the_key(value, message
         compose_conf(["experiment=arith_mix", "max_staleness=2", f"tasks.unpadded.max_staleness={value}"])
     conf, _ = compose_conf(["experiment=arith_mix", "max_staleness=2", "tasks.unpadded.max_staleness=1"])
     assert [conf.staleness_for(e) for e in conf.task_entries().values()] == [2, 1]
+
+
+def test_the_run_builds_one_staleness_policy_that_every_part_asks(tmp_path):
+    """The bounds, the sync interval and the mode reach the buffer, strategy, contexts and manager as
+    one object (producer/staleness.py), so no part can hold a threshold of its own."""
+    from rlharness.build import build_components
+
+    conf, _ = compose_conf([*BASE, "strategy=async", "max_staleness=2", "tasks.unpadded.max_staleness=0",
+                            "sync_weights_interval=2", "strategy.staleness_mode=admission"], tmp_path)
+    manager = build_components(conf).manager
+    policy = manager.replay_buffer.staleness
+    assert (policy.max_staleness, policy.sync_weights_interval, policy.mode) == (2, 2, "admission")
+    assert dict(policy.task_bounds) == {"unpadded": 0}
+    assert (policy.threshold("padded"), policy.threshold("unpadded")) == (6, 2)  # (bound + 1) * interval
+    assert manager.staleness is policy and manager.strategy.staleness is policy
+    assert all(c.staleness is policy for c in manager.contexts.values())

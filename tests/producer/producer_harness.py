@@ -20,7 +20,8 @@ from rlharness.data.base import PromptRow
 from rlharness.engine.sim import SimEngine
 from rlharness.judger.base import Judger
 from rlharness.producer.manager import AgentLoopManager, ProducedBatch
-from rlharness.producer.strategies import build_strategy
+from rlharness.producer.staleness import StalenessPolicy
+from rlharness.producer.strategies import ProduceStrategy, build_strategy
 from rlharness.replay_buffer import KEPT_STATUSES, ReplayBuffer
 from rlharness.sampler import Sampler
 from rlharness.types import Group
@@ -81,6 +82,15 @@ def strategy_conf(name: str, *, max_staleness: int = 0, group_filter: str = "non
                              pause_timeout_s=pause_timeout_s, staleness_mode=staleness_mode, **async_kw)
 
 
+def staleness_of(strategy: SyncStrategyConf | AsyncStrategyConf) -> StalenessPolicy:
+    """The staleness policy of a one-task run with this strategy (as build.py builds it)."""
+    return StalenessPolicy(max_staleness=strategy.max_staleness, mode=strategy.staleness_mode)
+
+
+def strategy_of(strategy: SyncStrategyConf | AsyncStrategyConf) -> ProduceStrategy:
+    return build_strategy(strategy, staleness_of(strategy))
+
+
 @dataclass
 class Harness:
     mgr: AgentLoopManager
@@ -108,7 +118,8 @@ def build(
     last_step: int = 0,
 ) -> Harness:
     max_staleness = strategy.max_staleness
-    rb = ReplayBuffer(max_staleness=max_staleness, sync_weights_interval=1, staleness_mode=strategy.staleness_mode)
+    staleness = staleness_of(strategy)
+    rb = ReplayBuffer(staleness)
     sampler = Sampler(SamplerConf(prompt_repeat_k=k, allow_epoch_rollover=rollover), TASK, make_rows(n_rows),
                       encode, rb, seed)
     if engine is None:
@@ -116,9 +127,8 @@ def build(
                            seed=seed, vocab_size=VOCAB)
     loop = build_agent_loop(SingleTurnAgentConf(sampling=SamplingConf(max_tokens=max_tokens)), engine,
                             judger or ParityJudger(), decode)
-    mgr = AgentLoopManager(tasks={TASK: (sampler, loop)}, strategy=build_strategy(strategy), replay_buffer=rb,
-                           batch_size=batch_size, max_staleness=max_staleness, sync_weights_interval=1,
-                           poll_interval_s=0.05, last_step=last_step)
+    mgr = AgentLoopManager(tasks={TASK: (sampler, loop)}, strategy=build_strategy(strategy, staleness),
+                           replay_buffer=rb, batch_size=batch_size, poll_interval_s=0.05, last_step=last_step)
     return Harness(mgr, engine, rb, sampler, max_staleness, strategy.staleness_mode)
 
 

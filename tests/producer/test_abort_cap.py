@@ -6,10 +6,10 @@ import asyncio
 import logging
 
 import pytest
-from producer_harness import build, buffered_groups, check_batch, check_nothing_lost, strategy_conf, sync_weights
+from producer_harness import (build, buffered_groups, check_batch, check_nothing_lost, strategy_conf, strategy_of,
+                              sync_weights)
 
 from rlharness.config.schema import SimEngineConf
-from rlharness.producer.strategies import build_strategy
 
 pytestmark = pytest.mark.timeout(120)
 # Heavy-tailed lengths: the batch fills with short responses and the over-sampled long ones are
@@ -52,9 +52,9 @@ def test_the_cap_fails_the_group_with_the_reason_and_counts_it():
 
 def test_partial_rollout_off_with_staleness_warns_at_start(caplog):
     with caplog.at_level(logging.WARNING):
-        build_strategy(strategy_conf("async", max_staleness=1, enable_partial_rollout=False))
+        strategy_of(strategy_conf("async", max_staleness=1, enable_partial_rollout=False))
     assert any("enable_partial_rollout=false with max_staleness=1" in r.getMessage() for r in caplog.records)
     caplog.clear()
-    build_strategy(strategy_conf("async", max_staleness=0, enable_partial_rollout=False))
-    build_strategy(strategy_conf("async", max_staleness=1))
+    strategy_of(strategy_conf("async", max_staleness=0, enable_partial_rollout=False))
+    strategy_of(strategy_conf("async", max_staleness=1))
     assert not caplog.records

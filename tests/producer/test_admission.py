@@ -16,6 +16,7 @@ from aiotools import VirtualClock
 from producer_harness import TASK, build, check_nothing_lost, run_colocate, run_disagg, strategy_conf
 from rlharness.config.schema import AsyncStrategyConf, ConfigError, SimEngineConf
 from rlharness.producer.progress import ProduceProgress
+from rlharness.producer.staleness import StalenessPolicy
 from rlharness.replay_buffer import ReplayBuffer
 from rlharness.types import Status, make_group
 
@@ -99,7 +100,7 @@ def test_admission_room_is_the_budget_of_the_absolute_counts():
             s.append_tokens([1], [-0.1], [5])
             s.status = Status.COMPLETED
         h.rb.put(g, model_step=5, train_step=7)
-    assert ctx.stale_threshold == 3
+    assert ctx.staleness.threshold(TASK) == 3
     assert ctx.admission_room() == 6
     h.mgr.progress.finish_consume(7)  # step 7 taken, weights not synced yet: only step 8 is open
     assert ctx.admission_room() == 4 - 2
@@ -108,7 +109,7 @@ def test_admission_room_is_the_budget_of_the_absolute_counts():
 
 
 def test_the_buffer_in_admission_mode_never_expires_a_group():
-    rb = ReplayBuffer(max_staleness=0, staleness_mode="admission")
+    rb = ReplayBuffer(StalenessPolicy(max_staleness=0, mode="admission"))
     g = make_group(task=TASK, prompt_index=0, epoch=0, prompt_text="p", prompt_ids=[1], label={}, k=2)
     for s in g:
         s.append_tokens([1, 2], [-0.1, -0.2], [0, 3])
@@ -117,7 +118,7 @@ def test_the_buffer_in_admission_mode_never_expires_a_group():
     assert rb.refresh_staleness(20) == 0
     assert rb.take_batch({TASK: 1}, train_step=30) == [g]
     with pytest.raises(ValueError, match="staleness_mode='bogus' is not one of token, admission"):
-        ReplayBuffer(max_staleness=0, staleness_mode="bogus")
+        ReplayBuffer(StalenessPolicy(max_staleness=0, mode="bogus"))
     with pytest.raises(ConfigError, match="strategy.staleness_mode='tokens' is not allowed"):
         AsyncStrategyConf(max_staleness=1, staleness_mode="tokens")
     with pytest.raises(ValueError, match="staleness_mode='admission' disagrees"):
@@ -125,8 +126,9 @@ def test_the_buffer_in_admission_mode_never_expires_a_group():
         from rlharness.producer.strategies import build_strategy
         h = build(strategy_conf("sync"))
         AgentLoopManager(tasks={TASK: (h.sampler, h.mgr.contexts[TASK].agent_loop)},
-                         strategy=build_strategy(strategy_conf("sync", staleness_mode="admission")),
-                         replay_buffer=h.rb, batch_size=4, max_staleness=0)
+                         strategy=build_strategy(strategy_conf("sync", staleness_mode="admission"),
+                                                 StalenessPolicy(max_staleness=0, mode="admission")),
+                         replay_buffer=h.rb, batch_size=4)
 
 
 def test_step_stats_report_both_measures_and_the_histogram_plot_sums_them(tmp_path):

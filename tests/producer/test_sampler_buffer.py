@@ -9,13 +9,14 @@ import pytest
 from producer_harness import TASK, encode, make_rows
 from rlharness.config.schema import ConfigError, SamplerConf
 from rlharness.producer.pending import _PendingTasks
+from rlharness.producer.staleness import StalenessPolicy
 from rlharness.replay_buffer import ReplayBuffer
 from rlharness.sampler import DataExhausted, ExpiredPoolEmpty, Sampler
 from rlharness.types import Status, group_status, make_group, stable_seed
 
 
 def _sampler(n=10, k=2, seed=0, rollover=True, shuffle=True, rb=None):
-    rb = rb or ReplayBuffer(max_staleness=0)
+    rb = rb or ReplayBuffer(StalenessPolicy(max_staleness=0))
     conf = SamplerConf(prompt_repeat_k=k, allow_epoch_rollover=rollover, shuffle=shuffle)
     return Sampler(conf, TASK, make_rows(n), encode, rb, seed), rb
 
@@ -80,13 +81,13 @@ def test_sampler_prefers_aborted_then_expired_then_fresh_and_tail_takes_only_exp
 
 def test_sampler_bad_input_gives_clear_errors():
     with pytest.raises(ValueError, match="empty"):
-        Sampler(SamplerConf(prompt_repeat_k=2), TASK, [], encode, ReplayBuffer(max_staleness=0), 0)
+        Sampler(SamplerConf(prompt_repeat_k=2), TASK, [], encode, ReplayBuffer(StalenessPolicy(max_staleness=0)), 0)
     with pytest.raises(ConfigError, match="sampler.prompt_repeat_k"):
         SamplerConf(prompt_repeat_k=0)
     conf = SamplerConf(prompt_repeat_k=2)
     conf.prompt_repeat_k = 0  # bypassing the schema still fails at the sampler
     with pytest.raises(ValueError, match="prompt_repeat_k=0"):
-        Sampler(conf, TASK, make_rows(3), encode, ReplayBuffer(max_staleness=0), 0)
+        Sampler(conf, TASK, make_rows(3), encode, ReplayBuffer(StalenessPolicy(max_staleness=0)), 0)
     s, _ = _sampler(n=3, rollover=False)
     with pytest.raises(ValueError, match=r"batch_size=4 .* 3 prompts .*allow_epoch_rollover=False"):
         s.check_batch_size(4)
@@ -100,7 +101,7 @@ def test_sampler_bad_input_gives_clear_errors():
 # ----------------------------------------------------------------------------- replay buffer
 def test_buffer_expires_at_the_staleness_threshold_and_requeues_expired():
     s, rb = _sampler(n=10)
-    rb = ReplayBuffer(max_staleness=1, sync_weights_interval=2)  # threshold (1+1)*2 = 4
+    rb = ReplayBuffer(StalenessPolicy(max_staleness=1, sync_weights_interval=2))  # threshold (1+1)*2 = 4
     s.replay_buffer = rb
     g = _complete(s.sample(), [3, 5])
     seeds = [x.sample_seed for x in g]
@@ -119,7 +120,7 @@ def test_buffer_expires_at_the_staleness_threshold_and_requeues_expired():
 
 
 def test_buffer_take_batch_pops_stalest_first_and_refuses_a_short_batch():
-    s, rb = _sampler(n=10, rb=ReplayBuffer(max_staleness=5))
+    s, rb = _sampler(n=10, rb=ReplayBuffer(StalenessPolicy(max_staleness=5)))
     groups = [_complete(s.sample(), [v, v + 1]) for v in (4, 1, 3, 2)]
     for g in groups:
         rb.put(g, model_step=5, train_step=6)
@@ -145,7 +146,7 @@ def test_buffer_drops_filtered_and_failed_with_reason_and_checkpoints_in_flight_
     assert rb.counters["dropped_filtered"] == 1 and rb.counters["dropped_failed"] == 1
     state = rb.state_dict(in_flight=[flying])
     assert all(m.status == Status.INIT for m in flying)  # the live group is untouched
-    fresh = ReplayBuffer(max_staleness=0)
+    fresh = ReplayBuffer(StalenessPolicy(max_staleness=0))
     fresh.load_state_dict(state)
     assert fresh.counts() == {"completed": 1, "aborted": 1, "expired": 0}
     restored = fresh.pop_group(TASK, Status.ABORTED)
