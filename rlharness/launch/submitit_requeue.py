@@ -9,7 +9,9 @@ sweep fails although its job is queued again and will resume from its checkpoint
 in CI on a loaded machine; a real cluster under load is as slow.
 
 `RequeueAwareWatcher` takes a failure state (anything but COMPLETED or CANCELLED) as final
-only once it has read it again for `cluster.requeue_grace_s` seconds: a job being
+only once it has read it again for `cluster.requeue_grace_s` seconds, counted between
+state reads that answered (a poll that failed or timed out, as a busy controller's do, reads
+nothing and keeps the last state; the grace does not run out on a stale reading): a job being
 requeued reads PENDING (or REQUEUED, RUNNING) within that time and is waited for as
 before. `cluster=slurm` installs it for the sweep's process through the Hydra callback
 `RequeueAwareWatching` (Hydra accepts launchers only from its plugin package; submitit polls
@@ -37,6 +39,14 @@ class RequeueAwareWatcher(submitit_slurm.SlurmInfoWatcher):
         super().__init__(delay_s=delay_s)
         self.grace_s = grace_s
         self._suspect_since: dict[str, float] = {}  # job id -> when a failure state was first read
+        self._read_at: dict[str, float] = {}  # job id -> when a poll last answered for it
+
+    def read_info(self, string: bytes | str) -> dict[str, dict[str, str]]:
+        info = super().read_info(string)
+        now = time.monotonic()
+        for job_id in info:
+            self._read_at[job_id] = now
+        return info
 
     def is_done(self, job_id: str, mode: str = "standard") -> bool:
         if not super().is_done(job_id, mode=mode):
@@ -45,11 +55,11 @@ class RequeueAwareWatcher(submitit_slurm.SlurmInfoWatcher):
         state = self.get_state(job_id, mode="cache").upper()
         if state.startswith(FINAL_STATES):
             return True
-        now = time.monotonic()
-        first = self._suspect_since.setdefault(job_id, now)
-        if now - first >= self.grace_s:
+        read_at = self._read_at.get(job_id, time.monotonic())
+        first = self._suspect_since.setdefault(job_id, read_at)
+        if read_at - first >= self.grace_s:
             return True
-        if mode != "cache" and now - self._last_status_check >= RECHECK_S:
+        if mode != "cache" and time.monotonic() - self._last_status_check >= RECHECK_S:
             self.update()  # read it again soon, whatever submitit's polling delay has grown to
         return False
 

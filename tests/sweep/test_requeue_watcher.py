@@ -12,6 +12,8 @@ from rlharness.launch.submitit_requeue import RequeueAwareWatcher
 
 SACCT = """import sys
 state = open(sys.argv[1]).read().strip()
+if state == "NO ANSWER":
+    sys.exit("slurm_load_jobs error: Socket timed out on send/recv operation")
 print("JobID|State|NodeList")
 print(f"42|{state}|rlh-node1")
 """
@@ -53,9 +55,27 @@ def test_a_failure_that_stays_ends_the_wait_after_the_grace_period(tmp_path):
     w.set("FAILED")
     assert not w.is_done("42", mode="cache")
     time.sleep(0.6)
+    w.set("FAILED")  # read again past the grace
     assert w.is_done("42", mode="cache")
     w.set("CANCELLED by 0")  # a cancel is final at once
     w._suspect_since.clear()
+    assert w.is_done("42", mode="cache")
+
+
+def test_the_grace_runs_only_over_readings_that_answered(tmp_path):
+    """A busy controller: the polls after the FAILED reading fail, so the cached FAILED is stale and
+    must not end the wait however long the controller stays silent (the CI failure of stop 31)."""
+    w = ScriptedWatcher(tmp_path, grace_s=0.5)
+    w.set("FAILED")
+    w.set("NO ANSWER")
+    time.sleep(0.6)
+    w.set("NO ANSWER")
+    assert not w.is_done("42", mode="cache") and "42" not in w._finished
+    w.set("PENDING")  # the controller answers again: the job was requeued all along
+    assert not w.is_done("42", mode="cache")
+    w.set("FAILED")
+    time.sleep(0.6)
+    w.set("FAILED")  # read again, answered, past the grace: final
     assert w.is_done("42", mode="cache")
 
 
