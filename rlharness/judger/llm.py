@@ -102,7 +102,7 @@ class LLMJudger(Judger):
 
     def _new_engine(self):
         """The judge's engine and prompt encoder (built once, off the event loop: loading takes seconds)."""
-        from rlharness.build import text_codec
+        from rlharness.model import text_codec
         from rlharness.engine import build_engine
         from rlharness.model import load_tokenizer
 

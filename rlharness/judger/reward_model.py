@@ -101,7 +101,7 @@ class RewardModelScorer:
         from transformers import AutoModelForSequenceClassification
         from transformers.utils import logging as hf_logging
 
-        from rlharness.build import text_codec
+        from rlharness.model import text_codec
         from rlharness.model import load_tokenizer
 
         torch.set_num_threads(conf.torch_threads)
