@@ -17,7 +17,8 @@ import pytest
 import torch
 from ray import cloudpickle as ray_cloudpickle
 
-from rlharness.config.schema import AlgoConf, ModelConf, SimEngineConf, TorchBackendConf
+from rlharness.config.schema import (AlgoConf, ConfigError, HFEngineConf, ModelConf, SimEngineConf, TorchBackendConf,
+                                     VLLMEngineConf)
 from rlharness.distributed.engine_actor import EngineActor
 from rlharness.distributed.spawn import spawn_engines
 from rlharness.distributed.train_actor import spawn_train_workers
@@ -45,6 +46,17 @@ def test_buckets_hold_one_dtype_and_respect_the_cap():
 def test_nccl_is_chosen_only_when_both_sides_hold_gpus():
     assert choose_route("auto", 1.0, 1.0) == "nccl"
     assert choose_route("auto", 0.0, 1.0) == choose_route("auto", 1.0, 0.0) == "object_store"
+
+
+def test_the_route_follows_the_engines_declared_weight_sync():
+    """Chosen once from `engine.weight_sync` and where the actors sit, never from the engine's name."""
+    assert choose_route("collective", 0.0, 0.0) == choose_route("collective", 0.0, 1.0) == "gloo"
+    assert choose_route("collective", 1.0, 1.0) == "nccl"
+    assert choose_route("disk", 1.0, 1.0) == choose_route("disk", 0.0, 0.0) == "object_store"
+    assert HFEngineConf().weight_sync == SimEngineConf().weight_sync == "auto"
+    assert VLLMEngineConf().weight_sync == "collective"
+    with pytest.raises(ConfigError, match=r"engine.weight_sync='disk'.*auto, collective"):
+        HFEngineConf(weight_sync="disk")
 
 
 class RecordingEngineActor(EngineActor):
