@@ -199,7 +199,7 @@ def free_port() -> int:
 
 def _receiver(port: int, nbytes: int, specs, conn) -> None:
     """The second process: a plain flat receive, or the weight group's stream copied into a model-shaped state."""
-    from rlharness.distributed.collective import WeightGroupMember
+    from rlharness.weight_transfer import WeightGroupMember
 
     member = WeightGroupMember("gloo", "127.0.0.1", port, 1, 2, 600.0)
     flat = torch.empty(nbytes, dtype=torch.uint8)
@@ -235,7 +235,7 @@ async def _ttft(engine, prompt: list[int]) -> float:
 def sync_part(args) -> dict:
     from safetensors.torch import load_file
 
-    from rlharness.distributed.collective import WeightGroupMember, tensor_specs
+    from rlharness.weight_transfer import WeightGroupMember, tensor_specs
     from rlharness.engine.hf import HFEngine
     from rlharness.model import load_tokenizer
 
@@ -357,7 +357,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--draws", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3, help="sync repeats (median)")
     p.add_argument("--bucket-mb", default="32,256", help="weight-group bucket sizes to time (MiB; vLLM uses "
-                                                          "rlharness.distributed.collective.BUCKET_BYTES)")
+                                                          "rlharness.weight_transfer.BUCKET_BYTES)")
     args = p.parse_args(argv)
     args.bucket_mb = [int(x) for x in args.bucket_mb.split(",")]
     if args.quick:

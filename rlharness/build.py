@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from rlharness.config.schema import RunConf
+from rlharness.model import text_codec  # noqa: F401 - also imported from here by scripts and tests
 
 log = logging.getLogger(__name__)
 
@@ -28,19 +29,6 @@ class Components:
     evaluator: Any
     # task name -> the judger eval scores with, where it is not the training one (a learned reward).
     eval_judgers: dict[str, Any] = field(default_factory=dict)
-
-
-def text_codec(tokenizer) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
-    bos = tokenizer.bos_token
-
-    def encode(text: str) -> list[int]:
-        # Chat templates already start with BOS; don't add a second one.
-        return tokenizer.encode(text, add_special_tokens=not (bos and text.startswith(bos)))
-
-    def decode(ids: list[int]) -> str:
-        return tokenizer.decode(ids, skip_special_tokens=True)
-
-    return encode, decode
 
 
 def validate_data(conf: RunConf, task_data: dict[str, Any]) -> None:

@@ -142,11 +142,12 @@ def check_eval_splits(conf: RunConf, task_data: dict[str, Any]) -> None:
 def run_evaluation(conf: RunConf, run_dir: Path, source: Source) -> dict[str, Any]:
     """Load, evaluate, write `evals/<label>.jsonl`, `summary.json`, `summary.md`. Input errors
     (ConfigError, DataFileError) are raised before anything is written."""
-    from rlharness.build import (agent_loop_factory, build_engine_for, build_evaluator, load_tasks, text_codec,
+    from rlharness.build import (agent_loop_factory, build_engine_for, build_evaluator, load_tasks,
                                  verifiable_judgers)
     from rlharness.launcher import _close, set_threads_from_env
     from rlharness.logging_utils.progress import phase
     from rlharness.logging_utils.samples import write_eval_rows
+    from rlharness.model import text_codec
     from rlharness.trainer.trainer import seed_everything
 
     if conf.engine.name == "vllm":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 from rlharness.config.schema import ConfigError, ModelConf
 
@@ -117,6 +118,20 @@ def check_token_ids(conf: ModelConf, tokenizer, prompts: dict[str, list[str]], e
             if bad:
                 raise ConfigError(f"{where} {label} prompt {i} encodes to token id {max(bad)} "
                                   f"({tokenizer.convert_ids_to_tokens(max(bad))!r}); {fix}")
+
+
+def text_codec(tokenizer) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
+    """(encode, decode) of a tokenizer as the run uses them (judgers, agents, the trainer)."""
+    bos = tokenizer.bos_token
+
+    def encode(text: str) -> list[int]:
+        # Chat templates already start with BOS; don't add a second one.
+        return tokenizer.encode(text, add_special_tokens=not (bos and text.startswith(bos)))
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    return encode, decode
 
 
 def load_tokenizer(conf: ModelConf):

@@ -521,9 +521,19 @@ class ModelConf:
 class EngineConf:
     name: str = MISSING
     num_engines: int = 1
+    # How new weights reach the engine, declared here so the route is chosen once when the
+    # run is built (rlharness/weight_transfer.py `choose_route`): `auto` (mode=disagg: the Ray
+    # object store, or an NCCL group when engines and trainers both hold GPUs), `collective`
+    # (a broadcast group: NCCL between GPUs, gloo otherwise), `disk` (vllm only).
+    weight_sync: str = "auto"
+
+    def weight_sync_routes(self) -> tuple[str, ...]:
+        """The `weight_sync` values this engine can serve."""
+        return ("auto", "collective")
 
     def __post_init__(self) -> None:
         _check(self.num_engines >= 1, "engine.num_engines", self.num_engines, ">= 1")
+        _one_of("engine.weight_sync", self.weight_sync, self.weight_sync_routes())
 
 
 @dataclass
@@ -544,18 +554,20 @@ class VLLMEngineConf(EngineConf):
     gpu_memory_utilization: float = 0.5
     tensor_parallel_size: int = 1
     enforce_eager: bool = True
-    # How new weights reach vLLM's workers: `collective` (broadcast in a process group
-    # with the weights' holder: NCCL between GPUs, gloo otherwise) or `disk` (a
-    # safetensors folder that vLLM reloads). See rlharness/engine/vllm.py.
+    # How new weights reach vLLM's workers, colocated too: `collective` (broadcast in a
+    # process group with the weights' holder: NCCL between GPUs, gloo otherwise) or `disk`
+    # (a safetensors folder that vLLM reloads). See rlharness/engine/vllm.py.
     weight_sync: str = "collective"
     sync_timeout_s: float = 300.0  # every wait of a weight sync; past it the sync fails naming the engine
     # Colocated on one GPU: vLLM sleeps (weights offloaded, KV cache freed) while training runs. CUDA only.
     sleep_mode: bool = False
     cpu_kv_cache_gib: float = 1.0  # KV cache of vLLM's CPU build (its kv_cache_memory_bytes)
 
+    def weight_sync_routes(self) -> tuple[str, ...]:
+        return ("collective", "disk")
+
     def __post_init__(self) -> None:
         super().__post_init__()
-        _one_of("engine.weight_sync", self.weight_sync, ("collective", "disk"))
         _check(self.sync_timeout_s > 0, "engine.sync_timeout_s", self.sync_timeout_s, "> 0")
         _check(self.tensor_parallel_size >= 1, "engine.tensor_parallel_size", self.tensor_parallel_size, ">= 1")
         _check(0 < self.gpu_memory_utilization <= 1, "engine.gpu_memory_utilization",

@@ -7,7 +7,8 @@ training side as actors behind a `RemoteBackend` (backend=deepspeed: one actor p
 rank; mode=disagg with another backend: one actor hosting it). Both implement the
 same async interfaces as local objects, so the trainer and manager do not change.
 Weights go from training rank 0 to the engines through the object store, or, when
-both sides hold GPUs, by broadcast in a group of their own (`collective`).
+both sides hold GPUs (or the engine declares `engine.weight_sync=collective`), by
+broadcast in a group of their own: the route is chosen here, once (`weight_routes`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import logging
 from typing import Any
 
 from rlharness.config.schema import LocalRayClusterConf, RunConf
-from rlharness.distributed.collective import choose_weight_transfer
+from rlharness.distributed.weight_routes import setup_weight_group
 from rlharness.placement_plan import actor_resources, num_trainers, plan_nodes, spread
+from rlharness.weight_transfer import OBJECT_STORE, choose_route
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +37,8 @@ def build_remote_components(conf: RunConf) -> tuple[Any, Any]:
     plan = plan_nodes(conf)
     engine_at = spread(conf.engine.num_engines, plan.engine_nodes) if plan else None
     trainer_at = spread(num_trainers(conf), plan.trainer_nodes) if plan else None
-    transfer = (choose_weight_transfer(engine_gpus, trainer_gpus, conf.engine.name,
-                                       getattr(conf.engine, "weight_sync", "collective"))
-                if conf.mode == "disagg" else "object_store")
+    transfer = (choose_route(conf.engine.weight_sync, engine_gpus, trainer_gpus)
+                if conf.mode == "disagg" else OBJECT_STORE)
     if conf.mode == "disagg":
         set_driver_threads(conf, engine_cpus, trainer_cpus)
     engine = backend = None
@@ -56,10 +57,8 @@ def build_remote_components(conf: RunConf) -> tuple[Any, Any]:
             # A restarted engine cannot rejoin a broadcast group: no restarts there (resume instead).
             engine = spawn_engines(conf.engine, conf.model, conf.seed, cpus=engine_cpus, gpus=engine_gpus,
                                    timeout_s=conf.timeout_s, node_ranks=engine_at,
-                                   max_restarts=0 if transfer != "object_store" else ENGINE_MAX_RESTARTS)
-            if transfer != "object_store":
-                from rlharness.distributed.collective import setup_weight_group
-
+                                   max_restarts=0 if transfer != OBJECT_STORE else ENGINE_MAX_RESTARTS)
+            if transfer != OBJECT_STORE:
                 setup_weight_group(backend, engine, transfer, conf.timeout_s)
         if backend is not None and conf.mode == "disagg":
             backend.prefetch_weights = conf.sync_weights_interval == 1

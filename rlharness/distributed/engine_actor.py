@@ -60,8 +60,7 @@ class EngineActor:
             warnings.simplefilter("ignore")
             restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self.needs_weights = bool(restarted)
-        kw = {"name": f"vllm engine {name}"} if engine_conf.name == "vllm" else {}
-        self.engine = build_engine(engine_conf, model_conf, seed, **kw)
+        self.engine = build_engine(engine_conf, model_conf, seed, name=name)
         self.versions_loaded: list[int] = []
         self._running: dict[str, asyncio.Task] = {}  # request_id -> its generate task (for cancel)
         log.info("engine actor %s (instance %s, pid %d) up%s", name, self.instance_id, os.getpid(),
@@ -124,31 +123,17 @@ class EngineActor:
 
     def weight_group_ranks(self) -> int:
         """Ranks this engine takes in a weight group (vLLM: one per worker; else this process)."""
-        return int(getattr(self.engine, "weight_group_ranks", 1))
+        return self.engine.weight_group_ranks
 
     async def weight_group_join(self, backend: str, host: str, port: int, rank: int, world_size: int,
                                 timeout_s: float) -> None:
-        """Join the weight broadcast group with training rank 0 (see `collective`).
-
-        An engine with workers of its own (vLLM) has them join, from rank `rank` on."""
-        if hasattr(self.engine, "join_weight_group"):
-            await self.engine.join_weight_group(backend, host, port, rank, world_size, timeout_s)
-            return
-        from rlharness.distributed.collective import WeightGroupMember
-
-        self.weight_member = await asyncio.to_thread(WeightGroupMember, backend, host, port, rank, world_size,
-                                                     timeout_s)
+        """Join the weight broadcast group with training rank 0 (see `weight_transfer`), from rank `rank` on."""
+        await self.engine.join_weight_group(backend, host, port, rank, world_size, timeout_s)
 
     async def weight_group_receive(self, version: int) -> dict[str, float]:
-        """Receive a version by broadcast (in a thread: the loop keeps serving), then load it."""
-        if hasattr(self.engine, "receive_weights"):  # straight into the engine's workers
-            await self.engine.receive_weights(version)
-            return self._weights_loaded(version)
-        member = getattr(self, "weight_member", None)
-        if member is None:
-            raise RuntimeError(f"engine actor {self.name}: weight_group_receive before weight_group_join")
-        state = await asyncio.to_thread(member.receive, version)
-        return await self.load_weights(state, version)
+        """Receive a version by broadcast and load it (the engine keeps serving until the swap)."""
+        await self.engine.receive_weights(version)
+        return self._weights_loaded(version)
 
     def mark_ready(self) -> None:
         """The run never pushed weights: the initial ones this process loaded are current."""

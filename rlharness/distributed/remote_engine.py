@@ -12,8 +12,9 @@
 - weight versions only go forward, and a load that takes longer than `timeout_s`
   raises `WeightSyncTimeout` (and cancels the call) instead of blocking forever.
 
-`RayEngineRouter` is the `EngineRouter` over several proxies that puts a weight dict
-into the object store once, so every engine reads the same object.
+`RayEngineRouter` is the `EngineRouter` over several proxies. Both load weights by the
+route the run chose when it was built (`weight_routes`: the object store by default, one
+object for every engine; a broadcast group once `setup_weight_group` has installed one).
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from rlharness.distributed.collective import CollectiveWeights
 from rlharness.distributed.engine_actor import EngineNeedsWeights
 from rlharness.distributed.placement import describe_node
 from rlharness.distributed.request_batcher import RequestBatcher, result_or_abort
-from rlharness.distributed.weights import RemoteWeights, WeightSyncTimeout, to_object_ref
+from rlharness.distributed.weight_routes import OBJECT_STORE_ROUTE
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
 from rlharness.engine.router import EngineRouter
+from rlharness.weight_transfer import RemoteWeights, WeightSyncTimeout
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,8 @@ class RemoteEngine(RolloutEngine):
         self.node: dict[str, str] = info["node"]  # where the actor runs (node_info)
         log.info("placed %s on %s (%s)", name, self.node["hostname"], self.node["ip"])
         self._version: int = int(info["version"])
-        self._target: tuple[Any, int] | None = None  # (ObjectRef, version) last pushed
+        self.route: Any = OBJECT_STORE_ROUTE  # how weights reach the actor (weight_routes)
+        self.target: tuple[Any, int] | None = None  # (payload, version) last pushed
         self._resync_needed = False
         self._lock: asyncio.Lock | None = None  # made in the loop that uses it
         self._in_flight = 0
@@ -122,18 +124,23 @@ class RemoteEngine(RolloutEngine):
             self._resync_needed = True
             return 0
 
+    @property
+    def engines(self) -> list[RemoteEngine]:
+        """The engine proxies a weight route reaches through this one: itself."""
+        return [self]
+
     async def load_weights(self, state: Mapping[str, Any] | Any, version: int) -> None:
+        await self.route.load([self], state, version)
+
+    def check_forward(self, version: int) -> None:
         if version < self._version:
             raise ValueError(f"engine {self.name}: weight version {version} arrived after version "
                              f"{self._version}; versions must not go back")
-        if isinstance(state, CollectiveWeights):
-            async with self._get_lock():
-                self._target = (state, int(version))
-                self._loaded(int(version), (await state.transfer([self.actor], int(version)))[0])
-            return
-        ref = to_object_ref(state)
-        async with self._get_lock():
-            self._target = (ref, int(version))  # what a restarted actor must get, even if this push fails
+
+    async def push_ref(self, ref: Any, version: int) -> None:
+        """The object-store route: the actor reads `ref` as `version`; a death waits for its restart."""
+        async with self.weights_lock():
+            self.target = (ref, int(version))  # what a restarted actor must get, even if this push fails
             try:
                 await self._push(ref, int(version))
             except ACTOR_GONE:
@@ -180,7 +187,7 @@ class RemoteEngine(RolloutEngine):
         return await asyncio.wait_for(self.actor.info.remote(), self.timeout_s)
 
     # ------------------------------------------------------------------ internals
-    def _get_lock(self) -> asyncio.Lock:
+    def weights_lock(self) -> asyncio.Lock:
         if self._lock is None:
             self._lock = asyncio.Lock()
         return self._lock
@@ -209,16 +216,16 @@ class RemoteEngine(RolloutEngine):
             ray.cancel(call)
             raise WeightSyncTimeout(f"engine {self.name}: load_weights(version={version}) did not finish "
                                     f"within timeout_s={self.timeout_s:g}") from None
-        self._loaded(version, stats)
+        self.loaded(version, stats)
 
-    def _loaded(self, version: int, stats: Any) -> None:
+    def loaded(self, version: int, stats: Any) -> None:
         self._version = version
         self.weight_loads += 1
         if isinstance(stats, dict):  # the actor answers with its counters: no extra round trip
             self._engine_stats = dict(stats)
 
     async def _resync(self) -> None:
-        async with self._get_lock():
+        async with self.weights_lock():
             if self._resync_needed:
                 await self._resync_locked()
 
@@ -252,13 +259,13 @@ class RemoteEngine(RolloutEngine):
             self._instance_id = info["instance_id"]
             log.warning("engine %s restarted (instance %s, pid %s); re-sending weights version %s",
                         self.name, info["instance_id"], info["pid"],
-                        self._target[1] if self._target else "0 (initial)")
-        if info["needs_weights"] or (self._target is not None and info["version"] != self._target[1]):
-            if self._target is not None and isinstance(self._target[0], CollectiveWeights):
-                raise EngineLost(f"engine {self.name} restarted, but a {self._target[0].group.backend} weight "
+                        self.target[1] if self.target else "0 (initial)")
+        if info["needs_weights"] or (self.target is not None and info["version"] != self.target[1]):
+            if self.target is not None and not self.route.resendable:
+                raise EngineLost(f"engine {self.name} restarted, but a {self.route.name} weight "
                                  f"group cannot re-admit a member; resume the run from its last checkpoint")
-            if self._target is not None:
-                await self._push(*self._target)
+            if self.target is not None:
+                await self._push(*self.target)
             else:
                 await asyncio.wait_for(self.actor.mark_ready.remote(), self.timeout_s)
         self._resync_needed = False
@@ -273,26 +280,17 @@ def _remove(owner: Any) -> None:
 class RayEngineRouter(EngineRouter):
     """Several engine actors; one object-store copy of each weight version for all of them."""
 
-    def __init__(self, engines: list[RolloutEngine], placement_group: Any = None) -> None:
+    def __init__(self, engines: list[RemoteEngine], placement_group: Any = None) -> None:
         super().__init__(engines)
         self.placement_group = placement_group
+        self.route: Any = OBJECT_STORE_ROUTE  # the engines' route (weight_routes)
 
     async def close(self) -> None:
         await super().close()
         _remove(self)
 
     async def load_weights(self, state: Mapping[str, Any] | Any, version: int) -> None:
-        if isinstance(state, CollectiveWeights):  # one broadcast reaches every engine at once
-            for e in self.engines:
-                if version < e.version:
-                    raise ValueError(f"engine {e.name}: weight version {version} arrived after version "
-                                     f"{e.version}; versions must not go back")
-            stats = await state.transfer([e.actor for e in self.engines], int(version))
-            for e, st in zip(self.engines, stats):
-                e._target = (state, int(version))
-                e._loaded(int(version), st)
-            return
-        await super().load_weights(to_object_ref(state), version)
+        await self.route.load(self.engines, state, version)
 
     def stats(self) -> dict[str, float]:
         out = super().stats()

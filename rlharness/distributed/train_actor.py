@@ -24,12 +24,11 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from rlharness.backend.base import TrainingBackend
-from rlharness.distributed.collective import CollectiveWeights
 from rlharness.distributed.placement import (describe_node, in_bundle, make_placement_group, node_info, thread_env,
                                              threads_for, wait_all)
-from rlharness.distributed.weights import RemoteWeights
 from rlharness.launch.ray_cluster import free_port
 from rlharness.types import TrainBatch
+from rlharness.weight_transfer import CollectiveWeights, RemoteWeights, WeightGroupMember
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +44,7 @@ class TrainWorkerActor:
 
         torch.set_num_threads(max(1, num_threads))
         self.backend: Any = None
+        self.weight_member: WeightGroupMember | None = None  # rank 0, once a weight group is formed
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a free port (rank 0's become MASTER_ADDR/MASTER_PORT)."""
@@ -71,18 +71,15 @@ class TrainWorkerActor:
 
     async def weight_group_join(self, backend: str, host: str, port: int, rank: int, world_size: int,
                                 timeout_s: float) -> None:
-        """Join the weight broadcast group with the engines (rank 0 only; see `collective`)."""
-        from rlharness.distributed.collective import WeightGroupMember
-
+        """Join the weight broadcast group with the engines (rank 0 only; see `weight_transfer`)."""
         self.weight_member = await asyncio.to_thread(WeightGroupMember, backend, host, port, rank, world_size,
                                                      timeout_s)
 
     async def weight_group_send(self, version: int) -> None:
         """Every rank takes the weights (ZeRO-3 gathers collectively); the group member broadcasts them."""
         state = await self.call("get_weights")
-        member = getattr(self, "weight_member", None)
-        if member is not None:
-            await asyncio.to_thread(member.send, state, version)
+        if self.weight_member is not None:
+            await asyncio.to_thread(self.weight_member.send, state, version)
 
     async def call_and_put(self, method: str, *args: Any) -> list[Any]:
         """Like `call`, but the result stays in the object store; returns [ref] (None -> [])."""
@@ -107,7 +104,7 @@ class RemoteBackend(TrainingBackend):
         self.names = names
         self.timeout_s = timeout_s
         self.placement_group = placement_group
-        # Set by `collective.setup_weight_group` (GPU runs): weights then go by broadcast.
+        # Set by `weight_routes.setup_weight_group` (GPU runs): weights then go by broadcast.
         self.weight_group: Any = None
         self.prefetch_weights = False
         self._prefetched: Any = None  # ObjectRef of the weights right after the last train_step

@@ -10,9 +10,11 @@ from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
 __all__ = ["GenerateRequest", "GenerateResult", "RolloutEngine", "SamplingParams", "build_engine"]
 
 
-def build_engine(conf: EngineConf, model_conf: ModelConf, seed: int, **kw: Any) -> RolloutEngine:
+def build_engine(conf: EngineConf, model_conf: ModelConf, seed: int, name: str | None = None,
+                 **kw: Any) -> RolloutEngine:
     """One engine for `conf` (imports its backend lazily: vLLM and transformers are heavy).
 
+    `name` labels the engine where it names itself in errors (vllm: "vllm engine <name>").
     `kw` goes to the engine's constructor: for hf e.g. `model=`, `tokenizer=`; for sim
     `vocab_size=`, `eos_token_id=`, `decode=` (taken from model_conf's tokenizer when absent).
     """
@@ -23,6 +25,8 @@ def build_engine(conf: EngineConf, model_conf: ModelConf, seed: int, **kw: Any) 
     if conf.name == "vllm":
         from rlharness.engine.vllm import VLLMEngine
 
+        if name is not None:
+            kw = {"name": f"vllm engine {name}", **kw}
         return VLLMEngine(conf, model_conf, seed, **kw)
     if conf.name == "sim":
         from rlharness.engine.sim import SimEngine

@@ -5,6 +5,12 @@ business), can abort everything in flight (each aborted call returns the tokens 
 produced so far with finish_reason "abort"), and swaps weights between requests,
 stamping every token with the weight version that produced it.
 
+Weights arrive by `load_weights(state, version)` (this process holds them) or, when the
+run formed a broadcast group with training rank 0 (`rlharness.weight_transfer`), by
+`join_weight_group` once and `receive_weights(version)` per sync. The default joins this
+process and loads what it receives (hf, sim); an engine whose workers live elsewhere
+(vllm) has them join and receive instead.
+
 `generate_many(requests)` serves several requests (one group's members) in one call;
 the default gathers `generate`, and an engine that can take a batch at once overrides
 it so a group costs one future instead of a task per member. Its contract is that of
@@ -19,6 +25,8 @@ import asyncio
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
+
+from rlharness.weight_transfer import WeightGroupMember
 
 
 @dataclass(slots=True)
@@ -63,6 +71,8 @@ class RolloutEngine(abc.ABC):
     """Async interface; local engines and Ray actor proxies look the same to callers."""
 
     supports_abort: bool = True
+    weight_group_ranks: int = 1  # ranks this engine takes in a weight group (one per process that loads)
+    _weight_member: WeightGroupMember | None = None
 
     @property
     @abc.abstractmethod
@@ -84,6 +94,19 @@ class RolloutEngine(abc.ABC):
     @abc.abstractmethod
     async def load_weights(self, state: dict[str, Any], version: int) -> None:
         """Swap weights between requests (no request sees a mix) and set `version`."""
+
+    async def join_weight_group(self, backend: str, host: str, port: int, rank: int, world_size: int,
+                                timeout_s: float) -> None:
+        """Join training rank 0's weight broadcast group as rank `rank` (in a thread: blocking rendezvous)."""
+        self._weight_member = await asyncio.to_thread(WeightGroupMember, backend, host, port, rank, world_size,
+                                                      timeout_s)
+
+    async def receive_weights(self, version: int) -> None:
+        """Receive `version` by broadcast (in a thread: the loop keeps serving), then load it."""
+        if self._weight_member is None:
+            raise RuntimeError(f"{type(self).__name__}: receive_weights before join_weight_group")
+        state = await asyncio.to_thread(self._weight_member.receive, version)
+        await self.load_weights(state, version)
 
     async def sleep(self) -> None:  # noqa: B027 - optional hook
         """Free the accelerator for training (engine=vllm with sleep_mode); the next request or

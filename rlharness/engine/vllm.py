@@ -18,7 +18,7 @@ this module never needs it. What this adapter adds:
   `collective_rpc` with a method name. Colocated, this process is rank 0 and the
   group uses gloo (NCCL cannot put two ranks on one GPU); disaggregated, training
   rank 0 is rank 0 and the group is NCCL when both sides hold GPUs, else gloo
-  (`rlharness.distributed.collective`). `disk`: the weights are written as
+  (`rlharness.weight_transfer`). `disk`: the weights are written as
   safetensors into a temporary folder and vLLM's `reload_weights` reads them.
   Every wait is bounded by `sync_timeout_s`; a failed sync raises `WeightSyncError`
   naming the engine. The prefix cache is reset after each load (its KV came from
@@ -57,6 +57,7 @@ from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
 from rlharness.engine.vllm_worker import EXTENSION_PATH
 from rlharness.lora import engine_serves_adapter
 from rlharness.model import resolve_model_path
+from rlharness.weight_transfer import BUCKET_BYTES, WeightGroupMember, spec_rows, tensor_specs
 
 log = logging.getLogger(__name__)
 
@@ -251,8 +252,6 @@ class VLLMEngine(RolloutEngine):
     async def join_weight_group(self, backend: str, host: str, port: int, rank: int, world_size: int,
                                 timeout_s: float) -> None:
         """Join a trainer's weight group (disaggregated): the workers take ranks rank..rank+tp-1."""
-        from rlharness.distributed.collective import BUCKET_BYTES
-
         await self._rpc("rlh_weight_group_join", f"joining the {backend} weight group at {host}:{port}",
                         backend, host, port, rank, world_size, timeout_s, BUCKET_BYTES, timeout_s=timeout_s)
         self._joined = True
@@ -275,11 +274,9 @@ class VLLMEngine(RolloutEngine):
         log.info("%s: weights version %d loaded (%s)", self.name, version, self.conf.weight_sync)
 
     async def _load_by_broadcast(self, state: Mapping[str, Any], version: int) -> None:
-        from rlharness.distributed.collective import tensor_specs
-
         if self._sender is None:
             await self._form_local_group()
-        specs = [[s.name, list(s.shape), s.dtype] for s in tensor_specs(state)]
+        specs = spec_rows(tensor_specs(state))
         try:
             await self._together(
                 asyncio.to_thread(self._sender.send, state, int(version)),
@@ -291,8 +288,6 @@ class VLLMEngine(RolloutEngine):
 
     async def _form_local_group(self) -> None:
         """This process (holding the trainer's weights) as rank 0, the workers as ranks 1..tp (gloo)."""
-        from rlharness.distributed.collective import BUCKET_BYTES, WeightGroupMember
-
         host, port, world = "127.0.0.1", free_port(), 1 + self.weight_group_ranks
         timeout_s = self.conf.sync_timeout_s
         sender, _ = await self._together(

@@ -6,7 +6,7 @@ process and its RPC channel carries plain data only (no functions, no tensors), 
 the engine calls these methods by name through `collective_rpc` with plain
 arguments (names, shapes, dtypes, a version), and the tensors travel in a process
 group of our own: training rank 0 is rank 0, the workers of each engine the ranks
-after it (`collective.WeightGroupMember`: NCCL on GPU, gloo on CPU, one code path),
+after it (`weight_transfer.WeightGroupMember`: NCCL on GPU, gloo on CPU, one code path),
 and vLLM's in-place `reload_weights` loads them.
 
 This module is imported inside vLLM's worker processes; it must stay importable
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+
+from rlharness.weight_transfer import WeightGroupError, WeightGroupMember, specs_from_rows
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +31,6 @@ class WeightSyncExtension:
     def rlh_weight_group_join(self, backend: str, host: str, port: int, rank_offset: int, world_size: int,
                               timeout_s: float, bucket_bytes: int) -> int:
         """Join the weight group as rank `rank_offset + <this worker's rank>`; returns that rank."""
-        from rlharness.distributed.collective import WeightGroupMember
-
         self.rlh_weight_group_leave()
         rank = rank_offset + int(getattr(self, "rank", 0))
         self._rlh_member = WeightGroupMember(backend, host, port, rank, world_size, timeout_s, bucket_bytes)
@@ -49,12 +49,10 @@ class WeightSyncExtension:
 
         `specs`: [name, shape, dtype] per tensor when the caller has them; None reads
         them from the group's store (a remote trainer published them there)."""
-        from rlharness.distributed.collective import TensorSpec, WeightGroupError
-
         member = getattr(self, "_rlh_member", None)
         if member is None:
             raise WeightGroupError("rlh_receive_weights before rlh_weight_group_join")
-        typed = None if specs is None else [TensorSpec(n, tuple(s), d) for n, s, d in specs]
+        typed = None if specs is None else specs_from_rows(specs)
         incoming = member.receive_stream(int(version), typed)
         # The specs and the first bucket arrive before vLLM's reload starts: a sync that never
         # starts (no sender, a timeout) raises here and leaves the model as it was.

@@ -24,7 +24,7 @@ def build_judger(conf: JudgerConf) -> Judger:
     if conf.name == "router":
         from rlharness.judger.router import RouterJudger
 
-        return RouterJudger(conf)
+        return RouterJudger(conf, build_learned=build_judger)
     if conf.name == "reasoning_gym":
         from rlharness.judger.reasoning_gym import ReasoningGymJudger
 

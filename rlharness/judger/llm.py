@@ -102,9 +102,8 @@ class LLMJudger(Judger):
 
     def _new_engine(self):
         """The judge's engine and prompt encoder (built once, off the event loop: loading takes seconds)."""
-        from rlharness.build import text_codec
         from rlharness.engine import build_engine
-        from rlharness.model import load_tokenizer
+        from rlharness.model import load_tokenizer, text_codec
 
         model = ModelConf(path=self.conf.path)
         engine_conf = HFEngineConf(device=self.conf.device) if self.conf.engine == "hf" else VLLMEngineConf()

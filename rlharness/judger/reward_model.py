@@ -101,8 +101,7 @@ class RewardModelScorer:
         from transformers import AutoModelForSequenceClassification
         from transformers.utils import logging as hf_logging
 
-        from rlharness.build import text_codec
-        from rlharness.model import load_tokenizer
+        from rlharness.model import load_tokenizer, text_codec
 
         torch.set_num_threads(conf.torch_threads)
         hf_logging.disable_progress_bar()  # a bar per (re)start of the process would clutter the run's log

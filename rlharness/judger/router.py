@@ -12,7 +12,7 @@ llm.py) at the same time. A learned part that fails or times out fails the group
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from rlharness.config.schema import (ConfigError, CountdownJudgerConf, FormatJudgerConf,
                                      MathJudgerConf, RouterJudgerConf)
@@ -39,12 +39,18 @@ def _build_part(name: str, conf: RouterJudgerConf) -> Judger:
 class RouterJudger(Judger):
     name = "router"
 
-    def __init__(self, conf: RouterJudgerConf | None = None):
+    def __init__(self, conf: RouterJudgerConf | None = None,
+                 build_learned: Callable[[Any], Judger] | None = None):
+        """`build_learned` makes a learned part from its config (`judger.build_judger`, which passes
+        itself: the router is one of the judgers it builds)."""
         self.conf = conf or RouterJudgerConf()
         if not self.conf.weights:
             raise ConfigError("judger.weights is empty: name at least one judger and its weight")
         self.parts = {name: _build_part(name, self.conf) for name in self.conf.weights if name not in LEARNED}
-        self.learned = {name: _build_learned(name, self.conf) for name in self.conf.weights if name in LEARNED}
+        learned = [name for name in self.conf.weights if name in LEARNED]
+        if learned and build_learned is None:
+            raise ValueError(f"RouterJudger with learned parts {learned}: pass build_learned (judger.build_judger)")
+        self.learned = {name: build_learned(getattr(self.conf, name)) for name in learned}
         self.label_keys = tuple(dict.fromkeys(k for j in self.parts.values() for k in j.label_keys))
 
     def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
@@ -101,8 +107,3 @@ class RouterJudger(Judger):
         # A judging process scores the rule parts only; the learned parts stay in the trainer.
         return {**super().__getstate__(), "learned": {}}
 
-
-def _build_learned(name: str, conf: RouterJudgerConf) -> Judger:
-    from rlharness.judger import build_judger
-
-    return build_judger(getattr(conf, name))

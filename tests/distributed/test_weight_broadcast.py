@@ -1,4 +1,4 @@
-"""Weight transfer by broadcast group (rlharness.distributed.collective).
+"""Weight transfer by broadcast group (rlharness.weight_transfer, rlharness.distributed.weight_routes).
 
 The GPU path is NCCL; here the same code path runs with gloo between real Ray actors
 (a training actor hosting a TorchBackend, engine actors), which tests the mechanism:
@@ -17,18 +17,13 @@ import pytest
 import torch
 from ray import cloudpickle as ray_cloudpickle
 
-from rlharness.config.schema import AlgoConf, ModelConf, SimEngineConf, TorchBackendConf
-from rlharness.distributed.collective import (
-    CollectiveWeights,
-    TensorSpec,
-    WeightGroupError,
-    choose_weight_transfer,
-    plan_buckets,
-    setup_weight_group,
-)
+from rlharness.config.schema import (AlgoConf, ConfigError, HFEngineConf, ModelConf, SimEngineConf, TorchBackendConf,
+                                     VLLMEngineConf)
 from rlharness.distributed.engine_actor import EngineActor
 from rlharness.distributed.spawn import spawn_engines
 from rlharness.distributed.train_actor import spawn_train_workers
+from rlharness.distributed.weight_routes import setup_weight_group
+from rlharness.weight_transfer import CollectiveWeights, TensorSpec, WeightGroupError, choose_route, plan_buckets
 
 SIM = SimEngineConf(mean_response_len=4, cv=0.5, time_per_token_s=0.001, slots=8)
 
@@ -49,17 +44,34 @@ def test_buckets_hold_one_dtype_and_respect_the_cap():
 
 
 def test_nccl_is_chosen_only_when_both_sides_hold_gpus():
-    assert choose_weight_transfer(1.0, 1.0) == "nccl"
-    assert choose_weight_transfer(0.0, 1.0) == choose_weight_transfer(1.0, 0.0) == "object_store"
+    assert choose_route("auto", 1.0, 1.0) == "nccl"
+    assert choose_route("auto", 0.0, 1.0) == choose_route("auto", 1.0, 0.0) == "object_store"
+
+
+def test_the_route_follows_the_engines_declared_weight_sync():
+    """Chosen once from `engine.weight_sync` and where the actors sit, never from the engine's name."""
+    assert choose_route("collective", 0.0, 0.0) == choose_route("collective", 0.0, 1.0) == "gloo"
+    assert choose_route("collective", 1.0, 1.0) == "nccl"
+    assert choose_route("disk", 1.0, 1.0) == choose_route("disk", 0.0, 0.0) == "object_store"
+    assert HFEngineConf().weight_sync == SimEngineConf().weight_sync == "auto"
+    assert VLLMEngineConf().weight_sync == "collective"
+    with pytest.raises(ConfigError, match=r"engine.weight_sync='disk'.*auto, collective"):
+        HFEngineConf(weight_sync="disk")
 
 
 class RecordingEngineActor(EngineActor):
-    """A real engine actor that also keeps the last state dict it loaded."""
+    """A real engine actor that also keeps the last state dict its engine loaded (by any route)."""
 
-    async def load_weights(self, state, version):
-        self.last_state = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
-        self.last_devices = {k: v.device.type for k, v in state.items()}
-        return await super().load_weights(state, version)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        load = self.engine.load_weights
+
+        async def recording_load(state, version):
+            self.last_state = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+            self.last_devices = {k: v.device.type for k, v in state.items()}
+            return await load(state, version)
+
+        self.engine.load_weights = recording_load
 
     def last_loaded(self):
         return self.last_state

@@ -9,7 +9,7 @@ import socket
 import pytest
 import torch
 
-from rlharness.distributed.collective import WeightGroupMember, plan_buckets, tensor_specs
+from rlharness.weight_transfer import WeightGroupMember, plan_buckets, tensor_specs
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -204,7 +204,7 @@ def test_weights_load_through_broadcast_then_disk(vllm_env):
 @vllm_test
 def test_weights_from_a_remote_trainers_group_and_a_sync_that_cannot_complete(vllm_env):
     """The disaggregated route: training rank 0 is another process's member; the specs come from its store."""
-    from rlharness.distributed.collective import WeightGroupMember
+    from rlharness.weight_transfer import WeightGroupMember
     from rlharness.engine.vllm import WeightSyncError, free_port
 
     run, engine, model, tok, prompts = vllm_env

@@ -1,4 +1,4 @@
-"""The weight broadcast group (rlharness.distributed.collective) between two Slurm nodes:
+"""The weight broadcast group (rlharness.weight_transfer) between two Slurm nodes:
 training rank 0 pinned to node 1, an engine actor pinned to node 2, inside one two-node
 Slurm job whose Ray spans both (rlharness.launch.connect_ray).
 
@@ -27,12 +27,18 @@ JOB_TIMEOUT_S = 420  # two Ray nodes starting on a busy 2-core box take minutes
 
 
 class RecordingEngineActor(EngineActor):
-    """A real engine actor that also keeps the last state dict it loaded (and on which device)."""
+    """A real engine actor that also keeps the last state dict its engine loaded (and on which device)."""
 
-    async def load_weights(self, state, version):
-        self.last_state = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
-        self.last_devices = sorted({v.device.type for v in state.values()})
-        return await super().load_weights(state, version)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        load = self.engine.load_weights
+
+        async def recording_load(state, version):
+            self.last_state = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+            self.last_devices = sorted({v.device.type for v in state.values()})
+            return await load(state, version)
+
+        self.engine.load_weights = recording_load
 
     def last_loaded(self):
         return self.last_state, self.last_devices
@@ -48,11 +54,12 @@ def _broadcast_between_nodes(model_dir: str, backend_name: str, gpus: int) -> di
 
     from rlharness.backend.torch_backend import TorchBackend
     from rlharness.config.schema import AlgoConf, ModelConf, SimEngineConf, SlurmClusterConf, TorchBackendConf
-    from rlharness.distributed.collective import CollectiveWeights, setup_weight_group
+    from rlharness.distributed.weight_routes import setup_weight_group
     from rlharness.distributed.spawn import spawn_engines
     from rlharness.distributed.train_actor import spawn_train_workers
     from rlharness.launch import connect_ray
     from rlharness.launch.ray_cluster import serve_worker_node
+    from rlharness.weight_transfer import CollectiveWeights
 
     rank = int(os.environ["SLURM_NODEID"])
     if gpus:

@@ -1,47 +1,72 @@
-"""GPU weight transfer: a broadcast group between training rank 0 and every engine.
+"""How a weight version travels from the trainer to the engines: the pieces every route shares.
 
-When trainers and engines sit on CUDA devices, copying a weight version through the
-Ray object store means GPU -> host -> shared memory -> host -> GPU for every engine.
-Instead, training rank 0 (group rank 0) and the engines (ranks 1..n) form their own
-process group, separate from any training group: a `TCPStore` at rank 0's node is
-the rendezvous, `ProcessGroupNCCL` (or `ProcessGroupGloo`, the same code path on CPU,
-which is how it is tested here) the transport. A transfer is:
+Needs only torch (Ray is imported where an object-store payload is fetched), so the
+engines, the training actors and the Ray layer all build on it without importing one
+another. What lives here:
 
-1. rank 0 writes the version's tensor specs (name, shape, dtype) into the store;
-2. same-dtype tensors are flattened into buckets of at most `bucket_bytes`, and each
-   bucket is broadcast from rank 0; receivers split them back into named tensors (views,
-   no copy). Pipelined on both sides: rank 0 packs bucket k+1 while k is on the wire, and a
-   receiver posts bucket k+1 before it hands bucket k to the loader;
+- the tensor specs of a version (name, shape, dtype) and their plain-data rows, for an
+  RPC channel that carries no tensors (vLLM's `collective_rpc`);
+- bucket planning: same-dtype tensors flattened into buckets of at most `BUCKET_BYTES`;
+- group membership: `WeightGroupMember`, one process's place in a broadcast group of its
+  own (NCCL between GPUs, gloo otherwise: one code path), and `WeightGroup`, the driver's
+  list of who is in one;
+- the payloads the driver hands an engine proxy: `RemoteWeights` (a version in the Ray
+  object store) and `CollectiveWeights` (a version that travels by broadcast from
+  training rank 0 when the engines load it);
+- the route, chosen once when the run is built (`choose_route`) from the engine's
+  declared `engine.weight_sync`.
+
+A broadcast transfer is:
+
+1. rank 0 writes the version's tensor specs into the group's store (or the caller sends
+   them along with the request);
+2. each bucket is broadcast from rank 0; receivers split them back into named tensors
+   (views, no copy). Pipelined on both sides: rank 0 packs bucket k+1 while k is on the
+   wire, and a receiver posts bucket k+1 before it hands bucket k to the loader;
 3. each engine loads the received tensors as that version, as they arrive.
 
-Every step is bounded by the group's timeout: reading the specs (the store's
-timeout), each broadcast (`Work.wait(timeout)`; NCCL's watchdog also aborts a
-communicator stuck past it), and the driver's wait (`WeightSyncTimeout`). A hung
-peer raises; it never blocks forever.
-
-Driver side, `CollectiveWeights` is what `RemoteBackend.get_weights()` returns once
-`setup_weight_group` has run: it behaves like the object-store `RemoteWeights` for
-the trainer (pass it to `engine.load_weights(weights, version)`), and the engine
-proxies call `transfer` with their actors. A broadcast needs every member, so a
-group's transfer always includes every engine; an engine restarted by Ray cannot
-rejoin the communicator (its proxy raises `EngineLost`; resume from a checkpoint).
+Every step is bounded by the group's timeout: reading the specs (the store's timeout),
+each broadcast (`Work.wait(timeout)`; NCCL's watchdog also aborts a communicator stuck
+past it), and the driver's wait (`WeightSyncTimeout`). A hung peer raises; it never
+blocks forever. A broadcast needs every member, so a group's transfer always includes
+every engine; an engine restarted by Ray cannot rejoin the communicator.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import pickle
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import torch
 
-log = logging.getLogger(__name__)
-
 BUCKET_BYTES = 32 << 20  # 2 kept buffers per member; several buckets for the pipeline to overlap
 _SPECS_KEY = "weights/specs/{version}"
+
+# The routes a weight version can take to disaggregated engines.
+OBJECT_STORE, NCCL, GLOO = "object_store", "nccl", "gloo"
+
+
+def choose_route(weight_sync: str, engine_gpus: float, trainer_gpus: float) -> str:
+    """How weights reach disaggregated engines, from the engine's declared `engine.weight_sync`.
+
+    `disk` (vLLM reads a folder its engine process writes): the object store to the
+    engine. Engines and trainers both on GPUs: an NCCL broadcast group. `collective` (an
+    engine whose workers live in a process of their own, reachable only by a group):
+    a gloo group when either side is on CPU. `auto`: the object store.
+    """
+    if weight_sync == "disk":
+        return OBJECT_STORE
+    if engine_gpus > 0 and trainer_gpus > 0:
+        return NCCL
+    return GLOO if weight_sync == "collective" else OBJECT_STORE
+
+
+class WeightSyncTimeout(TimeoutError):
+    """A weight transfer to an engine did not finish in time (the engine is hung, not slow)."""
 
 
 class WeightGroupError(RuntimeError):
@@ -86,6 +111,15 @@ def plan_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[int]]:
         current[0].append(i)
         open_bucket[spec.dtype] = (current[0], current[1] + size)
     return buckets
+
+
+def spec_rows(specs: list[TensorSpec]) -> list[list[Any]]:
+    """`[name, shape, dtype]` per tensor: plain data, for an RPC channel that carries no objects."""
+    return [[s.name, list(s.shape), s.dtype] for s in specs]
+
+
+def specs_from_rows(rows: list[list[Any]]) -> list[TensorSpec]:
+    return [TensorSpec(n, tuple(s), d) for n, s, d in rows]
 
 
 def make_process_group(backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> Any:
@@ -218,19 +252,44 @@ class WeightGroupMember:
                 offset += n
 
 
-def choose_weight_transfer(engine_gpus: float, trainer_gpus: float, engine: str = "hf",
-                           weight_sync: str = "collective") -> str:
-    """How weights reach disaggregated engines: "nccl" or "gloo" (a broadcast group), or "object_store".
+class RemoteWeights(Mapping):
+    """A state dict that lives in the Ray object store; behaves as a (lazily fetched) mapping.
 
-    Engines on GPUs with trainers on GPUs: NCCL. vLLM engines (its workers live in a
-    process of their own, reachable only by a group) with weight_sync=collective: gloo
-    when either side is on CPU; weight_sync=disk goes through the object store and a folder.
-    """
-    if engine == "vllm" and weight_sync == "disk":
-        return "object_store"
-    if engine_gpus > 0 and trainer_gpus > 0:
-        return "nccl"
-    return "gloo" if engine == "vllm" else "object_store"
+    The training worker (rank 0) puts the state dict into the object store itself and
+    hands the driver only the reference: the tensors go trainer -> object store -> every
+    engine, never through the driver, and every engine reads the same object."""
+
+    def __init__(self, ref: Any, timeout_s: float) -> None:
+        self.ref = ref
+        self.timeout_s = timeout_s
+        self._value: dict[str, Any] | None = None
+
+    def _fetch(self) -> dict[str, Any]:
+        import ray  # only a process that fetches a payload needs Ray
+
+        if self._value is None:
+            self._value = ray.get(self.ref, timeout=self.timeout_s)
+        return self._value
+
+    def __getitem__(self, key: str) -> Any:
+        return self._fetch()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fetch())
+
+    def __len__(self) -> int:
+        return len(self._fetch())
+
+    def __repr__(self) -> str:
+        return f"RemoteWeights({self.ref})"
+
+    @property
+    def nbytes(self) -> int:
+        """The stored object's size (the weights sent, serialized), without fetching it here."""
+        import ray.experimental
+
+        found = ray.experimental.get_object_locations([self.ref], timeout_ms=int(self.timeout_s * 1000))
+        return int(found.get(self.ref, {}).get("object_size") or 0)
 
 
 @dataclass
@@ -255,8 +314,6 @@ class CollectiveWeights:
 
     async def transfer(self, engine_actors: list[Any], version: int) -> list[dict[str, float]]:
         """Broadcast to every engine and load as `version`; the engines' counters come back."""
-        from rlharness.distributed.weights import WeightSyncTimeout
-
         if set(map(id, engine_actors)) != set(map(id, self.group.engine_actors)):
             raise WeightGroupError(f"a broadcast needs every member: {len(engine_actors)} engine(s) given, "
                                    f"the group has {len(self.group.engine_actors)}")
@@ -287,38 +344,3 @@ class CollectiveWeights:
 
 async def _await(ref: Any) -> Any:
     return await ref
-
-
-def setup_weight_group(train_backend: Any, engine: Any, backend: str, timeout_s: float) -> WeightGroup:
-    """Form the group (training rank 0 + every engine actor) and attach it to `train_backend`.
-
-    `train_backend` is a `RemoteBackend`; `engine` a `RemoteEngine` or `RayEngineRouter`.
-    Blocking (called while building the run); raises `WeightGroupError` naming a member
-    that fails or does not join within `timeout_s`.
-    """
-    from rlharness.distributed.placement import wait_all
-
-    engines = list(getattr(engine, "engines", [engine]))
-    engine_actors = [e.actor for e in engines]
-    names = [train_backend.names[0], *(e.name for e in engines)]
-    # An engine with several workers (vLLM with tensor parallelism) takes a rank per worker.
-    ranks = wait_all([a.weight_group_ranks.remote() for a in engine_actors], names[1:], "weight group ranks",
-                     timeout_s)
-    first_rank = [1 + sum(ranks[:i]) for i in range(len(ranks))]
-    world_size = 1 + sum(ranks)
-    sender = train_backend.actors[0]
-    host, port = wait_all([sender.address.remote()], [train_backend.names[0]], "weight group address", timeout_s)[0]
-    joins = [sender.weight_group_join.remote(backend, host, port, 0, world_size, timeout_s)]
-    joins += [a.weight_group_join.remote(backend, host, port, first_rank[i], world_size, timeout_s)
-              for i, a in enumerate(engine_actors)]
-    try:
-        wait_all(joins, names, f"joining the {backend} weight group at {host}:{port}", timeout_s + 5.0)
-    except (RuntimeError, TimeoutError) as exc:
-        raise WeightGroupError(str(exc)) from exc
-    group = WeightGroup(list(train_backend.actors), engine_actors, backend, timeout_s)
-    train_backend.weight_group = group
-    for e in engines:
-        e.weight_group = group
-    log.info("weight group (%s) formed: training rank 0 + %d engine(s), rendezvous %s:%d",
-             backend, len(engine_actors), host, port)
-    return group
