@@ -24,6 +24,7 @@ from rlharness import run_lock
 from rlharness.checkpoint import CheckpointError, latest_checkpoint
 from rlharness.config.schema import ConfigError, RunConf
 from rlharness.data.jsonl import DataFileError
+from rlharness.preflight import check_placement
 
 log = logging.getLogger(__name__)
 
@@ -104,21 +105,25 @@ def set_threads_from_env() -> None:
         os.environ.setdefault("OMP_NUM_THREADS", cpus)
 
 
-# Found while building or resuming, i.e. before training starts: the run directory is still as it was.
+# Bad input (config, checkpoint, data file). Found while building or resuming, before training starts,
+# it is a RefusedInput; found later (the run directory is being written), it is the run's failure.
 REFUSED_ERRORS = (ConfigError, CheckpointError, DataFileError)
 # Written by a run (not by Hydra): a directory holding any of these holds a run.
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "rollouts")
 
 
-def refused(exc: Exception) -> Exception:
-    """Mark an error as found before the run wrote anything (`is_refused_input`)."""
-    exc.refused_before_start = True  # type: ignore[attr-defined]
-    return exc
+class RefusedInput(Exception):
+    """`run` refused its input before the run wrote anything: the run directory is as this start found it.
 
+    Raised in place of the error that refused it (`error`, also the `__cause__`: a ConfigError, a
+    CheckpointError, a DataFileError, a RunDirLocked) and says the same line; train.py prints it as
+    `error: ...`, puts the directory back and exits 2. Not a ConfigError: a ConfigError says what is
+    wrong, wherever it is found; this says when it was found (a ConfigError raised once training has
+    started stays what it is, and the run directory is not touched)."""
 
-def is_refused_input(exc: BaseException) -> bool:
-    """Input refused before training started: the run directory is as the start found it."""
-    return isinstance(exc, REFUSED_ERRORS) and getattr(exc, "refused_before_start", False)
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
 
 
 def uses_ray(conf: RunConf) -> bool:
@@ -137,15 +142,21 @@ def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
 
         return serve_worker_node(conf.cluster, uses_ray(conf), conf.run_dir)
     run_dir = Path(conf.run_dir)
-    if conf.resume == "never" and any((run_dir / m).exists() for m in RUN_OUTPUTS):
-        raise refused(ConfigError(f"resume=never with run directory {run_dir} is not allowed: it holds a run; "
-                                  f"choose a new directory"))
+    try:
+        # What train.py's preflight checked, again for jobs that never pass through it: a sweep's or
+        # Slurm's jobs and their requeued lives.
+        check_placement(conf)
+        if conf.resume == "never" and any((run_dir / m).exists() for m in RUN_OUTPUTS):
+            raise ConfigError(f"resume=never with run directory {run_dir} is not allowed: it holds a run; "
+                              f"choose a new directory")
+    except ConfigError as exc:
+        raise RefusedInput(exc) from exc
     # One live process per run directory: train.py took it already; a sweep's or Slurm's job (and its
     # requeued lives, which never pass through train.py's preflight) takes it here, before writing.
     try:
         locked_here = run_lock.acquire(run_dir)
     except run_lock.RunDirLocked as exc:
-        raise refused(exc) from None
+        raise RefusedInput(exc) from exc
     multi_node = conf.cluster.name == "slurm" and conf.cluster.nodes > 1 and "SLURM_JOB_ID" in os.environ
     if multi_node:  # the other nodes' Ray workers tell a finished run from a dead node 0 by this marker
         from rlharness.launch.ray_cluster import mark_run_ended
@@ -157,7 +168,8 @@ def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
     except BaseException as exc:
         stop.uninstall()
         if isinstance(exc, Exception):  # why the run ended, in train.log too (not only on stderr)
-            log.error("run failed: %s: %s", type(exc).__name__, exc)
+            cause = exc.error if isinstance(exc, RefusedInput) else exc
+            log.error("run failed: %s: %s", type(cause).__name__, cause)
         raise
     finally:
         if multi_node:
@@ -209,7 +221,7 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
             untune_gc(gc_thresholds)  # a process that runs again (tests, in-process sweeps) starts afresh
     except REFUSED_ERRORS as exc:
         if trainer is None or not trainer.started:
-            refused(exc)
+            raise RefusedInput(exc) from exc
         raise
     finally:
         # Engines and training workers (Ray actors too) are shut down however the run ended.

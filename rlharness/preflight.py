@@ -12,6 +12,8 @@ from the same search path Hydra builds (`--config-dir`, `--config-name`, `--conf
 - `cluster=slurm` without `-m` (hydra-submitit-launcher only launches multiruns), and a
   `cluster=slurm` request the partition can never hold (more nodes, GPUs or CPUs per node
   than it has: `rlharness.launch.slurm_capacity`, asked through sinfo);
+- Ray actors that do not fit the cluster config (`check_placement`: `cluster.num_cpus`, or a
+  Slurm node's CPUs and GPUs);
 - the model folder (`check_model`): missing, a GGUF file, code of its own (`auto_map`) without
   `model.trust_remote_code=true`, no chat template while a task's `apply_chat_template=true`;
 - `resume=never` into a directory that holds a run;
@@ -43,8 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from rlharness import run_lock
-from rlharness.config.schema import ConfigError, adopt_strategy_max_staleness
+from rlharness.config.schema import ConfigError, LocalRayClusterConf, adopt_strategy_max_staleness
 from rlharness.launch.slurm_capacity import check_capacity
+from rlharness.placement_plan import check_fits
 
 # Hydra's flags after which it does not run the job (help, printing the config, completion,
 # a rerun of a pickled config): nothing is checked, `resume=<dir>` is still rewritten.
@@ -161,6 +164,7 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
         elif given_dir is None:
             overrides = [*overrides, path_override("hydra.run.dir", run_dir)]  # Hydra's `now` must not move it
     cfg, conf = compose_typed(overrides, source)
+    check_placement(conf)
     if cfg.cluster.name == "slurm":
         raise ConfigError("cluster=slurm without -m is not allowed: Slurm jobs are submitted by "
                           "hydra-submitit-launcher, which Hydra runs only for -m (--multirun); use "
@@ -242,6 +246,7 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
     checked: set[tuple] = set()
     for point in points[:MAX_SWEEP_POINTS_CHECKED]:
         cfg, conf = compose_typed(point, source)
+        check_placement(conf)
         if cfg.cluster.name != "slurm":  # a Slurm job's model.path may be on its nodes' file systems only
             check_model(conf, checked)
         check_agent_entrypoints(conf, with_model=cfg.cluster.name != "slurm")
@@ -254,6 +259,23 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
     # A sweep into a directory that holds its runs is allowed: the same command run again resumes each
     # point in its own directory (resume=auto; docs/slurm.md), as a preempted Slurm sweep is continued.
     return hydra_argv(argv0, ns, overrides), applied, None
+
+
+def check_placement(conf) -> None:
+    """The run's Ray actors fit what its cluster config gives them: `cluster.num_cpus` on this machine
+    (cluster=local_ray), each node's CPUs and GPUs on Slurm (`placement_plan.check_fits`). Not part of
+    RunConf: where a vLLM engine runs is decided by the installed vLLM build, and config validity must
+    not depend on an installed package. `launcher.run` asks again (jobs that skip this preflight)."""
+    cluster = conf.cluster
+    if conf.mode == "disagg" and isinstance(cluster, LocalRayClusterConf):
+        workers = conf.backend.workers
+        need = conf.engine.num_engines * cluster.engine_cpus + workers * cluster.trainer_cpus
+        if need > cluster.num_cpus:
+            raise ConfigError(
+                f"mode=disagg needs {need:g} CPUs for {conf.engine.num_engines} engine(s) x "
+                f"cluster.engine_cpus={cluster.engine_cpus:g} + {workers} training worker(s) x "
+                f"cluster.trainer_cpus={cluster.trainer_cpus:g}, but cluster.num_cpus={cluster.num_cpus}")
+    check_fits(conf)
 
 
 def check_fixed_values(run_dir: Path, cfg) -> None:
