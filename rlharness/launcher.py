@@ -25,6 +25,7 @@ from rlharness.checkpoint import CheckpointError, latest_checkpoint
 from rlharness.config.schema import ConfigError, RunConf
 from rlharness.data.jsonl import DataFileError
 from rlharness.preflight import check_placement
+from rlharness.run_dir import HYDRA, OVERRIDES_YAML, RESUMED_PREFIX, RunDir
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def prepare_resume_argv(argv: list[str], require_checkpoint: bool = True) -> tup
     from rlharness.preflight import path_override
 
     return ([argv[0], *merged, "resume=auto", path_override("hydra.run.dir", run_dir),
-             f"hydra.output_subdir=.hydra/resumed-{stamp}"], new)
+             f"hydra.output_subdir={HYDRA}/{RESUMED_PREFIX}{stamp}"], new)
 
 
 def read_run_overrides(value: str) -> tuple[Path, list[str]]:
@@ -81,18 +82,11 @@ def read_run_overrides(value: str) -> tuple[Path, list[str]]:
     run_dir = Path(value).expanduser().resolve()
     if not run_dir.is_dir():
         raise ConfigError(f"resume={value}: no such directory")
-    if not (run_dir / ".hydra" / "overrides.yaml").is_file():
-        raise ConfigError(f"resume={value}: not a run directory (no .hydra/overrides.yaml)")
-    saved = newest_hydra_dir(run_dir) / "overrides.yaml"  # the run as its last life had it
+    if not RunDir(run_dir).overrides.is_file():
+        raise ConfigError(f"resume={value}: not a run directory (no {HYDRA}/{OVERRIDES_YAML})")
+    saved = RunDir(run_dir).newest_hydra() / OVERRIDES_YAML  # the run as its last life had it
     return run_dir, [o for o in (yaml.safe_load(saved.read_text()) or [])
                      if _key(o) not in ("resume", "hydra.run.dir", "hydra.output_subdir")]
-
-
-def newest_hydra_dir(run_dir: Path) -> Path:
-    """The newest life's Hydra output: `.hydra/resumed-<time>/` (each holds that life's whole
-    config and overrides, the run's saved ones included), else the first life's `.hydra/`."""
-    lives = sorted(p for p in (run_dir / ".hydra").glob("resumed-*") if (p / "overrides.yaml").is_file())
-    return lives[-1] if lives else run_dir / ".hydra"
 
 
 def set_threads_from_env() -> None:
@@ -108,8 +102,6 @@ def set_threads_from_env() -> None:
 # Bad input (config, checkpoint, data file). Found while building or resuming, before training starts,
 # it is a RefusedInput; found later (the run directory is being written), it is the run's failure.
 REFUSED_ERRORS = (ConfigError, CheckpointError, DataFileError)
-# Written by a run (not by Hydra): a directory holding any of these holds a run.
-RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "rollouts")
 
 
 class RefusedInput(Exception):
@@ -146,7 +138,7 @@ def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
         # What train.py's preflight checked, again for jobs that never pass through it: a sweep's or
         # Slurm's jobs and their requeued lives.
         check_placement(conf)
-        if conf.resume == "never" and any((run_dir / m).exists() for m in RUN_OUTPUTS):
+        if conf.resume == "never" and RunDir(run_dir).has_run_outputs():  # .hydra/ is this start's own
             raise ConfigError(f"resume=never with run directory {run_dir} is not allowed: it holds a run; "
                               f"choose a new directory")
     except ConfigError as exc:
@@ -198,7 +190,7 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
         require_vllm()
     set_threads_from_env()
     # The first lines a person sees: where the run is and how to follow it.
-    log.info("run directory: %s (follow it with: tail -f %s)", run_dir, run_dir / "train.log")
+    log.info("run directory: %s (follow it with: tail -f %s)", run_dir, RunDir(run_dir).log())
     os.environ.setdefault("WANDB_MODE", getattr(conf.logger, "mode", "disabled"))
     seed_everything(conf.seed)
     engine = backend = components = trainer = None
