@@ -140,14 +140,15 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
         run_dir = Path(given_dir if given_dir is not None else
                        str(compose_checked(overrides, source).hydra.run.dir)).expanduser().resolve()
         never = any(_key(o) == "resume" and o.split("=", 1)[1] == "never" for o in overrides)
-        if never and RunDir(run_dir).holds_run():
+        holds_run = RunDir(run_dir).holds_run()
+        if never and holds_run:
             raise ConfigError(f"resume=never with hydra.run.dir={run_dir} is not allowed: that directory holds "
                               f"a run; choose a new directory (or remove that run yourself)")
-        if RunDir(run_dir).holds_run() and given_dir is None:
+        if holds_run and given_dir is None:
             raise ConfigError(f"hydra.run.dir={run_dir} is not allowed: the default directory of this start "
                               f"already holds a run (another run started in the same second?); start again, or "
                               f"pass resume=<that run> to continue it")
-        if RunDir(run_dir).holds_run():
+        if holds_run:
             # Starting in a run's directory is a resume, whatever route led there.
             _adopt_saved_source(ns, run_dir)
             source = ConfigSource(ns.config_path or "conf", ns.config_name or "config", ns.config_dir)

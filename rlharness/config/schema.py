@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Optional, Sequence
 
 from omegaconf import II, MISSING, DictConfig, OmegaConf
+
+from rlharness.config.tasks import TaskWiring
 
 
 class ConfigError(ValueError):
@@ -1114,7 +1116,7 @@ class TrainerConf:
 
 # ----------------------------------------------------------------------------- run
 @dataclass
-class RunConf:
+class RunConf(TaskWiring):
     strategy: StrategyConf = MISSING
     sampler: SamplerConf = field(default_factory=SamplerConf)
     agent: AgentConf = MISSING
@@ -1258,43 +1260,6 @@ class RunConf:
         if len(self.tasks) > self.batch_size:
             raise ConfigError(f"batch_size={self.batch_size} is smaller than the number of tasks "
                               f"({len(self.tasks)}: {', '.join(self.tasks)}): every task needs a slot")
-
-    def task_entries(self) -> dict[str, TaskEntryConf]:
-        """The run's tasks by name: `tasks`, or the single `task` (with `judger`) named by its task."""
-        if self.tasks:
-            return dict(self.tasks)
-        return {self.task.name: TaskEntryConf(task=self.task, judger=self.judger)}
-
-    def staleness_for(self, entry: TaskEntryConf) -> int:
-        """A task's staleness bound: its own, or the run's."""
-        return self.max_staleness if entry.max_staleness is None else entry.max_staleness
-
-    def judger_for(self, entry: TaskEntryConf) -> JudgerConf:
-        """The judger config a task is scored with; `auto` (or none given) = the task's own."""
-        from rlharness.config.store import SCHEMAS
-
-        judger = entry.judger
-        if judger is None or judger.name == "auto":
-            schema = SCHEMAS["judger"][entry.task.default_judger]
-            if isinstance(judger, RuleJudgerConf) and issubclass(schema, RuleJudgerConf):  # judger=auto's settings
-                return schema(num_workers=judger.num_workers, worker_memory_mb=judger.worker_memory_mb,
-                              on_timeout=judger.on_timeout)
-            return schema()
-        return judger
-
-    def agent_for(self, entry: TaskEntryConf) -> AgentConf:
-        """The agent config a task runs with: its own or the run's, with its own sampling if set."""
-        agent = entry.agent if entry.agent is not None else self.agent
-        if not entry.sampling:
-            return agent
-        return replace(agent, sampling=replace(agent.sampling, **entry.sampling))
-
-    def sampling_for(self, entry: TaskEntryConf) -> SamplingConf:
-        return self.agent_for(entry).sampling
-
-    def max_response_tokens(self) -> int:
-        """The longest response any task may sample (Dr.GRPO's constant length)."""
-        return max(self.sampling_for(e).max_tokens for e in self.task_entries().values())
 
 
 def adopt_strategy_max_staleness(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:

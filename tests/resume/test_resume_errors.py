@@ -84,3 +84,20 @@ def test_corrupted_checkpoint_is_a_clear_error_and_damages_nothing(tmp_path):
     with pytest.raises(CheckpointError, match="step_00000002.*corrupted"):
         run_in_process(run_dir, [*SIM, "total_steps=4"])
     assert snapshot(run_dir) == before
+
+
+def test_input_refused_before_training_is_a_refused_input_carrying_its_error(tmp_path):
+    """What train.py rolls back and prints as one line is told by type: `launcher.run` raises RefusedInput
+    (the CheckpointError that refused it inside), and nothing of the run was touched."""
+    from rlharness.launcher import RefusedInput, run
+    from tests.helpers import compose_conf
+
+    run_dir = tmp_path / "run"
+    run_in_process(run_dir, [*SIM, "total_steps=2", "save_every=2"])
+    trainer_pt = RunDir(run_dir).checkpoint(2) / "trainer.pt"
+    trainer_pt.write_bytes(trainer_pt.read_bytes()[:100])
+    before = snapshot(run_dir)
+    with pytest.raises(RefusedInput, match="step_00000002.*corrupted") as refused:
+        run(*compose_conf([*SIM, "total_steps=4"], run_dir))
+    assert isinstance(refused.value.error, CheckpointError) and refused.value.__cause__ is refused.value.error
+    assert snapshot(run_dir) == before
