@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlharness.config.schema import adopt_strategy_max_staleness
 from rlharness.config.store import register_configs
-from rlharness.launcher import REFUSED_ERRORS, is_refused_input, run
+from rlharness.launcher import RefusedInput, run
 from rlharness.preflight import Finished, RunDirGuard, preflight
 from rlharness.trainer.nonfinite import NonFiniteTraining
 
@@ -45,9 +45,9 @@ def main(cfg: DictConfig) -> float | None:
         if _RESUME_OVERRIDES:
             log.info("resuming %s with overrides: %s", conf.run_dir, " ".join(_RESUME_OVERRIDES))
         last = run(conf, OmegaConf.to_container(cfg, resolve=True))
-    except REFUSED_ERRORS as exc:  # found once the job runs (data, tokenizer, checkpoint files)
-        if not is_refused_input(exc) or HydraConfig.get().mode == RunMode.MULTIRUN or _GUARD is None:
-            raise
+    except RefusedInput as exc:  # found once the job runs (data, tokenizer, checkpoint files)
+        if HydraConfig.get().mode == RunMode.MULTIRUN or _GUARD is None:
+            raise exc.error from None  # the job's own error, as Hydra reports a job's
         _GUARD.rollback()
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_REFUSED)

@@ -23,9 +23,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from rlharness.run_dir import DONE, RunDir, step_name
+
 log = logging.getLogger(__name__)
 
-DONE = "DONE"
 # Tests set this to a step number to SIGKILL the process in the middle of that checkpoint's write.
 KILL_IN_CHECKPOINT_ENV = "RLHARNESS_TEST_KILL_IN_CHECKPOINT"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -56,13 +57,9 @@ def writing(path: str | Path):
         raise CheckpointWriteError(f"cannot write {path}: {text}") from exc
 
 
-def step_dir_name(step: int) -> str:
-    return f"step_{step:08d}"
-
-
 def complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     """(step, path) of every complete checkpoint, oldest first."""
-    root = Path(run_dir) / "checkpoints"
+    root = RunDir(run_dir).checkpoints
     if not root.is_dir():
         return []
     found = []
@@ -80,11 +77,11 @@ def latest_checkpoint(run_dir: str | Path) -> tuple[int, Path] | None:
 
 def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
     """A fresh temporary directory to write checkpoint `step` into."""
-    root = Path(run_dir) / "checkpoints"
+    root = RunDir(run_dir).checkpoints
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):  # a write that was killed half-way
         shutil.rmtree(stale, ignore_errors=True)
-    tmp = root / f".tmp-{step_dir_name(step)}-{os.getpid()}"
+    tmp = root / f".tmp-{step_name(step)}-{os.getpid()}"
     tmp.mkdir()
     return tmp
 
@@ -92,8 +89,8 @@ def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
 def commit_checkpoint(run_dir: str | Path, step: int, tmp: Path, keep: int,
                       meta: dict[str, Any] | None = None) -> Path:
     """Publish what was written into `tmp`: fsync, `DONE` last, atomic rename, prune."""
-    root = Path(run_dir) / "checkpoints"
-    final = root / step_dir_name(step)
+    final = RunDir(run_dir).checkpoint(step)
+    root = final.parent
     with writing(tmp / "meta.json"):
         (tmp / "meta.json").write_text(json.dumps({"step": step, **(meta or {})}, indent=1))
     with writing(tmp):

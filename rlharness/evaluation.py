@@ -30,6 +30,7 @@ from typing import Any
 
 from rlharness.config.schema import ConfigError, RunConf
 from rlharness.launcher import _key
+from rlharness.run_dir import EVALUATE_PREFIX, HYDRA, RunDir
 
 log = logging.getLogger("rlharness")
 
@@ -61,7 +62,7 @@ class OutputGuard:
     @classmethod
     def record(cls, out_dir: Path, output_subdir: str) -> OutputGuard:
         if out_dir.exists():
-            return cls([p for p in (out_dir / output_subdir, out_dir / "evaluate.log") if not p.exists()])
+            return cls([p for p in (out_dir / output_subdir, RunDir(out_dir).log("evaluate")) if not p.exists()])
         missing = out_dir
         while not missing.parent.exists():
             missing = missing.parent
@@ -81,7 +82,7 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
     from rlharness.checkpoint import CheckpointError
     from rlharness.export import find_checkpoint, lora_base, model_dir
     from rlharness.launcher import read_run_overrides
-    from rlharness.preflight import ConfigSource, compose_checked, holds_run
+    from rlharness.preflight import ConfigSource, compose_checked
 
     evaluate_conf = ConfigSource(config_name="evaluate")  # evaluate.py's primary config, same conf/
 
@@ -123,11 +124,11 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
         source = Source(model_path=str(model), run_dir=str(run), checkpoint_step=found_step)
     out_dir = Path(str(cfg.hydra.run.dir)).expanduser().resolve()
     output_subdir = str(cfg.hydra.output_subdir)
-    if holds_run(out_dir):  # asked for explicitly (hydra.run.dir=<run>): beside the run's files, never over them
+    if RunDir(out_dir).holds_run():  # asked for explicitly (hydra.run.dir=<run>): beside the run's files, never over them
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        output_subdir = f".hydra/evaluate-{stamp}"
+        output_subdir = f"{HYDRA}/{EVALUATE_PREFIX}{stamp}"
         merged = [*merged, f"hydra.output_subdir={output_subdir}"]
-        source.subdir = f"evaluate-{stamp}"
+        source.subdir = f"{EVALUATE_PREFIX}{stamp}"
     return [argv[0], *merged, *flags], source, OutputGuard.record(out_dir, output_subdir)
 
 
@@ -171,14 +172,13 @@ def run_evaluation(conf: RunConf, run_dir: Path, source: Source) -> dict[str, An
             metrics = asyncio.run(evaluator.evaluate())
     finally:
         asyncio.run(_close(engine, None, list(judgers.values())))
-    out_dir = run_dir / source.subdir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_eval_rows(out_dir / "evals" / f"{source.label}.jsonl", evaluator.last_rows)
+    out = RunDir(run_dir / source.subdir)
+    out.path.mkdir(parents=True, exist_ok=True)
+    write_eval_rows(out.eval_file(source.label), evaluator.last_rows)
     summary = make_summary(conf, source, metrics, list(task_data))
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out_dir / "summary.md").write_text(summary_markdown(summary))
-    log.info("wrote %s, %s and %s", out_dir / "evals" / f"{source.label}.jsonl", out_dir / "summary.json",
-             out_dir / "summary.md")
+    out.summary.write_text(json.dumps(summary, indent=1) + "\n")
+    out.summary_md.write_text(summary_markdown(summary))
+    log.info("wrote %s, %s and %s", out.eval_file(source.label), out.summary, out.summary_md)
     return summary
 
 

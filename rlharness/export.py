@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from rlharness.checkpoint import CheckpointError, complete_checkpoints
+from rlharness.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def lora_base(ckpt_dir: Path) -> Path | None:
 
     if not is_lora_checkpoint(Path(ckpt_dir) / BACKEND_SUBDIR):
         return None
-    run_config = Path(ckpt_dir).parent.parent / ".hydra" / "config.yaml"  # model.path is fixed for a run
+    run_config = RunDir(Path(ckpt_dir).parent.parent).config  # model.path is fixed for a run
     if not run_config.is_file():
         raise CheckpointError(f"checkpoint {ckpt_dir} holds a LoRA adapter, and its run has no "
                               f".hydra/config.yaml naming the base model")

@@ -24,6 +24,8 @@ from rlharness import run_lock
 from rlharness.checkpoint import CheckpointError, latest_checkpoint
 from rlharness.config.schema import ConfigError, RunConf
 from rlharness.data.jsonl import DataFileError
+from rlharness.preflight import check_placement
+from rlharness.run_dir import HYDRA, OVERRIDES_YAML, RESUMED_PREFIX, RunDir
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,7 @@ def prepare_resume_argv(argv: list[str], require_checkpoint: bool = True) -> tup
     from rlharness.preflight import path_override
 
     return ([argv[0], *merged, "resume=auto", path_override("hydra.run.dir", run_dir),
-             f"hydra.output_subdir=.hydra/resumed-{stamp}"], new)
+             f"hydra.output_subdir={HYDRA}/{RESUMED_PREFIX}{stamp}"], new)
 
 
 def read_run_overrides(value: str) -> tuple[Path, list[str]]:
@@ -80,18 +82,11 @@ def read_run_overrides(value: str) -> tuple[Path, list[str]]:
     run_dir = Path(value).expanduser().resolve()
     if not run_dir.is_dir():
         raise ConfigError(f"resume={value}: no such directory")
-    if not (run_dir / ".hydra" / "overrides.yaml").is_file():
-        raise ConfigError(f"resume={value}: not a run directory (no .hydra/overrides.yaml)")
-    saved = newest_hydra_dir(run_dir) / "overrides.yaml"  # the run as its last life had it
+    if not RunDir(run_dir).overrides.is_file():
+        raise ConfigError(f"resume={value}: not a run directory (no {HYDRA}/{OVERRIDES_YAML})")
+    saved = RunDir(run_dir).newest_hydra() / OVERRIDES_YAML  # the run as its last life had it
     return run_dir, [o for o in (yaml.safe_load(saved.read_text()) or [])
                      if _key(o) not in ("resume", "hydra.run.dir", "hydra.output_subdir")]
-
-
-def newest_hydra_dir(run_dir: Path) -> Path:
-    """The newest life's Hydra output: `.hydra/resumed-<time>/` (each holds that life's whole
-    config and overrides, the run's saved ones included), else the first life's `.hydra/`."""
-    lives = sorted(p for p in (run_dir / ".hydra").glob("resumed-*") if (p / "overrides.yaml").is_file())
-    return lives[-1] if lives else run_dir / ".hydra"
 
 
 def set_threads_from_env() -> None:
@@ -104,21 +99,23 @@ def set_threads_from_env() -> None:
         os.environ.setdefault("OMP_NUM_THREADS", cpus)
 
 
-# Found while building or resuming, i.e. before training starts: the run directory is still as it was.
+# Bad input (config, checkpoint, data file). Found while building or resuming, before training starts,
+# it is a RefusedInput; found later (the run directory is being written), it is the run's failure.
 REFUSED_ERRORS = (ConfigError, CheckpointError, DataFileError)
-# Written by a run (not by Hydra): a directory holding any of these holds a run.
-RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "rollouts")
 
 
-def refused(exc: Exception) -> Exception:
-    """Mark an error as found before the run wrote anything (`is_refused_input`)."""
-    exc.refused_before_start = True  # type: ignore[attr-defined]
-    return exc
+class RefusedInput(Exception):
+    """`run` refused its input before the run wrote anything: the run directory is as this start found it.
 
+    Raised in place of the error that refused it (`error`, also the `__cause__`: a ConfigError, a
+    CheckpointError, a DataFileError, a RunDirLocked) and says the same line; train.py prints it as
+    `error: ...`, puts the directory back and exits 2. Not a ConfigError: a ConfigError says what is
+    wrong, wherever it is found; this says when it was found (a ConfigError raised once training has
+    started stays what it is, and the run directory is not touched)."""
 
-def is_refused_input(exc: BaseException) -> bool:
-    """Input refused before training started: the run directory is as the start found it."""
-    return isinstance(exc, REFUSED_ERRORS) and getattr(exc, "refused_before_start", False)
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
 
 
 def uses_ray(conf: RunConf) -> bool:
@@ -137,15 +134,21 @@ def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
 
         return serve_worker_node(conf.cluster, uses_ray(conf), conf.run_dir)
     run_dir = Path(conf.run_dir)
-    if conf.resume == "never" and any((run_dir / m).exists() for m in RUN_OUTPUTS):
-        raise refused(ConfigError(f"resume=never with run directory {run_dir} is not allowed: it holds a run; "
-                                  f"choose a new directory"))
+    try:
+        # What train.py's preflight checked, again for jobs that never pass through it: a sweep's or
+        # Slurm's jobs and their requeued lives.
+        check_placement(conf)
+        if conf.resume == "never" and RunDir(run_dir).has_run_outputs():  # .hydra/ is this start's own
+            raise ConfigError(f"resume=never with run directory {run_dir} is not allowed: it holds a run; "
+                              f"choose a new directory")
+    except ConfigError as exc:
+        raise RefusedInput(exc) from exc
     # One live process per run directory: train.py took it already; a sweep's or Slurm's job (and its
     # requeued lives, which never pass through train.py's preflight) takes it here, before writing.
     try:
         locked_here = run_lock.acquire(run_dir)
     except run_lock.RunDirLocked as exc:
-        raise refused(exc) from None
+        raise RefusedInput(exc) from exc
     multi_node = conf.cluster.name == "slurm" and conf.cluster.nodes > 1 and "SLURM_JOB_ID" in os.environ
     if multi_node:  # the other nodes' Ray workers tell a finished run from a dead node 0 by this marker
         from rlharness.launch.ray_cluster import mark_run_ended
@@ -157,7 +160,8 @@ def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
     except BaseException as exc:
         stop.uninstall()
         if isinstance(exc, Exception):  # why the run ended, in train.log too (not only on stderr)
-            log.error("run failed: %s: %s", type(exc).__name__, exc)
+            cause = exc.error if isinstance(exc, RefusedInput) else exc
+            log.error("run failed: %s: %s", type(cause).__name__, cause)
         raise
     finally:
         if multi_node:
@@ -186,7 +190,7 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
         require_vllm()
     set_threads_from_env()
     # The first lines a person sees: where the run is and how to follow it.
-    log.info("run directory: %s (follow it with: tail -f %s)", run_dir, run_dir / "train.log")
+    log.info("run directory: %s (follow it with: tail -f %s)", run_dir, RunDir(run_dir).log())
     os.environ.setdefault("WANDB_MODE", getattr(conf.logger, "mode", "disabled"))
     seed_everything(conf.seed)
     engine = backend = components = trainer = None
@@ -209,7 +213,7 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
             untune_gc(gc_thresholds)  # a process that runs again (tests, in-process sweeps) starts afresh
     except REFUSED_ERRORS as exc:
         if trainer is None or not trainer.started:
-            refused(exc)
+            raise RefusedInput(exc) from exc
         raise
     finally:
         # Engines and training workers (Ray actors too) are shut down however the run ended.

@@ -5,7 +5,8 @@
   engines (the last `cluster.engine_nodes`) and which the training actors (the rest,
   node 0 with the driver among them); `None` on one node (nothing is pinned).
 - `check_fits(conf)`: every node's actors fit its CPUs and GPUs, else a one-line
-  `ConfigError` before anything starts (RunConf calls it).
+  `ConfigError` before anything starts (`rlharness.preflight.check_placement` calls it: with
+  engine=vllm the installed vLLM build decides the engines' device, so it is no part of RunConf).
 
 The Ray side (`rlharness.distributed.placement`) pins a bundle to node rank r by asking
 for one unit of the custom resource `rlh_node_<r>` each node advertises.
@@ -47,10 +48,6 @@ def actor_resources(conf: RunConf) -> tuple[tuple[float, float], tuple[float, fl
     return (engine_cpus, engine_gpus), (trainer_cpus, trainer_gpus)
 
 
-def num_trainers(conf: RunConf) -> int:
-    return conf.backend.num_workers if conf.backend.name == "deepspeed" else 1
-
-
 def plan_nodes(conf: RunConf) -> NodePlan | None:
     cluster = conf.cluster
     if not isinstance(cluster, SlurmClusterConf) or cluster.nodes == 1 or conf.mode != "disagg":
@@ -77,7 +74,7 @@ def check_fits(conf: RunConf) -> None:
         return
     (engine_cpus, engine_gpus), (trainer_cpus, trainer_gpus) = actor_resources(conf)
     plan = plan_nodes(conf)
-    engines, trainers = conf.engine.num_engines, num_trainers(conf)
+    engines, trainers = conf.engine.num_engines, conf.backend.workers
     engine_at = Counter(spread(engines, plan.engine_nodes) if plan else [0] * engines)
     trainer_at = Counter(spread(trainers, plan.trainer_nodes) if plan else [0] * trainers)
     for node in sorted(set(engine_at) | set(trainer_at)):

@@ -12,6 +12,8 @@ from the same search path Hydra builds (`--config-dir`, `--config-name`, `--conf
 - `cluster=slurm` without `-m` (hydra-submitit-launcher only launches multiruns), and a
   `cluster=slurm` request the partition can never hold (more nodes, GPUs or CPUs per node
   than it has: `rlharness.launch.slurm_capacity`, asked through sinfo);
+- Ray actors that do not fit the cluster config (`check_placement`: `cluster.num_cpus`, or a
+  Slurm node's CPUs and GPUs);
 - the model folder (`check_model`): missing, a GGUF file, code of its own (`auto_map`) without
   `model.trust_remote_code=true`, no chat template while a task's `apply_chat_template=true`;
 - `resume=never` into a directory that holds a run;
@@ -43,14 +45,14 @@ from pathlib import Path
 from typing import Any
 
 from rlharness import run_lock
-from rlharness.config.schema import ConfigError, adopt_strategy_max_staleness
+from rlharness.config.schema import ConfigError, LocalRayClusterConf, adopt_strategy_max_staleness
 from rlharness.launch.slurm_capacity import check_capacity
+from rlharness.placement_plan import check_fits
+from rlharness.run_dir import HYDRA, HYDRA_YAML, RESUMED_PREFIX, RunDir
 
 # Hydra's flags after which it does not run the job (help, printing the config, completion,
 # a rerun of a pickled config): nothing is checked, `resume=<dir>` is still rewritten.
 _NO_RUN = ("help", "hydra_help", "cfg", "info", "shell_completion", "experimental_rerun")
-# A directory holds a run once any of these exist (written by Hydra or the trainer).
-RUN_MARKERS = (".hydra", "checkpoints", "metrics.jsonl", "rollouts")
 # More sweep points than this are not each composed up front (each costs ~0.1 s).
 MAX_SWEEP_POINTS_CHECKED = 64
 TRAIN_PY = Path(__file__).resolve().parent.parent / "train.py"
@@ -68,10 +70,6 @@ class ConfigSource:
     config_path: str = "conf"
     config_name: str = "config"
     config_dir: str | None = None
-
-
-def holds_run(run_dir: Path) -> bool:
-    return run_dir.is_dir() and any((run_dir / m).exists() for m in RUN_MARKERS)
 
 
 def _key(override: str) -> str:
@@ -142,14 +140,15 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
         run_dir = Path(given_dir if given_dir is not None else
                        str(compose_checked(overrides, source).hydra.run.dir)).expanduser().resolve()
         never = any(_key(o) == "resume" and o.split("=", 1)[1] == "never" for o in overrides)
-        if never and holds_run(run_dir):
+        holds_run = RunDir(run_dir).holds_run()
+        if never and holds_run:
             raise ConfigError(f"resume=never with hydra.run.dir={run_dir} is not allowed: that directory holds "
                               f"a run; choose a new directory (or remove that run yourself)")
-        if holds_run(run_dir) and given_dir is None:
+        if holds_run and given_dir is None:
             raise ConfigError(f"hydra.run.dir={run_dir} is not allowed: the default directory of this start "
                               f"already holds a run (another run started in the same second?); start again, or "
                               f"pass resume=<that run> to continue it")
-        if holds_run(run_dir):
+        if holds_run:
             # Starting in a run's directory is a resume, whatever route led there.
             _adopt_saved_source(ns, run_dir)
             source = ConfigSource(ns.config_path or "conf", ns.config_name or "config", ns.config_dir)
@@ -161,6 +160,7 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
         elif given_dir is None:
             overrides = [*overrides, path_override("hydra.run.dir", run_dir)]  # Hydra's `now` must not move it
     cfg, conf = compose_typed(overrides, source)
+    check_placement(conf)
     if cfg.cluster.name == "slurm":
         raise ConfigError("cluster=slurm without -m is not allowed: Slurm jobs are submitted by "
                           "hydra-submitit-launcher, which Hydra runs only for -m (--multirun); use "
@@ -207,10 +207,8 @@ def _adopt_saved_source(ns, run_dir: Path) -> None:
     (from its newest life's `hydra.yaml`) unless given again; another primary config is refused."""
     import yaml
 
-    from rlharness.launcher import newest_hydra_dir
-
     try:
-        saved = (yaml.safe_load((newest_hydra_dir(run_dir) / "hydra.yaml").read_text()) or {}).get("hydra", {})
+        saved = (yaml.safe_load((RunDir(run_dir).newest_hydra() / HYDRA_YAML).read_text()) or {}).get("hydra", {})
     except (OSError, yaml.YAMLError):
         return  # prepare_resume_argv says what is wrong with the directory
     name = (saved.get("job") or {}).get("config_name")
@@ -242,6 +240,7 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
     checked: set[tuple] = set()
     for point in points[:MAX_SWEEP_POINTS_CHECKED]:
         cfg, conf = compose_typed(point, source)
+        check_placement(conf)
         if cfg.cluster.name != "slurm":  # a Slurm job's model.path may be on its nodes' file systems only
             check_model(conf, checked)
         check_agent_entrypoints(conf, with_model=cfg.cluster.name != "slurm")
@@ -256,6 +255,23 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
     return hydra_argv(argv0, ns, overrides), applied, None
 
 
+def check_placement(conf) -> None:
+    """The run's Ray actors fit what its cluster config gives them: `cluster.num_cpus` on this machine
+    (cluster=local_ray), each node's CPUs and GPUs on Slurm (`placement_plan.check_fits`). Not part of
+    RunConf: where a vLLM engine runs is decided by the installed vLLM build, and config validity must
+    not depend on an installed package. `launcher.run` asks again (jobs that skip this preflight)."""
+    cluster = conf.cluster
+    if conf.mode == "disagg" and isinstance(cluster, LocalRayClusterConf):
+        workers = conf.backend.workers
+        need = conf.engine.num_engines * cluster.engine_cpus + workers * cluster.trainer_cpus
+        if need > cluster.num_cpus:
+            raise ConfigError(
+                f"mode=disagg needs {need:g} CPUs for {conf.engine.num_engines} engine(s) x "
+                f"cluster.engine_cpus={cluster.engine_cpus:g} + {workers} training worker(s) x "
+                f"cluster.trainer_cpus={cluster.trainer_cpus:g}, but cluster.num_cpus={cluster.num_cpus}")
+    check_fits(conf)
+
+
 def check_fixed_values(run_dir: Path, cfg) -> None:
     """Refuse a resume whose composed config changes a fixed key, however it changed (an override,
     an edited experiment file, another `--config-dir`): the run's first `.hydra/config.yaml` decides."""
@@ -263,7 +279,7 @@ def check_fixed_values(run_dir: Path, cfg) -> None:
 
     from rlharness.launcher import FROZEN_ON_RESUME
 
-    saved_path = run_dir / ".hydra" / "config.yaml"
+    saved_path = RunDir(run_dir).config
     if not saved_path.is_file():
         return
     saved = OmegaConf.load(saved_path)
@@ -500,8 +516,7 @@ class RunDirGuard:
 
     @classmethod
     def record(cls, run_dir: Path, output_subdir: str, job_name: str) -> RunDirGuard:
-        log = run_dir / f"{job_name}.log"
-        lock = run_dir / run_lock.LOCK_NAME
+        log, lock = RunDir(run_dir).log(job_name), RunDir(run_dir).lock
         return cls(run_dir, run_dir.exists(), output_subdir, log.name,
                    log.stat().st_size if log.is_file() else None,
                    lock.read_bytes() if lock.is_file() else None)
@@ -511,7 +526,7 @@ class RunDirGuard:
         if not self.existed:
             shutil.rmtree(self.run_dir, ignore_errors=True)
             return
-        if self.output_subdir.startswith(".hydra/resumed-"):
+        if self.output_subdir.startswith(f"{HYDRA}/{RESUMED_PREFIX}"):
             shutil.rmtree(self.run_dir / self.output_subdir, ignore_errors=True)
         log = self.run_dir / self.log_name
         if self.log_size is None:
@@ -519,7 +534,7 @@ class RunDirGuard:
         elif log.is_file():
             with open(log, "r+b") as fh:
                 fh.truncate(self.log_size)
-        lock = self.run_dir / run_lock.LOCK_NAME
+        lock = RunDir(self.run_dir).lock
         if self.lock_bytes is None:
             lock.unlink(missing_ok=True)
         else:  # in place: the lock stays held (on this open file) until the process ends

@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 
 from rlharness.config.schema import ConfigError
+from rlharness.run_dir import RunDir
 
-LOCK_NAME = ".lock"
 _HELD: dict[Path, int] = {}  # run directory -> file descriptor of its lock, for this process
 
 
@@ -43,7 +43,7 @@ def acquire(run_dir: str | Path) -> bool:
     run_dir = Path(run_dir).resolve()
     if run_dir in _HELD:
         return False
-    path = run_dir / LOCK_NAME
+    path = RunDir(run_dir).lock
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:

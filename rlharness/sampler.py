@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from rlharness.config.schema import SamplerConf
+from rlharness.config.schema import SamplerConf, check_prompt_repeat_k
 from rlharness.data.base import PromptRow
 from rlharness.replay_buffer import ReplayBuffer
 from rlharness.types import Group, Status, make_group
@@ -46,8 +46,7 @@ class Sampler:
         replay_buffer: ReplayBuffer,
         seed: int,
     ) -> None:
-        if not isinstance(conf.prompt_repeat_k, int) or conf.prompt_repeat_k < 1:
-            raise ValueError(f"sampler.prompt_repeat_k={conf.prompt_repeat_k!r} must be an integer >= 1")
+        check_prompt_repeat_k(conf.prompt_repeat_k)  # a conf built around the schema is checked here too
         if len(rows) == 0:
             raise ValueError(f"task {task!r}: the training dataset is empty; the sampler has nothing to draw")
         self.conf = conf

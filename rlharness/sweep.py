@@ -29,6 +29,8 @@ import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from rlharness.run_dir import HYDRA, HYDRA_YAML, OVERRIDES_YAML, RunDir
+
 log = logging.getLogger(__name__)
 
 FINAL_METRICS = ("train/loss", "rollout/reward_mean", "eval/accuracy")
@@ -82,14 +84,14 @@ def _finite(value: Any) -> Optional[float]:
 
 
 def summarize_job(job_dir: Path) -> JobSummary:
-    hydra_dir = job_dir / ".hydra"
-    overrides = yaml.safe_load((hydra_dir / "overrides.yaml").read_text()) or []
+    run = RunDir(job_dir)
+    overrides = yaml.safe_load(run.overrides.read_text()) or []
     shown = [o for o in overrides if not o.lstrip("+~").startswith(HIDDEN_OVERRIDE_PREFIXES)]
-    config = _load_yaml(hydra_dir / "config.yaml")
-    hydra_conf = _load_yaml(hydra_dir / "hydra.yaml").get("hydra", {})
+    config = _load_yaml(run.config)
+    hydra_conf = _load_yaml(run.hydra / HYDRA_YAML).get("hydra", {})
     job = hydra_conf.get("job", {})
     total_steps = config.get("total_steps")
-    rows = read_metrics(job_dir / "metrics.jsonl")
+    rows = read_metrics(run.metrics)
     final: dict[str, Optional[float]] = {}
     curves: dict[str, list[tuple[int, float]]] = {k: [] for k in CURVES}
     for row in sorted(rows, key=lambda r: r["step"]):
@@ -118,7 +120,7 @@ def _load_yaml(path: Path) -> dict:
 
 def find_job_dirs(sweep_dir: Path) -> list[Path]:
     """Directories under the sweep holding a Hydra job (`.hydra/overrides.yaml`)."""
-    found = [p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml")]
+    found = [p.parent.parent for p in sweep_dir.rglob(f"{HYDRA}/{OVERRIDES_YAML}")]
     return sorted((d for d in found if d != sweep_dir), key=lambda d: (len(d.parts), _num(d.name), str(d)))
 
 

@@ -30,11 +30,14 @@ def compose_conf(overrides: list[str], run_dir: str | Path = ""):
 
 
 def run_in_process(run_dir: str | Path, overrides: list[str]) -> dict:
-    from rlharness.launcher import run
+    from rlharness.launcher import RefusedInput, run
 
     conf, as_dict = compose_conf(overrides, run_dir)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    return run(conf, as_dict)
+    try:
+        return run(conf, as_dict)
+    except RefusedInput as exc:  # the error that refused the input (train.py prints its line)
+        raise exc.error from None
 
 
 def run_cli(args: list[str], cwd: str | Path, timeout_s: float = 600, check: bool = True,

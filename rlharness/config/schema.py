@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Optional, Sequence
 
 from omegaconf import II, MISSING, DictConfig, OmegaConf
+
+from rlharness.config.tasks import TaskWiring
 
 
 class ConfigError(ValueError):
@@ -145,6 +147,22 @@ class AsyncStrategyConf(StrategyConf):
 
 
 # ----------------------------------------------------------------------------- sampler
+def check_prompt_repeat_k(k: Any, advantage: str | None = None, group_filter: str | None = None,
+                          task: str | None = None) -> None:
+    """Every rule on `sampler.prompt_repeat_k` (the schema, the sampler, RunConf and the producer ask here):
+    an integer >= 1, and >= 2 where the group is the baseline (every `advantage` but gae, whose baseline
+    is the critic) or where `group_filter` drops groups whose rewards are all equal."""
+    _check(isinstance(k, int) and k >= 1, "sampler.prompt_repeat_k", k, "an integer >= 1")
+    if k < 2 and advantage is not None and advantage != "gae":
+        raise ConfigError(
+            f"sampler.prompt_repeat_k={k} is not allowed with algo.advantage={advantage}: its baseline is the "
+            f"group's mean, so a group of one sample has advantage 0 and nothing would be learned; use "
+            f"prompt_repeat_k >= 2")
+    if k < 2 and group_filter == "all_equal_reward":
+        raise ConfigError(f"strategy.group_filter=all_equal_reward with sampler.prompt_repeat_k={k}"
+                          + (f" (task {task!r})" if task is not None else "") + " would filter every group")
+
+
 @dataclass
 class SamplerConf:
     prompt_repeat_k: int = 8
@@ -153,8 +171,7 @@ class SamplerConf:
     allow_epoch_rollover: bool = True
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.prompt_repeat_k, int) and self.prompt_repeat_k >= 1,
-               "sampler.prompt_repeat_k", self.prompt_repeat_k, "an integer >= 1")
+        check_prompt_repeat_k(self.prompt_repeat_k)
 
 
 # ----------------------------------------------------------------------------- agent
@@ -603,6 +620,11 @@ class SimEngineConf(EngineConf):
 class BackendConf:
     name: str = MISSING
 
+    @property
+    def workers(self) -> int:
+        """Training processes (ranks): one, except where the backend runs several (deepspeed)."""
+        return 1
+
 
 @dataclass
 class TorchBackendConf(BackendConf):
@@ -641,6 +663,10 @@ class DeepSpeedBackendConf(BackendConf):
                self.micro_batch_tokens, ">= 1 (or null for algo.micro_batch_size rows per micro-batch)")
         _one_of("backend.zero_stage", self.zero_stage, (0, 1, 2, 3))
         _check(self.num_workers >= 1, "backend.num_workers", self.num_workers, ">= 1")
+
+    @property
+    def workers(self) -> int:
+        return self.num_workers
 
 
 @dataclass
@@ -1103,7 +1129,7 @@ class TrainerConf:
 
 # ----------------------------------------------------------------------------- run
 @dataclass
-class RunConf:
+class RunConf(TaskWiring):
     strategy: StrategyConf = MISSING
     sampler: SamplerConf = field(default_factory=SamplerConf)
     agent: AgentConf = MISSING
@@ -1171,25 +1197,12 @@ class RunConf:
                 "mode=disagg with cluster=local is not allowed: disaggregated rollout and training run as Ray "
                 "actors; use cluster=local_ray (this machine) or cluster=slurm"
             )
-        if self.cluster.name == "local_ray":
-            workers = self.backend.num_workers if self.backend.name == "deepspeed" else 1
-            need = self.engine.num_engines * self.cluster.engine_cpus + workers * self.cluster.trainer_cpus
-            if self.mode == "disagg" and need > self.cluster.num_cpus:
-                raise ConfigError(
-                    f"mode=disagg needs {need:g} CPUs for {self.engine.num_engines} engine(s) x "
-                    f"cluster.engine_cpus={self.cluster.engine_cpus:g} + {workers} training worker(s) x "
-                    f"cluster.trainer_cpus={self.cluster.trainer_cpus:g}, but cluster.num_cpus={self.cluster.num_cpus}"
-                )
         if (self.cluster.name == "slurm" and self.cluster.nodes > 1 and self.mode == "colocate"
                 and self.backend.name != "deepspeed"):
             raise ConfigError(
                 f"cluster.nodes={self.cluster.nodes} with mode=colocate and backend={self.backend.name} is not allowed: "
                 f"that run is one process on the first node and the other nodes would sit idle; use mode=disagg "
                 f"(engines and trainers on their own nodes), backend=deepspeed, or cluster.nodes=1")
-        if self.cluster.name == "slurm":
-            from rlharness.placement_plan import check_fits
-
-            check_fits(self)
         lora = self.model.lora
         if lora.enabled and lora.sync == "adapter" and self.engine.name == "vllm" and lora.rank > VLLM_MAX_LORA_RANK:
             raise ConfigError(f"model.lora.sync=adapter with engine=vllm and model.lora.rank={lora.rank} is not allowed: "
@@ -1207,11 +1220,7 @@ class RunConf:
         if self.algo.advantage == "gae" and self.backend.name == "deepspeed":
             raise ConfigError("algo.advantage=gae (algo=ppo) with backend=deepspeed is not supported yet: the critic "
                               "trains in backend=torch (also in mode=disagg); use backend=torch")
-        if self.sampler.prompt_repeat_k < 2 and self.algo.advantage != "gae":  # gae's baseline is the critic
-            raise ConfigError(
-                f"sampler.prompt_repeat_k={self.sampler.prompt_repeat_k} is not allowed with "
-                f"algo.advantage={self.algo.advantage}: its baseline is the group's mean, so a group of one "
-                f"sample has advantage 0 and nothing would be learned; use prompt_repeat_k >= 2")
+        check_prompt_repeat_k(self.sampler.prompt_repeat_k, advantage=self.algo.advantage)
         for name, entry in self.task_entries().items():
             max_tokens = self.sampling_for(entry).max_tokens
             if self.algo.overlong_buffer_len >= max_tokens:
@@ -1264,43 +1273,6 @@ class RunConf:
         if len(self.tasks) > self.batch_size:
             raise ConfigError(f"batch_size={self.batch_size} is smaller than the number of tasks "
                               f"({len(self.tasks)}: {', '.join(self.tasks)}): every task needs a slot")
-
-    def task_entries(self) -> dict[str, TaskEntryConf]:
-        """The run's tasks by name: `tasks`, or the single `task` (with `judger`) named by its task."""
-        if self.tasks:
-            return dict(self.tasks)
-        return {self.task.name: TaskEntryConf(task=self.task, judger=self.judger)}
-
-    def staleness_for(self, entry: TaskEntryConf) -> int:
-        """A task's staleness bound: its own, or the run's."""
-        return self.max_staleness if entry.max_staleness is None else entry.max_staleness
-
-    def judger_for(self, entry: TaskEntryConf) -> JudgerConf:
-        """The judger config a task is scored with; `auto` (or none given) = the task's own."""
-        from rlharness.config.store import SCHEMAS
-
-        judger = entry.judger
-        if judger is None or judger.name == "auto":
-            schema = SCHEMAS["judger"][entry.task.default_judger]
-            if isinstance(judger, RuleJudgerConf) and issubclass(schema, RuleJudgerConf):  # judger=auto's settings
-                return schema(num_workers=judger.num_workers, worker_memory_mb=judger.worker_memory_mb,
-                              on_timeout=judger.on_timeout)
-            return schema()
-        return judger
-
-    def agent_for(self, entry: TaskEntryConf) -> AgentConf:
-        """The agent config a task runs with: its own or the run's, with its own sampling if set."""
-        agent = entry.agent if entry.agent is not None else self.agent
-        if not entry.sampling:
-            return agent
-        return replace(agent, sampling=replace(agent.sampling, **entry.sampling))
-
-    def sampling_for(self, entry: TaskEntryConf) -> SamplingConf:
-        return self.agent_for(entry).sampling
-
-    def max_response_tokens(self) -> int:
-        """The longest response any task may sample (Dr.GRPO's constant length)."""
-        return max(self.sampling_for(e).max_tokens for e in self.task_entries().values())
 
 
 def adopt_strategy_max_staleness(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from rlharness.config.schema import LocalRayClusterConf, RunConf
 from rlharness.distributed.weight_routes import setup_weight_group
-from rlharness.placement_plan import actor_resources, num_trainers, plan_nodes, spread
+from rlharness.placement_plan import actor_resources, plan_nodes, spread
 from rlharness.weight_transfer import OBJECT_STORE, choose_route
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def build_remote_components(conf: RunConf) -> tuple[Any, Any]:
     # Multi-node disagg: engines on the last nodes, training actors on the first (placement_plan).
     plan = plan_nodes(conf)
     engine_at = spread(conf.engine.num_engines, plan.engine_nodes) if plan else None
-    trainer_at = spread(num_trainers(conf), plan.trainer_nodes) if plan else None
+    trainer_at = spread(conf.backend.workers, plan.trainer_nodes) if plan else None
     transfer = (choose_route(conf.engine.weight_sync, engine_gpus, trainer_gpus)
                 if conf.mode == "disagg" else OBJECT_STORE)
     if conf.mode == "disagg":
@@ -83,8 +83,7 @@ def set_driver_threads(conf: RunConf, engine_cpus: float, trainer_cpus: float) -
     import torch
 
     if isinstance(conf.cluster, LocalRayClusterConf):
-        workers = conf.backend.num_workers if conf.backend.name == "deepspeed" else 1
-        left = conf.cluster.num_cpus - conf.engine.num_engines * engine_cpus - workers * trainer_cpus
+        left = conf.cluster.num_cpus - conf.engine.num_engines * engine_cpus - conf.backend.workers * trainer_cpus
         torch.set_num_threads(max(1, int(left)))
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from rlharness.config.schema import ClusterConf, ConfigError, LocalRayClusterConf, SlurmClusterConf
+from rlharness.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -306,7 +307,7 @@ def serve_worker_node(cluster: SlurmClusterConf, run_uses_ray: bool, run_dir: Op
 
 def run_ended_marker(run_dir: str, job_id: str) -> str:
     """The file node 0 writes into the (shared) run directory once its run has ended, well or not."""
-    return os.path.join(run_dir, f".slurm-{job_id}-run-ended")
+    return str(RunDir(run_dir).run_ended(job_id))
 
 
 def mark_run_ended(run_dir: str, job_id: str, ended: bool) -> None:

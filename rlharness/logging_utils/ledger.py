@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlharness.logging_utils.metrics import json_line, jsonl_rows, replace_text
+from rlharness.run_dir import RunDir, step_of
 from rlharness.types import Group, RolloutState
 
 log = logging.getLogger(__name__)
@@ -48,14 +49,15 @@ def sample_row(s: RolloutState, train_step: int) -> dict[str, Any]:
 
 class RolloutLedger:
     def __init__(self, run_dir: str | Path, resume_step: int = 0):
-        self.dir = Path(run_dir) / "rollouts"
-        self.dropped_path = self.dir / "dropped.jsonl"
+        self.run = RunDir(run_dir)
+        self.dir = self.run.rollouts
+        self.dropped_path = self.run.dropped
         if resume_step > 0:
             self._say_what_is_missing(resume_step)
         self.dir.mkdir(parents=True, exist_ok=True)
         # A resumed run redoes the steps after its checkpoint: forget what they wrote.
         for p in self.dir.glob("step_*.jsonl"):
-            if int(p.stem.split("_")[1]) > resume_step:
+            if step_of(p.name) > resume_step:
                 p.unlink()
         if self.dropped_path.exists():  # a line that does not read is said (file:line) and left out
             keep = [raw for row, raw in jsonl_rows(self.dropped_path, "train_step", warn=True)
@@ -68,14 +70,14 @@ class RolloutLedger:
             log.warning("%s is missing (deleted?): the ledger of steps 1-%d is lost; the resumed run writes "
                         "its steps from %d on", self.dir, resume_step, resume_step + 1)
             return
-        missing = [s for s in range(1, resume_step + 1) if not (self.dir / f"step_{s:08d}.jsonl").is_file()]
+        missing = [s for s in range(1, resume_step + 1) if not self.run.rollout(s).is_file()]
         if missing:
             shown = ", ".join(str(s) for s in missing[:10]) + (", ..." if len(missing) > 10 else "")
             log.warning("%s: the ledger files of %d of the checkpoint's %d steps are missing (deleted?): steps "
                         "%s", self.dir, len(missing), resume_step, shown)
 
     def write_step(self, train_step: int, groups: list[Group]) -> None:
-        replace_text(self.dir / f"step_{train_step:08d}.jsonl",
+        replace_text(self.run.rollout(train_step),
                      "".join(json_line(sample_row(s, train_step)) + "\n" for g in groups for s in g))
 
     def write_dropped(self, train_step: int, dropped: list[tuple[Group, str]]) -> None:
@@ -89,11 +91,11 @@ class RolloutLedger:
 
 def read_ledger(run_dir: str | Path) -> tuple[list[dict], list[dict]]:
     """(trained rows sorted by step, dropped rows) — for tests and analysis."""
-    d = Path(run_dir) / "rollouts"
+    run = RunDir(run_dir)
     trained = []
-    for p in sorted(d.glob("step_*.jsonl")):
+    for p in sorted(run.rollouts.glob("step_*.jsonl")):
         trained += [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
     dropped = []
-    if (d / "dropped.jsonl").exists():
-        dropped = [json.loads(ln) for ln in (d / "dropped.jsonl").read_text().splitlines() if ln.strip()]
+    if run.dropped.exists():
+        dropped = [json.loads(ln) for ln in run.dropped.read_text().splitlines() if ln.strip()]
     return trained, dropped

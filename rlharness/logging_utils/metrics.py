@@ -8,12 +8,14 @@ import math
 from pathlib import Path
 from typing import Any, Iterator
 
+from rlharness.run_dir import RunDir
+
 log = logging.getLogger(__name__)
 
 
 class MetricsWriter:
     def __init__(self, run_dir: str | Path, resume_step: int = 0):
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = RunDir(run_dir).metrics
         # After a resume, rows written past the checkpoint step were not kept by the
         # checkpoint; drop them so every step appears exactly once. A line that does not
         # read is said (file:line) and left out; the rest is kept.

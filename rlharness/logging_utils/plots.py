@@ -6,6 +6,7 @@ import fnmatch
 from pathlib import Path
 
 from rlharness.logging_utils.metrics import read_metrics
+from rlharness.run_dir import RunDir
 
 # file name -> (title, [metric keys]) ; a plot is written only if one of its keys exists.
 # `*` stands for a task name: a multi-task run gets one curve per task.
@@ -27,8 +28,8 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = read_metrics(Path(run_dir) / "metrics.jsonl")
-    out_dir = Path(run_dir) / "plots"
+    rows = read_metrics(RunDir(run_dir).metrics)
+    out_dir = RunDir(run_dir).plots
     out_dir.mkdir(exist_ok=True)
     written = []
     present = list(dict.fromkeys(k for r in rows for k in r))

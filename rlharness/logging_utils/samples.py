@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlharness.logging_utils.metrics import replace_text
+from rlharness.run_dir import RunDir, step_of
 from rlharness.types import Group, RolloutState, Status
-
-EVALS_DIR = "evals"
 
 
 def judgement(s: RolloutState) -> str:
@@ -51,10 +50,6 @@ def eval_rows(greedy: list[Group], sampled: list[Group] | None,
     return rows
 
 
-def eval_file(directory: str | Path, step: int) -> Path:
-    return Path(directory) / EVALS_DIR / f"step_{step:08d}.jsonl"
-
-
 def write_eval_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     replace_text(path, "".join(json.dumps(r) + "\n" for r in rows))
@@ -62,8 +57,8 @@ def write_eval_rows(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def forget_evals_after(run_dir: str | Path, step: int) -> None:
     """A resume redoes the steps after its checkpoint: their eval files go (as rollouts/ rows do)."""
-    for p in (Path(run_dir) / EVALS_DIR).glob("step_*.jsonl"):
-        if int(p.stem.split("_")[1]) > step:
+    for p in RunDir(run_dir).evals.glob("step_*.jsonl"):
+        if step_of(p.name) > step:
             p.unlink()
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlharness.agent.base import AgentLoop
+from rlharness.config.schema import check_prompt_repeat_k
 from rlharness.producer.context import ProduceContext, Signal
 from rlharness.producer.metrics import StepMetrics
 from rlharness.producer.progress import BatchAllocation, ProduceProgress
@@ -105,11 +106,7 @@ class AgentLoopManager:
             # leaves at the first step it cannot fill.
             if name not in self.may_leave:
                 sampler.check_batch_size(self.allocation.share(name))
-            if strategy.group_filter_name == "all_equal_reward" and sampler.conf.prompt_repeat_k < 2:
-                raise ValueError(
-                    f"strategy.group_filter=all_equal_reward with sampler.prompt_repeat_k="
-                    f"{sampler.conf.prompt_repeat_k} (task {name!r}) would filter every group"
-                )
+            check_prompt_repeat_k(sampler.conf.prompt_repeat_k, group_filter=strategy.group_filter_name, task=name)
 
         self.progress = ProduceProgress.build(list(tasks))
         self.progress.last_step = last_step  # 0 = unbounded

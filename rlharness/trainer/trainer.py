@@ -30,15 +30,16 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from rlharness.build import Components
 from rlharness.checkpoint import (CheckpointError, CheckpointWriteError, begin_checkpoint, commit_checkpoint,
-                                  latest_checkpoint, load_state, read_meta, save_state, step_dir_name, writing)
+                                  latest_checkpoint, load_state, read_meta, save_state, writing)
 from rlharness.config.schema import RunConf
 from rlharness.lora import state_bytes
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, format_step_line
 from rlharness.logging_utils.plots import write_plots
 from rlharness.logging_utils.progress import phase
-from rlharness.logging_utils.samples import eval_file, forget_evals_after, write_eval_rows
+from rlharness.logging_utils.samples import forget_evals_after, write_eval_rows
 from rlharness.logging_utils.wandb_logger import WandbLogger
+from rlharness.run_dir import CHECKPOINTS, RunDir, step_name
 from rlharness.sampler import DataExhausted
 from rlharness.stopping import StopController
 from rlharness.trainer.batch import build_train_batch
@@ -260,7 +261,7 @@ class Trainer:
         with phase(f"eval at step {step}: {self.c.evaluator.num_prompts} prompt(s)", log):
             metrics = await self.c.evaluator.evaluate()
         rows = self.c.evaluator.last_rows
-        write_eval_rows(eval_file(self.run_dir, step), rows)
+        write_eval_rows(RunDir(self.run_dir).eval_file(step), rows)
         self.wandb.log_eval(step, rows)
         return metrics
 
@@ -278,7 +279,7 @@ class Trainer:
     async def _save_on_stop(self) -> None:
         """The stop's checkpoint: only if there is progress to keep and it fits in the time left."""
         found = latest_checkpoint(self.run_dir)
-        name = f"checkpoints/{step_dir_name(self.step)}"
+        name = f"{CHECKPOINTS}/{step_name(self.step)}"
         if found is not None and found[0] == self.step:
             self.stop_report = f"{name} already saved"
             return
@@ -291,7 +292,7 @@ class Trainer:
         left_s = self.stop.time_left_s()
         # The save must end before the watchdog's deadline; the last one's duration says how long one takes.
         if self._last_save_s is not None and self._last_save_s * 1.5 > left_s:
-            kept = f"checkpoints/{step_dir_name(found[0])}" if found else "no checkpoint"
+            kept = f"{CHECKPOINTS}/{step_name(found[0])}" if found else "no checkpoint"
             self.stop_report = (f"checkpoint skipped: the last took {self._last_save_s:.1f}s, {left_s:.1f}s "
                                 f"left of stop_timeout_s ({kept} stays valid)")
             log.warning(self.stop_report)

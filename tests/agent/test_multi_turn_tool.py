@@ -22,6 +22,7 @@ from rlharness.config.schema import AlgoConf, ConfigError, MultiTurnToolAgentCon
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
 from rlharness.judger.base import Judger
 from rlharness.judger.math import MathJudger
+from rlharness.run_dir import RunDir
 from rlharness.tiny import DEFAULT_CHARS, build_char_tokenizer
 from rlharness.trainer.batch import build_train_batch
 from rlharness.types import Status, group_status, make_group
@@ -431,7 +432,7 @@ def test_train_py_agent_multi_turn_tool_runs_and_trains(tmp_path):
     run_in_process(run_dir, [*QUICK, "agent=multi_turn_tool", "total_steps=2", "eval_every=0",
                              "agent.tool_call_start='('", "agent.tool_call_end=')'",
                              "agent.tool_output_start='='", "agent.tool_output_end=','", "agent.sampling.max_tokens=12"])
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    rows = read_metrics(RunDir(run_dir).metrics)
     assert [r["step"] for r in rows if "train/loss" in r] == [1, 2]
     trained, _ = read_ledger(run_dir)
     assert {r["train_step"] for r in trained} == {1, 2}

@@ -19,6 +19,7 @@ from rlharness.config.schema import (MathJudgerConf, ModelConf, MultiTurnToolAge
 from rlharness.engine.hf import HFEngine
 from rlharness.judger.math import MathJudger
 from rlharness.model import PROJECT_ROOT, load_model, load_tokenizer
+from rlharness.run_dir import RunDir
 from rlharness.types import Status, group_status, make_group
 from tests.agent import gateway_agents
 from tests.helpers import run_cli
@@ -228,12 +229,12 @@ def test_a_run_with_a_crashing_agent_ledgers_every_group(tmp_path):
                     "total_steps=1", "batch_size=2", "sampler.prompt_repeat_k=2", "eval_every=0",
                     "logger.mode=disabled", f"hydra.run.dir={run}"], cwd=tmp_path)
     assert proc.returncode == 0
-    trained = [json.loads(line) for line in (run / "rollouts" / "step_00000001.jsonl").read_text().splitlines()]
-    dropped = [json.loads(line) for line in (run / "rollouts" / "dropped.jsonl").read_text().splitlines()]
+    trained = [json.loads(line) for line in RunDir(run).rollout(1).read_text().splitlines()]
+    dropped = [json.loads(line) for line in RunDir(run).dropped.read_text().splitlines()]
     assert len(trained) == 4 and all(r["prompt_index"] == 1 and r["turns"] for r in trained)
     assert dropped and len(dropped) % 2 == 0  # whole groups
     assert all(r["prompt_index"] == 0 and "the agent's own bug on prompt 0" in r["reason"] for r in dropped)
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in RunDir(run).metrics.read_text().splitlines()]
     step = next(m for m in metrics if "agent/calls_per_sample" in m)
     assert step["agent/calls_per_sample"] >= 1 and step["rollout/groups_failed"] == len(dropped) // 2
 

@@ -21,6 +21,7 @@ from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
 from rlharness.engine.hf import HFEngine
 from rlharness.judger.math import MathJudger
 from rlharness.model import PROJECT_ROOT, load_model, load_tokenizer
+from rlharness.run_dir import RunDir
 from rlharness.trainer.batch import build_train_batch
 from rlharness.types import Status, make_group
 
@@ -248,7 +249,7 @@ def test_train_py_experiment_chat_tools_records_turns_in_the_ledger(tmp_path):
     run_dir = tmp_path / "run"
     run_in_process(run_dir, ["experiment=chat_tools", *QUICK, "total_steps=2", "eval_every=0",
                              "eval.num_prompts=8"])
-    metrics = read_metrics(run_dir / "metrics.jsonl")
+    metrics = read_metrics(RunDir(run_dir).metrics)
     assert [r["step"] for r in metrics if "train/loss" in r] == [1, 2]
     evals = [r for r in metrics if "eval/accuracy" in r]
     assert evals and all("eval/tool_use_frac" in r and "eval/tool_answer_frac" in r for r in evals)

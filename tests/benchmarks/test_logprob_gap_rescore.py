@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlharness.run_dir import RunDir
 from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,14 +25,14 @@ def _load_script():
 def _run_dir(tmp_path: Path) -> Path:
     """What the script reads of a run: its config and one step's rollouts (two prompts of other lengths)."""
     run = tmp_path / "run"
-    (run / ".hydra").mkdir(parents=True)
-    (run / "rollouts").mkdir()
+    RunDir(run).hydra.mkdir(parents=True)
+    RunDir(run).rollouts.mkdir()
     conf = {"model": {"path": str(ROOT / "assets" / "tiny-chat"), "dtype": "float32"},
             "sampler": {"prompt_repeat_k": 2}, "agent": {"sampling": {"max_tokens": 12, "temperature": 1.0}}}
-    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(conf))
+    RunDir(run).config.write_text(yaml.safe_dump(conf))
     prompts = ["Max had 47 beads and gave away 11. How many beads are left?", "Raj had 74 marbles."]
     rows = [{"group_id": f"g{i}", "prompt": p} for i, p in enumerate(prompts) for _ in range(2)]
-    (run / "rollouts" / "step_00000001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    RunDir(run).rollout(1).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run
 
 

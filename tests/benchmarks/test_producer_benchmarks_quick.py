@@ -21,6 +21,7 @@ from rlharness.engine.sim import lognormal_params
 from rlharness.producer.pending import _PendingTasks
 from rlharness.producer.staleness import StalenessPolicy
 from rlharness.replay_buffer import ReplayBuffer
+from rlharness.run_dir import RunDir
 from rlharness.types import Status, make_group
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -149,7 +150,7 @@ def test_staleness_ceiling_is_x_star_when_every_length_fits_and_lower_when_the_t
 @pytest.mark.timeout(240)
 def test_overhead_quick_runs_and_reports(tmp_path):
     ov = _load("overhead")
-    metrics = tmp_path / "metrics.jsonl"
+    metrics = RunDir(tmp_path).metrics
     metrics.write_text('{"step": 0, "eval/accuracy": 0.1}\n'
                        '{"step": 1, "perf/train_s": 0.5, "perf/step_s": 1.0}\n'
                        '{"step": 2, "perf/train_s": 0.7, "perf/step_s": 1.2}\n')

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from rlharness.run_dir import DONE, RunDir
+
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,9 +36,9 @@ def env() -> dict[str, str]:
 
 
 def ledger(run_dir: Path) -> tuple[list[dict], list[dict]]:
-    trained = [json.loads(line) for f in sorted((run_dir / "rollouts").glob("step_*.jsonl"))
+    trained = [json.loads(line) for f in sorted(RunDir(run_dir).rollouts.glob("step_*.jsonl"))
                for line in f.read_text().splitlines() if line.strip()]
-    dropped_file = run_dir / "rollouts" / "dropped.jsonl"
+    dropped_file = RunDir(run_dir).dropped
     dropped = [json.loads(line) for line in dropped_file.read_text().splitlines()] if dropped_file.exists() else []
     return trained, dropped
 
@@ -63,14 +65,14 @@ def test_disagg_async_run_holds_the_staleness_bound_and_loses_no_prompt(tmp_path
                          text=True, timeout=220)
     assert out.returncode == 0, out.stderr[-4000:]
     check_ledger(run_dir, 6)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in RunDir(run_dir).metrics.read_text().splitlines()]
     steps = [r for r in rows if r["step"] > 0]
     assert len(steps) == 6
     for r in steps:
         assert r["staleness/max"] <= MAX_STALENESS
         assert 0.0 <= r["perf/engine_busy_frac"] <= 1.0 and r["perf/engine_restarts"] == 0
         assert r["perf/engine_version"] == r["step"]  # every step's weights reached the engine
-    assert (run_dir / "checkpoints" / "step_00000006" / "DONE").exists()
+    assert (RunDir(run_dir).checkpoint(6) / DONE).exists()
 
 
 @pytest.mark.timeout(300)
@@ -80,25 +82,25 @@ def test_disagg_run_killed_mid_step_resumes_and_continues(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 200
-        while not (run_dir / "checkpoints" / "step_00000004" / "DONE").exists():
+        while not (RunDir(run_dir).checkpoint(4) / DONE).exists():
             assert proc.poll() is None, "the run ended before its second checkpoint"
             assert time.monotonic() < deadline, "no checkpoint at step 4 within 200 s"
             time.sleep(0.2)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray it started, mid-step
         proc.wait(timeout=30)
-    saved = sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*")
+    saved = sorted(int(p.name.split("_")[1]) for p in RunDir(run_dir).checkpoints.glob("step_*")
                    if (p / "DONE").exists())
     last = saved[-1]
     total = last + 3
     out = subprocess.run([sys.executable, str(ROOT / "train.py"), f"resume={run_dir}", f"total_steps={total}"],
                          cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=220)
     assert out.returncode == 0, out.stderr[-4000:]
-    log_text = (run_dir / "train.log").read_text()
+    log_text = RunDir(run_dir).log().read_text()
     assert re.search(rf"resum\w* from {re.escape(str(run_dir))}/checkpoints/step_{last:08d}", log_text)
-    assert (run_dir / "checkpoints" / f"step_{total:08d}" / "DONE").exists()
+    assert (RunDir(run_dir).checkpoint(total) / DONE).exists()
     # Steps after the checkpoint were trained again, each once; the ledger still loses and repeats nothing.
-    for f in (run_dir / "rollouts").glob("step_*.jsonl"):
+    for f in RunDir(run_dir).rollouts.glob("step_*.jsonl"):
         if int(f.stem.split("_")[1]) > total:
             f.unlink()  # trained by the killed run after its last checkpoint, beyond the resumed run's end
     check_ledger(run_dir, total)

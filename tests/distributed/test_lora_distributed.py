@@ -11,6 +11,7 @@ import torch
 from rlharness.backend import build_backend
 from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, LoraConf, ModelConf, TorchBackendConf
 from rlharness.logging_utils.metrics import read_metrics
+from rlharness.run_dir import RunDir
 from tests.distributed.test_deepspeed_backend import make_batch
 from tests.helpers import QUICK, run_in_process
 
@@ -59,10 +60,10 @@ def test_disagg_async_lora_run(ray_session, tmp_path):
     run_in_process(run_dir, [*QUICK, "mode=disagg", "cluster=local_ray", "strategy=async", "max_staleness=0",
                              "total_steps=4", "eval_every=0", "save_every=2", "model.lora.rank=4",
                              "model.lora.sync=adapter", "algo.lr=3e-3"])  # on-policy: no stale tokens in the gap
-    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r]
+    rows = [r for r in read_metrics(RunDir(run_dir).metrics) if "train/loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["train/logprob_diff_rollout"] < 1e-4 for r in rows)  # the engines serve the trained adapter
-    assert (run_dir / "checkpoints" / "step_00000004" / "backend" / "adapter_config.json").is_file()
+    assert (RunDir(run_dir).checkpoint(4) / "backend" / "adapter_config.json").is_file()
     # The adapter only (94 kB of tensors; the model's weights are 2.1 MB), as the object store holds it.
     sent = [r["perf/weight_sync_bytes"] for r in rows]
     assert all(90_000 < b < 200_000 for b in sent), sent

@@ -6,6 +6,7 @@ import pytest
 
 from rlharness.config.schema import ConfigError
 from rlharness.placement_plan import NodePlan, actor_resources, plan_nodes, spread
+from rlharness.preflight import check_placement
 from tests.helpers import compose_conf
 
 SLURM = ["cluster=slurm", "mode=disagg"]
@@ -66,4 +67,4 @@ def test_slurm_actor_cpus_come_from_the_cluster_config():
 ])
 def test_plans_that_cannot_fit_are_refused_naming_the_keys(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        compose_conf([*SLURM, *overrides])
+        check_placement(compose_conf([*SLURM, *overrides])[0])  # train.py's preflight asks both

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlharness.checkpoint import complete_checkpoints
+from rlharness.run_dir import RunDir
 from tests.faults.test_refused_input import snapshot
 from tests.helpers import ROOT, run_cli
 
@@ -58,8 +59,8 @@ def test_base_and_trained_model_on_the_same_set(run, tmp_path):
     evaluate([f"resume={run}", "eval.checkpoint_step=1", *EVAL], trained_cwd)
     assert snapshot(run) == before, "evaluate.py wrote into the training run"
     base_out, trained_out = only_dir(base_cwd / "outputs" / "evaluate"), only_dir(trained_cwd / "outputs" / "evaluate")
-    base_sum = json.loads((base_out / "summary.json").read_text())
-    trained_sum = json.loads((trained_out / "summary.json").read_text())
+    base_sum = json.loads(RunDir(base_out).summary.read_text())
+    trained_sum = json.loads(RunDir(trained_out).summary.read_text())
     assert trained_sum["run_dir"] == str(run) and trained_sum["checkpoint_step"] == 1
     assert trained_sum["model"] == str(complete_checkpoints(run)[0][1] / "backend")
     for s in (base_sum, trained_sum):
@@ -67,8 +68,8 @@ def test_base_and_trained_model_on_the_same_set(run, tmp_path):
         assert set(m) == {"accuracy", "avg@n", "pass@k", "judge_failed"} and m["judge_failed"] == 0
         assert all(0.0 <= m[k] <= 1.0 for k in ("accuracy", "avg@n", "pass@k")) and m["pass@k"] >= m["avg@n"] - 1e-9
     assert "| arithmetic |" in (base_out / "summary.md").read_text()
-    base_rows = read_rows(base_out / "evals" / "model.jsonl")
-    trained_rows = read_rows(trained_out / "evals" / "step_00000001.jsonl")
+    base_rows = read_rows(RunDir(base_out).eval_file("model"))
+    trained_rows = read_rows(RunDir(trained_out).eval_file(1))
     # The same 12 prompts, each with 1 greedy + 3 sampled samples, judged.
     assert [r["prompt"] for r in base_rows] == [r["prompt"] for r in trained_rows] and len(base_rows) == 12
     for r in base_rows + trained_rows:
@@ -87,8 +88,8 @@ def test_into_a_run_directory_only_when_asked_and_beside_its_files(run, tmp_path
     after = snapshot(run)
     assert {k: v for k, v in after.items() if k in before} == before  # nothing of the run changed
     (out,) = run.glob("evaluate-*")
-    assert (out / "summary.json").is_file() and (out / "evals" / "step_00000002.jsonl").is_file()
-    assert json.loads((out / "summary.json").read_text())["checkpoint_step"] == 2  # the newest by default
+    assert RunDir(out).summary.is_file() and RunDir(out).eval_file(2).is_file()
+    assert json.loads(RunDir(out).summary.read_text())["checkpoint_step"] == 2  # the newest by default
     for p in [out, *run.glob(".hydra/evaluate-*"), run / "evaluate.log"]:  # leave the module's run as it was
         shutil.rmtree(p) if p.is_dir() else p.unlink()
 
@@ -106,7 +107,7 @@ def refused(args: list, cwd: Path, expect: list[str]) -> None:
 
 def test_refused_input(run, tmp_path):
     no_ckpt = tmp_path / "no_ckpt"
-    shutil.copytree(run / ".hydra", no_ckpt / ".hydra")
+    shutil.copytree(RunDir(run).hydra, RunDir(no_ckpt).hydra)
     refused([f"resume={no_ckpt}"], tmp_path, ["no complete checkpoint"])
     refused([f"resume={run}", "eval.checkpoint_step=5"], tmp_path, ["step 5", "the steps there are: 1, 2"])
     not_a_model = tmp_path / "not_a_model"

@@ -14,6 +14,7 @@ import yaml
 from rlharness import run_lock
 from rlharness.config.schema import ConfigError
 from rlharness.preflight import preflight
+from rlharness.run_dir import RunDir
 from tests.faults.test_refused_input import SIM, finished_run, refused, snapshot  # noqa: F401 - fixture
 from tests.helpers import ROOT, run_cli
 
@@ -65,16 +66,16 @@ def test_config_errors_of_every_entry_form_are_one_line_and_leave_no_directory(t
 def test_a_config_dir_resume_keeps_the_first_hydra_and_records_the_new_config(finished_run, config_dir, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)
-    first = {p.name: p.read_bytes() for p in (run_dir / ".hydra").glob("*.yaml")}
+    first = {p.name: p.read_bytes() for p in RunDir(run_dir).hydra.glob("*.yaml")}
     proc = run_cli(["--config-dir", str(config_dir), *SIM, f"hydra.run.dir={run_dir}", "experiment=keep3",
                     "total_steps=5"], cwd=tmp_path)
     assert "continuing it as resume=" in proc.stderr
-    assert {p.name: p.read_bytes() for p in (run_dir / ".hydra").glob("*.yaml")} == first
-    resumed = sorted((run_dir / ".hydra").glob("resumed-*"))
+    assert {p.name: p.read_bytes() for p in RunDir(run_dir).hydra.glob("*.yaml")} == first
+    resumed = sorted(RunDir(run_dir).hydra.glob("resumed-*"))
     assert len(resumed) == 1
     assert "experiment=keep3" in yaml.safe_load((resumed[0] / "overrides.yaml").read_text())
     # The user's experiment applied: three checkpoints kept (steps 2, 4, 5), not the default two.
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+    assert sorted(p.name for p in RunDir(run_dir).checkpoints.iterdir()) == [
         "step_00000002", "step_00000004", "step_00000005"]
     # Resumed again without --config-dir: composed as the newest life was (its overrides, its --config-dir).
     try:
@@ -87,8 +88,8 @@ def test_a_config_dir_resume_keeps_the_first_hydra_and_records_the_new_config(fi
 def _run_dir_with(tmp_path: Path, overrides: list[str]) -> Path:
     """A run directory as a first life leaves it before its first checkpoint (.hydra/ only)."""
     run_dir = tmp_path / "run"
-    (run_dir / ".hydra").mkdir(parents=True)
-    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    RunDir(run_dir).hydra.mkdir(parents=True)
+    RunDir(run_dir).overrides.write_text(yaml.safe_dump(overrides))
     return run_dir
 
 
@@ -110,7 +111,7 @@ def test_resume_overrides_of_keys_only_the_runs_experiment_has(tmp_path):
 def test_a_resume_composes_from_the_runs_own_config_dir(tmp_path, config_dir):
     """The run's first life was composed with --config-dir: a resume without it uses the same one."""
     run_dir = _run_dir_with(tmp_path, ["experiment=keep3", "engine=sim", "backend=sim"])
-    (run_dir / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {
+    (RunDir(run_dir).hydra / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {
         "job": {"config_name": "config"},
         "runtime": {"config_sources": [{"path": str(config_dir), "schema": "file", "provider": "command-line"}]}}}))
     try:

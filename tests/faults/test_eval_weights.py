@@ -11,6 +11,7 @@ import pytest
 
 from rlharness.checkpoint import complete_checkpoints
 from rlharness.evaluator import Evaluator
+from rlharness.run_dir import RunDir
 from tests.faults.test_refused_input import SIM
 from tests.helpers import run_in_process
 
@@ -20,7 +21,7 @@ pytestmark = [pytest.mark.timeout(300)]
 def ledger_versions(run_dir: Path) -> dict[int, tuple[int, int]]:
     """train step -> (min, max) policy version over its trained samples."""
     out = {}
-    for f in sorted((run_dir / "rollouts").glob("step_*.jsonl")):
+    for f in sorted(RunDir(run_dir).rollouts.glob("step_*.jsonl")):
         rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
         out[rows[0]["train_step"]] = (min(r["min_policy_version"] for r in rows),
                                       max(r["max_policy_version"] for r in rows))

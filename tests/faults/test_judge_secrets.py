@@ -16,6 +16,7 @@ import pytest
 
 from rlharness.checkpoint import latest_checkpoint
 from rlharness.logging_utils.metrics import read_metrics
+from rlharness.run_dir import RunDir
 from tests.faults.test_judging_faults import SERVER, col, write_task
 from tests.faults.test_refused_input import refused
 from tests.helpers import run_cli
@@ -52,11 +53,11 @@ def test_a_token_named_by_env_reaches_the_judge_and_no_file(tmp_path, auth_serve
     served = stats()
     # The server saw the header on every request (a missing or wrong one is a 401, which fails groups).
     assert served["requests"] > 0 and "unauthorized" not in served, served
-    metrics = read_metrics(run_dir / "metrics.jsonl")
+    metrics = read_metrics(RunDir(run_dir).metrics)
     assert col(metrics, "judge/groups_failed") == 0 and col(metrics, "judge/requests") == served["requests"]
     assert latest_checkpoint(run_dir)[0] == 2
     # The config went to .hydra/ and W&B's offline file (where a resolved value would show up in plain bytes).
-    assert "env:JUDGE_TOKEN" in (run_dir / ".hydra" / "config.yaml").read_text()  # the reference, not the value
+    assert "env:JUDGE_TOKEN" in RunDir(run_dir).config.read_text()  # the reference, not the value
     wandb_file = next((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert b"env:JUDGE_TOKEN" in wandb_file.read_bytes()
     token = secret.split()[1].encode()

@@ -20,6 +20,7 @@ import pytest
 
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import read_metrics
+from rlharness.run_dir import RunDir
 from tests.helpers import run_cli, run_in_process
 
 SERVER = Path(__file__).with_name("judge_server.py")
@@ -59,7 +60,7 @@ def test_a_stuck_judging_process_costs_its_timeout_and_the_run_goes_on(tmp_path)
         f"hydra.run.dir={tmp_path / 'run'}"]
     proc = run_cli(overrides, cwd=tmp_path, timeout_s=280)
     run = tmp_path / "run"
-    metrics = read_metrics(run / "metrics.jsonl")
+    metrics = read_metrics(RunDir(run).metrics)
     trained, dropped = read_ledger(run)
     groups = dropped_groups(dropped)
     assert metrics[-1]["step"] == 3  # the run finished
@@ -82,7 +83,7 @@ def test_on_timeout_zero_scores_the_stuck_member_zero_and_trains_the_group(tmp_p
         "sampler.prompt_repeat_k=2", "total_steps=2", "agent.judge_timeout_s=1", "judger.num_workers=2",
         "judger.on_timeout=zero"]
     run_in_process(tmp_path / "run", overrides)
-    metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    metrics = read_metrics(RunDir(tmp_path / "run").metrics)
     trained, dropped = read_ledger(tmp_path / "run")
     assert dropped == [] and col(metrics, "rollout/groups_failed") == 0
     tower_trained = [r for r in trained if r["prompt_index"] in tower_rows]
@@ -124,7 +125,7 @@ def test_slow_judge_replies_are_awaited_concurrently(tmp_path, judge_server):
     overrides = write_task(tmp_path, [str(i + i % 7) for i in range(16)]) + [
         "sampler.prompt_repeat_k=8", "total_steps=2", "judger=remote", f"judger.url={base}/judge"]
     run_in_process(tmp_path / "run", overrides)
-    metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    metrics = read_metrics(RunDir(tmp_path / "run").metrics)
     trained, dropped = read_ledger(tmp_path / "run")
     assert dropped == [] and col(metrics, "judge/groups_failed") == 0 and col(metrics, "judge/timeouts") == 0
     # eval 8 + 2 steps x 4 groups x 8 members + eval 8, each exactly once, no retry needed.
@@ -140,7 +141,7 @@ def test_flaky_judge_500s_are_retried_and_counted(tmp_path, judge_server):
         "sampler.prompt_repeat_k=4", "total_steps=3", "judger=remote", f"judger.url={base}/judge",
         "judger.backoff_s=0.05"]
     run_in_process(tmp_path / "run", overrides)
-    metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    metrics = read_metrics(RunDir(tmp_path / "run").metrics)
     trained, dropped = read_ledger(tmp_path / "run")
     served = stats()
     assert served["http_500"] >= 5  # 1 in 10 of >= 64 requests
@@ -161,7 +162,7 @@ def test_redirects_and_malformed_replies_fail_their_groups_and_nothing_else(tmp_
     overrides = write_task(tmp_path, answers) + [
         "sampler.prompt_repeat_k=2", "total_steps=3", "judger=remote", f"judger.url={base}/judge"]
     run_in_process(tmp_path / "run", overrides)
-    metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    metrics = read_metrics(RunDir(tmp_path / "run").metrics)
     trained, dropped = read_ledger(tmp_path / "run")
     groups = dropped_groups(dropped)
     served = stats()
@@ -184,7 +185,7 @@ def test_batch_endpoint_judges_a_group_in_one_request(tmp_path, judge_server):
         "sampler.prompt_repeat_k=4", "total_steps=2", "judger=remote", f"judger.url={base}/judge",
         f"judger.batch_url={base}/batch"]
     run_in_process(tmp_path / "run", overrides)
-    metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    metrics = read_metrics(RunDir(tmp_path / "run").metrics)
     served = stats()
     assert col(metrics, "judge/groups_failed") == 0
     # One request per group: 8 eval prompts + 2 steps x 4 groups + 8 eval prompts.
@@ -213,7 +214,7 @@ def test_judge_down_fails_eval_and_production_and_the_message_names_the_judger(t
                      r"the last (\d+) generated groups were all dropped \(\d+ judging;", out)
     assert stop, out[-3000:]
     assert "the judger is failing" in out and "weights" not in stop.group(0)
-    metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    metrics = read_metrics(RunDir(tmp_path / "run").metrics)
     assert metrics[0]["step"] == 0 and metrics[0]["eval/judge_failed"] == 8 and "eval/accuracy" not in metrics[0]
     _, dropped = read_ledger(tmp_path / "run")
     # The groups counted in the message, plus those still in flight then (at most a batch), which fail too.

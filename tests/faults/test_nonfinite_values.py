@@ -31,6 +31,7 @@ from rlharness.judger.router import RouterJudger
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import json_line
 from rlharness.preflight import compose_checked
+from rlharness.run_dir import RunDir
 from rlharness.types import RolloutState, Status
 from tests.faults.test_refused_input import refused
 from tests.helpers import run_cli
@@ -241,7 +242,7 @@ def test_non_finite_steps_in_a_row_stop_the_run_in_one_line(tmp_path):
     # Every step before it was trained and saved; the step that stopped the run left nothing behind.
     found = latest_checkpoint(run_dir)
     assert (found[0] if found else 0) == stopped_at - 1
-    rows = strict_rows(run_dir / "metrics.jsonl")
+    rows = strict_rows(RunDir(run_dir).metrics)
     assert [r["step"] for r in rows] == list(range(stopped_at))
     trained, _ = read_ledger(run_dir)
     assert {r["train_step"] for r in trained} == set(range(1, stopped_at))

@@ -16,6 +16,7 @@ from rlharness.config.schema import ConfigError
 from rlharness.data.base import PromptRow
 from rlharness.data.prompt_length import PromptMeter, check_split
 from rlharness.logging_utils.ledger import read_ledger
+from rlharness.run_dir import RunDir
 from tests.helpers import run_cli, run_in_process
 
 
@@ -43,7 +44,7 @@ def test_a_10_mb_row_is_refused_at_load_with_its_file_and_line(tmp_path):
     assert (f"2 of 12 train prompts of task jsonl are longer than task.max_prompt_tokens=120 (first: "
             f"{tmp_path / 'train.jsonl'}:5, at least ") in out
     assert "set task.long_prompts=drop" in out
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before anything ran
+    assert not RunDir(tmp_path / "run").metrics.exists()  # refused before anything ran
 
 
 @pytest.mark.timeout(300)

@@ -14,6 +14,7 @@ from rlharness.checkpoint import CheckpointWriteError, complete_checkpoints, loa
 from rlharness.config.schema import RemoteJudgerConf
 from rlharness.judger.base import gather_fail_fast
 from rlharness.judger.remote import RemoteJudgeError, RemoteJudger
+from rlharness.run_dir import RunDir
 from tests.faults.test_judging_faults import judge_server  # noqa: F401 - fixture
 from tests.faults.test_refused_input import SIM
 from tests.helpers import run_in_process
@@ -82,11 +83,11 @@ def test_a_full_disk_during_a_checkpoint_names_the_file_and_keeps_the_previous_o
     message = str(info.value)
     assert "checkpoint of step 4 not saved" in message
     assert "trainer.pt: No space left on device" in message and ".tmp-step_00000004" in message
-    kept = run_dir / "checkpoints" / "step_00000002"
+    kept = RunDir(run_dir).checkpoint(2)
     assert f"the previous checkpoint {kept} is intact" in message
     assert [s for s, _ in complete_checkpoints(run_dir)] == [2]
     assert load_state(kept / "trainer.pt")["step"] == 2
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000002"]  # space given back
+    assert sorted(p.name for p in RunDir(run_dir).checkpoints.iterdir()) == ["step_00000002"]  # space given back
 
 
 def test_safetensors_full_disk_error_is_named(tmp_path, monkeypatch, tiny_model_dir):

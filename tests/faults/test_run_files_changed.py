@@ -9,6 +9,7 @@ import shutil
 
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, read_metrics
+from rlharness.run_dir import RunDir
 from tests.faults.test_refused_input import SIM
 from tests.helpers import run_in_process
 
@@ -18,7 +19,7 @@ def _warnings(caplog) -> list[str]:
 
 
 def test_a_corrupt_metrics_line_is_named_and_the_rest_kept(tmp_path, caplog):
-    path = tmp_path / "metrics.jsonl"
+    path = RunDir(tmp_path).metrics
     rows = [json.dumps({"step": s, "train/loss": 0.1 * s}) for s in range(5)]
     rows[2] = '{"step": 2, "train/lo'  # changed by hand, not the last line
     rows.insert(4, '["not", "a", "row"]')
@@ -32,7 +33,7 @@ def test_a_corrupt_metrics_line_is_named_and_the_rest_kept(tmp_path, caplog):
 
 
 def test_a_corrupt_dropped_line_is_named_and_the_rest_kept(tmp_path, caplog):
-    rollouts = tmp_path / "rollouts"
+    rollouts = RunDir(tmp_path).rollouts
     rollouts.mkdir()
     for step in (1, 2):
         (rollouts / f"step_{step:08d}.jsonl").write_text(json.dumps({"train_step": step}) + "\n")
@@ -50,15 +51,15 @@ def test_a_deleted_ledger_is_said_on_resume(tmp_path, caplog):
     run_dir = tmp_path / "run"
     args = [*SIM, "total_steps=2", "save_every=2"]
     run_in_process(run_dir, args)
-    shutil.rmtree(run_dir / "rollouts")
+    shutil.rmtree(RunDir(run_dir).rollouts)
     with caplog.at_level(logging.WARNING):
         run_in_process(run_dir, [*SIM, "total_steps=3", "save_every=2"])
     said = [m for m in _warnings(caplog) if "rollouts" in m]
     assert len(said) == 1 and "missing" in said[0] and "steps 1-2" in said[0], _warnings(caplog)
-    assert (run_dir / "rollouts" / "step_00000003.jsonl").is_file()  # the run went on
+    assert RunDir(run_dir).rollout(3).is_file()  # the run went on
     # Some step files gone: each is named.
     for step in (1, 3):
-        (run_dir / "rollouts" / f"step_{step:08d}.jsonl").unlink(missing_ok=True)
+        RunDir(run_dir).rollout(step).unlink(missing_ok=True)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         RolloutLedger(run_dir, resume_step=3)

@@ -15,6 +15,7 @@ import pytest
 
 from rlharness import run_lock
 from rlharness.checkpoint import latest_checkpoint
+from rlharness.run_dir import DONE, RunDir
 from tests.faults.test_refused_input import SIM
 from tests.helpers import ROOT, run_cli, run_in_process
 
@@ -41,12 +42,12 @@ def test_a_held_directory_is_refused_naming_the_pid_and_a_killed_holder_leaves_n
         # A job that never passed through train.py's preflight (a sweep point, a Slurm job) is refused too.
         with pytest.raises(run_lock.RunDirLocked, match=f"PID {holder.pid}"):
             run_in_process(run_dir, [*SIM, "total_steps=1"])
-        assert sorted(p.name for p in run_dir.iterdir()) == [run_lock.LOCK_NAME]  # nothing written
+        assert sorted(p.name for p in run_dir.iterdir()) == [RunDir(run_dir).lock.name]  # nothing written
     finally:
         holder.kill()
         holder.wait()
     assert run_lock.acquire(run_dir)  # SIGKILL: the kernel dropped the lock with the process
-    assert (run_dir / run_lock.LOCK_NAME).read_text() == f"{os.getpid()}\n"
+    assert RunDir(run_dir).lock.read_text() == f"{os.getpid()}\n"
     assert not run_lock.acquire(run_dir)  # this process holds it already
     run_lock.release(run_dir)
 
@@ -58,15 +59,15 @@ def test_two_real_starts_into_one_directory(tmp_path):
     first = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *slow], cwd=tmp_path, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_for(lambda: (run_dir / "checkpoints" / "step_00000001" / "DONE").is_file())
-        assert (run_dir / run_lock.LOCK_NAME).read_text() == f"{first.pid}\n"
+        _wait_for(lambda: (RunDir(run_dir).checkpoint(1) / DONE).is_file())
+        assert RunDir(run_dir).lock.read_text() == f"{first.pid}\n"
         for args in ([*SIM, f"hydra.run.dir={run_dir}", "total_steps=1000"], [f"resume={run_dir}"]):
             proc = run_cli(args, cwd=tmp_path, check=False)
             lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
             assert proc.returncode == 2, proc.stderr[-2000:]
             assert lines[-1].startswith("error: ") and f"in use by PID {first.pid}" in lines[-1], lines
             assert "Traceback" not in proc.stderr
-            assert not list((run_dir / ".hydra").glob("resumed-*")), "the refused start wrote into the run"
+            assert not list(RunDir(run_dir).hydra.glob("resumed-*")), "the refused start wrote into the run"
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
@@ -76,4 +77,4 @@ def test_two_real_starts_into_one_directory(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "continuing it as resume=" in proc.stderr
     assert latest_checkpoint(run_dir)[0] == last + 1
-    assert Path(run_dir / run_lock.LOCK_NAME).read_text().strip() != str(first.pid)
+    assert Path(RunDir(run_dir).lock).read_text().strip() != str(first.pid)

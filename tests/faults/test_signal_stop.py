@@ -18,6 +18,7 @@ import pytest
 
 from rlharness.checkpoint import latest_checkpoint
 from rlharness.logging_utils.metrics import read_metrics
+from rlharness.run_dir import RunDir
 from tests.resume.test_kill_resume import (ASYNC, SYNC, assert_nothing_lost_or_duplicated, assert_trains_like, launch,
                                            run_to_the_end, step_rows)
 
@@ -148,8 +149,8 @@ def test_submitit_preemption_signal_checkpoints_then_requeues(tmp_path):
     assert "rlharness: stopped by SIGUSR2" in logs and "submitit requeues the job" in logs, logs[-3000:]
     assert "Requeued job" in logs, logs[-3000:]
     stopped_at = int(logs.split("rlharness: stopped by SIGUSR2 at step ")[1].split("/")[0])
-    assert f"resumed from {run_dir}/checkpoints/step_{stopped_at:08d}" in (run_dir / "train.log").read_text()
-    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r] == list(range(1, 31))
+    assert f"resumed from {run_dir}/checkpoints/step_{stopped_at:08d}" in RunDir(run_dir).log().read_text()
+    assert [r["step"] for r in read_metrics(RunDir(run_dir).metrics) if "train/loss" in r] == list(range(1, 31))
     assert_nothing_lost_or_duplicated(run_dir, total_steps=30, max_staleness=1)
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from rlharness.config.schema import ConfigError
 from rlharness.config.store import SCHEMAS
+from rlharness.preflight import check_placement
 from tests.helpers import ROOT, compose_conf, run_cli
 
 GROUP_OPTIONS = [
@@ -62,7 +63,20 @@ def test_wrong_type_names_the_key():
 
 def test_disagg_that_the_cluster_cannot_hold_is_refused():
     with pytest.raises(ConfigError, match="num_cpus"):
-        compose_conf(["mode=disagg", "cluster=local_ray", "cluster.num_cpus=1"])
+        check_placement(compose_conf(["mode=disagg", "cluster=local_ray", "cluster.num_cpus=1"])[0])
+
+
+def test_config_validity_does_not_depend_on_what_is_installed():
+    """The config module imports nothing that runs a job (engines, Ray, Slurm, the placement plan): where a
+    vLLM engine runs depends on the installed vLLM build, so that is asked by preflight, never by RunConf."""
+    import ast
+
+    tree = ast.parse((ROOT / "rlharness" / "config" / "schema.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m.startswith(("rlharness.engine", "rlharness.distributed",
+                                                      "rlharness.launch", "rlharness.placement_plan"))}
+    compose_conf(["cluster=slurm", "mode=disagg", "cluster.nodes=2", "engine=vllm"])  # valid, vLLM or not
 
 
 @pytest.mark.slow

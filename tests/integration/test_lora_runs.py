@@ -6,13 +6,14 @@ import pytest
 
 from rlharness.logging_utils.metrics import read_metrics
 from rlharness.model import PROJECT_ROOT
+from rlharness.run_dir import RunDir
 from tests.helpers import QUICK, run_in_process
 
 SMOLLM2 = PROJECT_ROOT / "assets" / "smollm2-135m-instruct"
 
 
 def train_rows(run_dir) -> list[dict]:
-    return [r for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r]
+    return [r for r in read_metrics(RunDir(run_dir).metrics) if "train/loss" in r]
 
 
 @pytest.mark.timeout(400)
@@ -43,5 +44,5 @@ def test_smollm2_lora_adapter_run(tmp_path):
     rows = train_rows(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["train/logprob_diff_rollout"] < 1e-3 for r in rows)
-    adapter = run_dir / "checkpoints" / "step_00000002" / "backend" / "adapter_model.safetensors"
+    adapter = RunDir(run_dir).checkpoint(2) / "backend" / "adapter_model.safetensors"
     assert 9e6 < adapter.stat().st_size < 11e6  # rank 8 on the 7 projections: 2.44M fp32 parameters

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from rlharness.run_dir import DONE, RunDir
 from tests.helpers import ROOT, run_cli
 
 pytestmark = [pytest.mark.timeout(900)]
@@ -97,7 +98,7 @@ def test_a_short_real_model_run_through_train_py(smollm2, tmp_path):
     run_cli(["experiment=chat_math", "model=smollm2", "batch_size=2", "sampler.prompt_repeat_k=2",
              "agent.sampling.max_tokens=16", "total_steps=2", "eval_every=2", "eval.num_prompts=2", "save_every=0",
              "logger.mode=disabled", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout_s=800)
-    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(ln) for ln in RunDir(run_dir).metrics.read_text().splitlines()]
     train = [r for r in rows if "train/loss" in r]
     assert [r["step"] for r in train] == [1, 2]
     for r in train:
@@ -105,11 +106,11 @@ def test_a_short_real_model_run_through_train_py(smollm2, tmp_path):
         # The engine's log-probs and the trainer's recomputation: same float32 weights, same tokens.
         assert r["train/logprob_diff_rollout"] < 1e-3, r
     assert any("eval/accuracy" in r for r in rows)
-    samples = [json.loads(ln) for ln in (run_dir / "rollouts" / "step_00000001.jsonl").read_text().splitlines()]
+    samples = [json.loads(ln) for ln in RunDir(run_dir).rollout(1).read_text().splitlines()]
     assert len(samples) == 4
     assert all(s["prompt"].startswith(SYSTEM) and s["prompt"].endswith("<|im_start|>assistant\n") for s in samples)
-    assert (run_dir / "checkpoints" / "step_00000002" / "DONE").is_file()
-    shutil.rmtree(run_dir / "checkpoints")  # 1.6 GB of float32 weights and Adam state
+    assert (RunDir(run_dir).checkpoint(2) / DONE).is_file()
+    shutil.rmtree(RunDir(run_dir).checkpoints)  # 1.6 GB of float32 weights and Adam state
 
 
 def _fake_wheel(folder: Path) -> None:

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import read_metrics
+from rlharness.run_dir import RunDir
 from tests.helpers import QUICK, ROOT, run_in_process
 
 REQUIRED_METRICS = [
@@ -26,7 +27,7 @@ LEDGER_KEYS = ["uid", "group_id", "task", "prompt_index", "epoch", "train_step",
 
 def check_run_dir(run_dir, total_steps, log_text):
     """`log_text`: what the run logged (caplog's text: an in-process run has no Hydra train.log)."""
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    rows = read_metrics(RunDir(run_dir).metrics)
     steps = [r["step"] for r in rows if "train/loss" in r]
     assert steps == list(range(1, total_steps + 1))
     for key in REQUIRED_METRICS:
@@ -36,9 +37,9 @@ def check_run_dir(run_dir, total_steps, log_text):
     assert {r["train_step"] for r in trained} == set(range(1, total_steps + 1))
     for key in LEDGER_KEYS:
         assert key in trained[0], key
-    ckpt = run_dir / "checkpoints" / f"step_{total_steps:08d}"
+    ckpt = RunDir(run_dir).checkpoint(total_steps)
     assert (ckpt / "DONE").is_file()
-    assert list((run_dir / "plots").glob("*.png"))
+    assert list(RunDir(run_dir).plots.glob("*.png"))
     # What train.log holds in a CLI run: the final checkpoint's line and the run directory.
     assert f"checkpoint saved: {ckpt}" in log_text
     assert f"run directory: {run_dir}" in log_text
@@ -59,7 +60,7 @@ def test_real_tiny_model_trains_and_writes_everything(tmp_path, caplog):
             assert math.isfinite(r["train/loss"]) and math.isfinite(r["train/grad_norm"])
     # Weights changed and the engine was given them: versions 0..steps-1 produced the tokens.
     before = load_file(ROOT / "assets" / "tiny-arith" / "model.safetensors")
-    after = load_file(run_dir / "checkpoints" / f"step_{steps:08d}" / "backend" / "model.safetensors")
+    after = load_file(RunDir(run_dir).checkpoint(steps) / "backend" / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
     versions = {(r["train_step"], r["max_policy_version"]) for r in trained}
     assert all(v == step - 1 for step, v in versions)  # sync colocate: on-policy, engine got step-1

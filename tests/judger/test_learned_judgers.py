@@ -16,6 +16,7 @@ from rlharness.config.schema import (ConfigError, HFEngineConf, LLMJudgerConf, M
 from rlharness.judger import build_judger
 from rlharness.judger.llm import LLMJudger
 from rlharness.judger.reward_model import RewardModelJudger, check_reward_model
+from rlharness.run_dir import RunDir
 from rlharness.types import RolloutState, Status
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -217,14 +218,14 @@ def test_a_run_on_a_reward_model_logs_true_correctness_and_evaluates_with_the_ve
     run_dir = tmp_path / "run"
     run_in_process(run_dir, [*QUICK, "batch_size=2", "eval.num_prompts=8", "total_steps=2", "eval_every=2",
                              "save_every=0", "experiment=arith_rm", f"judger.reward_model.path={rm_dir}"])
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in RunDir(run_dir).metrics.read_text().splitlines()]
     trained = [r for r in rows if "rollout/reward_reward_model_mean" in r]
     assert len(trained) == 2 and all("rollout/reward_math_mean" in r for r in trained)
     # The trained reward is the reward model's alone (math and format weigh 0).
     assert all(r["rollout/reward_mean"] == pytest.approx(r["rollout/reward_reward_model_mean"], rel=1e-5)
                for r in trained)
     assert any("eval/accuracy" in r for r in rows)
-    scores = [s["score"] for line in (run_dir / "evals" / "step_00000002.jsonl").read_text().splitlines()
+    scores = [s["score"] for line in RunDir(run_dir).eval_file(2).read_text().splitlines()
               for s in json.loads(line)["samples"]]
     assert scores and set(scores) <= {0.0, 1.0}  # scored by the math judger, not the reward model's logits
 

@@ -13,6 +13,7 @@ import pytest
 
 from rlharness.checkpoint import complete_checkpoints
 from rlharness.logging_utils.samples import eval_table, sample_table
+from rlharness.run_dir import RunDir
 from rlharness.types import Status, make_group
 from tests.helpers import run_cli
 
@@ -66,10 +67,10 @@ def tables(run_dir: Path, key: str) -> dict[int, tuple[list, list]]:
 def test_a_run_logs_sample_tables_and_eval_files_and_a_resume_redoes_them(tmp_path):
     run_dir = tmp_path / "run"
     proc = run_cli([*RUN, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
-    first = (run_dir / "train.log").read_text().splitlines()[0]
+    first = RunDir(run_dir).log().read_text().splitlines()[0]
     assert f"run directory: {run_dir}" in first and f"tail -f {run_dir / 'train.log'}" in first
     offline = next((run_dir / "wandb").glob("offline-run-*"))
-    assert f"wandb sync {offline}" in (run_dir / "train.log").read_text()
+    assert f"wandb sync {offline}" in RunDir(run_dir).log().read_text()
     assert "Traceback" not in proc.stderr
 
     samples = tables(run_dir, "rollout/samples")
@@ -81,7 +82,7 @@ def test_a_run_logs_sample_tables_and_eval_files_and_a_resume_redoes_them(tmp_pa
         for r in rows:
             per_group[r[2]] = per_group.get(r[2], 0) + 1
         assert set(per_group.values()) == {K}
-        trained = [json.loads(ln) for ln in (run_dir / "rollouts" / f"step_{step:08d}.jsonl").read_text().splitlines()]
+        trained = [json.loads(ln) for ln in RunDir(run_dir).rollout(step).read_text().splitlines()]
         by_uid = {(t["group_id"], t["response"]): t for t in trained}
         for r in rows:  # what the table shows is what was trained
             t = by_uid[(r[2], r[4])]
@@ -92,21 +93,21 @@ def test_a_run_logs_sample_tables_and_eval_files_and_a_resume_redoes_them(tmp_pa
     assert sorted(evals) == [0, 1, 2, 3, 4]
     for step, (columns, rows) in evals.items():
         assert len(rows) == 9 and {"judgement", "extracted", "answer"} <= set(columns)  # 3 prompts x (1 + 2)
-        on_disk = [json.loads(ln) for ln in (run_dir / "evals" / f"step_{step:08d}.jsonl").read_text().splitlines()]
+        on_disk = [json.loads(ln) for ln in RunDir(run_dir).eval_file(step).read_text().splitlines()]
         assert len(on_disk) == 6 and all(len(r["samples"]) == 3 for r in on_disk)
         disk_rows = [(r["prompt"], s["response"], s["judgement"]) for r in on_disk for s in r["samples"]]
         j = columns.index
         assert [(r[j("prompt")], r[j("response")], r[j("judgement")]) for r in rows] == disk_rows[:9]
-    metrics = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(ln) for ln in RunDir(run_dir).metrics.read_text().splitlines()]
     for row in metrics:  # the file's judgements add up to the step's accuracy
-        on_disk = [json.loads(ln) for ln in (run_dir / "evals" / f"step_{row['step']:08d}.jsonl").read_text().splitlines()]
+        on_disk = [json.loads(ln) for ln in RunDir(run_dir).eval_file(row['step']).read_text().splitlines()]
         greedy = [r["samples"][0]["judgement"] == "correct" for r in on_disk]
         assert row["eval/accuracy"] == pytest.approx(sum(greedy) / len(greedy))
 
     # A crash after step 4's eval but before its checkpoint: resume from step 2 to total_steps=3.
     shutil.rmtree(complete_checkpoints(run_dir)[-1][1])
-    kept = {p.name: p.read_bytes() for p in (run_dir / "evals").glob("*.jsonl") if int(p.stem[5:]) <= 2}
+    kept = {p.name: p.read_bytes() for p in RunDir(run_dir).evals.glob("*.jsonl") if int(p.stem[5:]) <= 2}
     run_cli([*RUN, "total_steps=3", f"resume={run_dir}"], cwd=tmp_path)
-    names = sorted(p.name for p in (run_dir / "evals").glob("*.jsonl"))
+    names = sorted(p.name for p in RunDir(run_dir).evals.glob("*.jsonl"))
     assert names == [f"step_{s:08d}.jsonl" for s in range(4)]  # step 4's file is gone, step 3 redone
-    assert all((run_dir / "evals" / n).read_bytes() == b for n, b in kept.items())
+    assert all((RunDir(run_dir).evals / n).read_bytes() == b for n, b in kept.items())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from rlharness.producer.progress import BatchAllocation
+from rlharness.run_dir import RunDir
 from tests.helpers import run_in_process
 from tests.multitask.mix_ledger import check_mix_ledger, producer_state
 
@@ -33,7 +34,7 @@ def test_each_step_trains_its_allocation_and_no_prompt_is_lost_or_repeated(tmp_p
         assert f"rollout/{t}/reward_mean" in last and f"eval/{t}/accuracy" in last
     assert last["eval/accuracy"] == pytest.approx(
         0.7 * last["eval/padded/accuracy"] + 0.3 * last["eval/unpadded/accuracy"])
-    assert (run_dir / "plots" / "eval_accuracy.png").exists()
+    assert (RunDir(run_dir).plots / "eval_accuracy.png").exists()
 
 
 @pytest.mark.timeout(300)

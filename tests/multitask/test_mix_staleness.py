@@ -13,6 +13,7 @@ import pytest
 from rlharness.config.schema import ConfigError
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import read_metrics
+from rlharness.run_dir import RunDir
 from tests.helpers import compose_conf, run_in_process
 from tests.multitask.mix_ledger import check_mix_ledger
 from tests.multitask.test_mix_runs import BASE, BATCH, NUM_TRAIN, STEPS, WEIGHTS
@@ -43,7 +44,7 @@ def test_each_task_s_samples_respect_its_own_staleness_bound(tmp_path, mode):
         worst[r["task"]] = max(worst[r["task"]], held)
     assert worst["padded"] > 0, "the task with bound 2 never used it: the test would show nothing"
     assert last["staleness/unpadded/max" if mode == "token" else "staleness/unpadded/admission_max"] == 0
-    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r]
+    rows = [r for r in read_metrics(RunDir(run_dir).metrics) if "train/loss" in r]
     generated = {t: sum(r[f"rollout/{t}/groups_generated"] for r in rows) for t in BOUNDS}
     trained_groups = {t: len({r["group_id"] for r in trained if r["task"] == t}) for t in BOUNDS}
     assert generated["padded"] > trained_groups["padded"]  # over-sampled (and continued) groups

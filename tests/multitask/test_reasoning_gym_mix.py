@@ -11,6 +11,7 @@ from rlharness.data import build_task
 from rlharness.judger.reasoning_gym import ReasoningGymJudger
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import read_metrics
+from rlharness.run_dir import RunDir
 from tests.faults.test_refused_input import refused
 from tests.helpers import run_cli
 from tests.resume.test_kill_resume import assert_trains_like
@@ -45,7 +46,7 @@ def test_two_reasoning_gym_datasets_train_together_resume_exactly_and_are_judged
         row = tasks[r["task"]].train[r["prompt_index"]]
         assert r["prompt"].endswith("<|im_start|>assistant\n") and row.label["entry"]["question"] in r["prompt"]
         assert r["reward"] == judgers[r["task"]].score(r["response"], row.label)["score"], r
-    last = read_metrics(reference / "metrics.jsonl")[-1]
+    last = read_metrics(RunDir(reference).metrics)[-1]
     assert "eval/sums/accuracy" in last and "eval/products/accuracy" in last
 
     resumed = tmp_path / "resumed"

@@ -18,6 +18,7 @@ from rlharness.config.schema import AsyncStrategyConf, ConfigError, SimEngineCon
 from rlharness.producer.progress import ProduceProgress
 from rlharness.producer.staleness import StalenessPolicy
 from rlharness.replay_buffer import ReplayBuffer
+from rlharness.run_dir import RunDir
 from rlharness.types import Status, make_group
 
 pytestmark = pytest.mark.timeout(60)
@@ -160,7 +161,7 @@ def test_step_stats_report_both_measures_and_the_histogram_plot_sums_them(tmp_pa
         await asyncio.wait_for(loop_task, timeout=10)
 
     asyncio.run(main())
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    RunDir(tmp_path).metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
     total = staleness_histogram(rows)
     assert sum(total.values()) == sum(r["rollout/response_len_mean"] * 4 * 2 for r in rows)  # 4 groups of 2
-    assert (tmp_path / "plots" / "staleness_hist.png") in write_plots(tmp_path)
+    assert (RunDir(tmp_path).plots / "staleness_hist.png") in write_plots(tmp_path)

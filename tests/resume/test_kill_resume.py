@@ -21,6 +21,7 @@ import pytest
 from rlharness.checkpoint import KILL_IN_CHECKPOINT_ENV, latest_checkpoint, load_state
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import read_metrics
+from rlharness.run_dir import RunDir
 from tests.helpers import ROOT
 
 pytestmark = [pytest.mark.slow]
@@ -47,7 +48,7 @@ def kill_and_resume_until_done(run_dir: Path, overrides: list[str], kills: int, 
     # First life: die inside the write of an early checkpoint (before its DONE marker).
     proc = launch(run_dir, overrides, {KILL_IN_CHECKPOINT_ENV: str(kill_in_checkpoint_step)})
     assert proc.wait(timeout=300) == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
-    tmp_dirs = list((run_dir / "checkpoints").glob(".tmp-*"))
+    tmp_dirs = list(RunDir(run_dir).checkpoints.glob(".tmp-*"))
     assert tmp_dirs, "the kill should leave a half-written checkpoint behind"
     killed += 1
     while True:
@@ -93,7 +94,7 @@ DIAGNOSTIC_KEYS = ("train/loss", "train/logprob_diff_rollout", "train/grad_norm"
 
 def step_rows(run_dir: Path) -> dict[int, dict]:
     """The training rows of metrics.jsonl by step."""
-    return {r["step"]: r for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r}
+    return {r["step"]: r for r in read_metrics(RunDir(run_dir).metrics) if "train/loss" in r}
 
 
 def assert_trains_like(run_dir: Path, reference: Path, total_steps: int) -> None:

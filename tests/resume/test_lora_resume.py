@@ -8,6 +8,7 @@ import pytest
 
 from rlharness.checkpoint import latest_checkpoint
 from rlharness.logging_utils.metrics import read_metrics
+from rlharness.run_dir import RunDir
 from tests.resume.test_kill_resume import SYNC, assert_trains_like, kill_and_resume_until_done, run_to_the_end
 
 pytestmark = [pytest.mark.slow]
@@ -23,7 +24,7 @@ def test_lora_killed_run_trains_exactly_like_the_uninterrupted_one(tmp_path):
     _, ckpt = latest_checkpoint(reference)
     saved = json.loads((ckpt / "backend" / "adapter_config.json").read_text())
     assert saved["r"] == 4 and not (ckpt / "backend" / "model.safetensors").exists()
-    rows = [r for r in read_metrics(reference / "metrics.jsonl") if "train/loss" in r]
+    rows = [r for r in read_metrics(RunDir(reference).metrics) if "train/loss" in r]
     assert rows[-1]["train/kl"] > 0  # the adapters moved the policy away from the base
     assert all(0 < r["perf/weight_sync_bytes"] < 100_000 for r in rows)  # adapters only (94 kB; the model is 2.1 MB)
     killed_dir = tmp_path / "killed"

@@ -11,6 +11,7 @@ import yaml
 from rlharness.checkpoint import CheckpointError
 from rlharness.config.schema import ConfigError
 from rlharness.launcher import prepare_resume_argv
+from rlharness.run_dir import RunDir
 from tests.helpers import run_in_process
 
 SIM = ["engine=sim", "backend=sim", "eval_every=0", "logger.mode=disabled", "batch_size=8",
@@ -26,8 +27,8 @@ def snapshot(run_dir: Path) -> dict[str, str]:
 def finished_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("resume") / "run"
     run_in_process(run_dir, [*SIM, "total_steps=4", "save_every=2"])
-    (run_dir / ".hydra").mkdir()
-    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([*SIM, "total_steps=4", "save_every=2"]))
+    RunDir(run_dir).hydra.mkdir()
+    RunDir(run_dir).overrides.write_text(yaml.safe_dump([*SIM, "total_steps=4", "save_every=2"]))
     return run_dir
 
 
@@ -42,9 +43,9 @@ def test_not_a_run_directory(tmp_path):
 
 
 def test_no_complete_checkpoint(tmp_path):
-    (tmp_path / ".hydra").mkdir()
-    (tmp_path / ".hydra" / "overrides.yaml").write_text("[]\n")
-    (tmp_path / "checkpoints" / "step_00000002").mkdir(parents=True)  # no DONE: a write that was killed
+    RunDir(tmp_path).hydra.mkdir()
+    RunDir(tmp_path).overrides.write_text("[]\n")
+    RunDir(tmp_path).checkpoint(2).mkdir(parents=True)  # no DONE: a write that was killed
     with pytest.raises(ConfigError, match="no complete checkpoint"):
         prepare_resume_argv(["train.py", f"resume={tmp_path}"])
 
@@ -70,16 +71,33 @@ def test_resume_continues_to_more_steps(tmp_path):
     run_in_process(run_dir, [*SIM, "total_steps=5", "save_every=3"])
     from rlharness.logging_utils.metrics import read_metrics
 
-    steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r]
+    steps = [r["step"] for r in read_metrics(RunDir(run_dir).metrics) if "train/loss" in r]
     assert steps == [1, 2, 3, 4, 5]
 
 
 def test_corrupted_checkpoint_is_a_clear_error_and_damages_nothing(tmp_path):
     run_dir = tmp_path / "run"
     run_in_process(run_dir, [*SIM, "total_steps=2", "save_every=2"])
-    trainer_pt = run_dir / "checkpoints" / "step_00000002" / "trainer.pt"
+    trainer_pt = RunDir(run_dir).checkpoint(2) / "trainer.pt"
     trainer_pt.write_bytes(trainer_pt.read_bytes()[:100])
     before = snapshot(run_dir)
     with pytest.raises(CheckpointError, match="step_00000002.*corrupted"):
         run_in_process(run_dir, [*SIM, "total_steps=4"])
+    assert snapshot(run_dir) == before
+
+
+def test_input_refused_before_training_is_a_refused_input_carrying_its_error(tmp_path):
+    """What train.py rolls back and prints as one line is told by type: `launcher.run` raises RefusedInput
+    (the CheckpointError that refused it inside), and nothing of the run was touched."""
+    from rlharness.launcher import RefusedInput, run
+    from tests.helpers import compose_conf
+
+    run_dir = tmp_path / "run"
+    run_in_process(run_dir, [*SIM, "total_steps=2", "save_every=2"])
+    trainer_pt = RunDir(run_dir).checkpoint(2) / "trainer.pt"
+    trainer_pt.write_bytes(trainer_pt.read_bytes()[:100])
+    before = snapshot(run_dir)
+    with pytest.raises(RefusedInput, match="step_00000002.*corrupted") as refused:
+        run(*compose_conf([*SIM, "total_steps=4"], run_dir))
+    assert isinstance(refused.value.error, CheckpointError) and refused.value.__cause__ is refused.value.error
     assert snapshot(run_dir) == before

@@ -10,6 +10,7 @@ import pytest
 
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, read_metrics
+from rlharness.run_dir import RunDir
 
 
 def write_rows(path: Path, steps: range) -> None:
@@ -17,14 +18,14 @@ def write_rows(path: Path, steps: range) -> None:
 
 
 def test_metrics_rows_past_the_checkpoint_are_dropped_and_no_temporary_file_is_left(tmp_path):
-    write_rows(tmp_path / "metrics.jsonl", range(0, 7))
+    write_rows(RunDir(tmp_path).metrics, range(0, 7))
     MetricsWriter(tmp_path, resume_step=4).close()
-    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+    assert [r["step"] for r in read_metrics(RunDir(tmp_path).metrics)] == [0, 1, 2, 3, 4]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
 
 
 def test_a_failed_rewrite_leaves_the_old_metrics_file_whole(tmp_path, monkeypatch):
-    path = tmp_path / "metrics.jsonl"
+    path = RunDir(tmp_path).metrics
     write_rows(path, range(0, 7))
     before = path.read_text()
 
@@ -38,7 +39,7 @@ def test_a_failed_rewrite_leaves_the_old_metrics_file_whole(tmp_path, monkeypatc
 
 
 def test_ledger_steps_and_dropped_rows_past_the_checkpoint_are_forgotten(tmp_path):
-    rollouts = tmp_path / "rollouts"
+    rollouts = RunDir(tmp_path).rollouts
     rollouts.mkdir()
     for step in (1, 2, 3):
         (rollouts / f"step_{step:08d}.jsonl").write_text(json.dumps({"train_step": step}) + "\n")

@@ -13,6 +13,8 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
+from rlharness.run_dir import RunDir
+
 pytestmark = [pytest.mark.slurm]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,7 +114,7 @@ def test_multirun_cluster_slurm_runs_one_job_per_point(slurm_env, tmp_path):
 def _hydra_job_id(job_dir: Path) -> str:
     import yaml
 
-    return str(yaml.safe_load((job_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]["job"]["id"])
+    return str(yaml.safe_load((RunDir(job_dir).hydra / "hydra.yaml").read_text())["hydra"]["job"]["id"])
 
 
 @pytest.mark.timeout(120)

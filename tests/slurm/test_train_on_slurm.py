@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlharness.run_dir import RunDir
+
 pytestmark = [pytest.mark.slurm]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +30,7 @@ def _train(sweep: Path, *overrides: str, timeout_s: float) -> subprocess.Popen:
 
 
 def _steps(run_dir: Path) -> list[int]:
-    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    return [json.loads(line)["step"] for line in RunDir(run_dir).metrics.read_text().splitlines() if line]
 
 
 def assert_complete_run(run_dir: Path, total_steps: int) -> None:
@@ -37,17 +39,17 @@ def assert_complete_run(run_dir: Path, total_steps: int) -> None:
     train_steps = [s for s in steps if s > 0]  # step 0: the evaluation before training
     assert train_steps == list(range(1, total_steps + 1)), f"{run_dir}: metrics steps {steps}"
     assert steps == sorted(steps) and len(set(steps)) == len(steps), f"{run_dir}: repeated steps {steps}"
-    rollout_files = sorted(p.name for p in (run_dir / "rollouts").glob("step_*.jsonl"))
+    rollout_files = sorted(p.name for p in RunDir(run_dir).rollouts.glob("step_*.jsonl"))
     assert rollout_files == [f"step_{s:08d}.jsonl" for s in range(1, total_steps + 1)]
     for s in range(1, total_steps + 1):
-        rows = [json.loads(x) for x in (run_dir / "rollouts" / f"step_{s:08d}.jsonl").read_text().splitlines()]
+        rows = [json.loads(x) for x in RunDir(run_dir).rollout(s).read_text().splitlines()]
         assert rows and {r["train_step"] for r in rows} == {s}, f"step {s}: {rows[:1]}"
-    assert any((c / "DONE").is_file() for c in (run_dir / "checkpoints").glob("step_*"))
-    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert any((c / "DONE").is_file() for c in RunDir(run_dir).checkpoints.glob("step_*"))
+    assert RunDir(run_dir).config.is_file()
 
 
 def _job_id(run_dir: Path) -> str:
-    return str(yaml.safe_load((run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]["job"]["id"])
+    return str(yaml.safe_load((RunDir(run_dir).hydra / "hydra.yaml").read_text())["hydra"]["job"]["id"])
 
 
 @pytest.mark.slow
@@ -84,7 +86,7 @@ def test_preempted_job_is_requeued_and_resumes_from_its_checkpoint(slurm_env, tm
     proc = _train(tmp_path / "sweep", f"total_steps={total}", "save_every=2", "eval_every=0",
                   "backend.step_time_s=0.4", "seed=3", timeout_s=240)
     try:
-        _wait("5 logged steps", lambda: (run_dir / "metrics.jsonl").is_file() and len(_steps(run_dir)) >= 5, 120)
+        _wait("5 logged steps", lambda: RunDir(run_dir).metrics.is_file() and len(_steps(run_dir)) >= 5, 120)
         job_id = _job_id(run_dir)
         # What Slurm does on preemption (and before a timeout): SIGUSR2 to the job step.
         # submitit catches it, calls the launcher's checkpoint() and requeues the job.
@@ -98,7 +100,7 @@ def test_preempted_job_is_requeued_and_resumes_from_its_checkpoint(slurm_env, tm
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out
-    log = (run_dir / "train.log").read_text()
+    log = RunDir(run_dir).log().read_text()
     assert "Requeued job" in log  # submitit's own line, from the interrupted attempt
     assert re.search(r"resum\w* from \S*checkpoints/step_\d+", log), "the requeued job did not resume"
     assert_complete_run(run_dir, total)

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from rlharness.run_dir import DONE, RunDir
+
 from .test_train_on_slurm import _job_id, _slurm, _steps, _wait
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -82,15 +84,15 @@ def wait_job_id(run_dir: Path, timeout_s: float = START_TIMEOUT_S) -> str:
 
 def placements(run_dir: Path) -> dict[str, tuple[str, str]]:
     """actor name -> (hostname, address), as each actor reported it ("placed X on H (A)" log lines)."""
-    found = re.findall(r"placed (\S+) on (\S+) \((\S+)\)", (run_dir / "train.log").read_text())
+    found = re.findall(r"placed (\S+) on (\S+) \((\S+)\)", RunDir(run_dir).log().read_text())
     return {name: (host, addr) for name, host, addr in found}
 
 
 def check_ledger(run_dir: Path, total_steps: int) -> None:
     """Staleness bound per sample; every group trained once, none lost (the ledger and dropped.jsonl)."""
-    trained = [json.loads(line) for f in sorted((run_dir / "rollouts").glob("step_*.jsonl"))
+    trained = [json.loads(line) for f in sorted(RunDir(run_dir).rollouts.glob("step_*.jsonl"))
                for line in f.read_text().splitlines() if line.strip()]
-    dropped_file = run_dir / "rollouts" / "dropped.jsonl"
+    dropped_file = RunDir(run_dir).dropped
     dropped = [json.loads(x) for x in dropped_file.read_text().splitlines()] if dropped_file.exists() else []
     assert {r["train_step"] for r in trained} == set(range(1, total_steps + 1))
     for r in trained:
@@ -125,7 +127,7 @@ def test_disagg_run_across_two_nodes_requeued_resumes_from_its_run_dir(slurm_env
     run_dir = sweep / "0"
     proc = _train(sweep, f"total_steps={total}", "seed=6")
     try:
-        _wait("a checkpoint at step 4", lambda: (run_dir / "checkpoints" / "step_00000004" / "DONE").exists(),
+        _wait("a checkpoint at step 4", lambda: (RunDir(run_dir).checkpoint(4) / DONE).exists(),
               START_TIMEOUT_S)
         job_id = wait_job_id(run_dir)
         job = _slurm("scontrol", "show", "job", job_id)
@@ -142,7 +144,7 @@ def test_disagg_run_across_two_nodes_requeued_resumes_from_its_run_dir(slurm_env
     finally:
         _stop(proc, sweep)
     assert proc.returncode == 0, out[-4000:]
-    log = (run_dir / "train.log").read_text()
+    log = RunDir(run_dir).log().read_text()
     # Ray spans both nodes and sees their GPUs; engines on node 2, the trainer on node 1 (both attempts).
     assert re.search(r"Ray cluster up: head 127\.0\.0\.2:\d+, 2 node\(s\), .*'GPU': 2\.0", log), log[-3000:]
     found = re.findall(r"placed (engine0|torch-rank0) on (\S+) \((\S+)\)", log)
@@ -154,11 +156,11 @@ def test_disagg_run_across_two_nodes_requeued_resumes_from_its_run_dir(slurm_env
     assert sorted(set(steps)) == list(range(1, total + 1))
     # Steps after the checkpoint ran twice (once per attempt): the ledger holds the last attempt's.
     check_ledger(run_dir, total)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in RunDir(run_dir).metrics.read_text().splitlines()]
     for r in (r for r in rows if r["step"] > 0):  # both attempts' rows
         assert r["staleness/max"] <= MAX_STALENESS
         assert r["perf/engine_version"] == r["step"]  # every step's weights crossed to the engine node
-    assert (run_dir / "checkpoints" / f"step_{total:08d}" / "DONE").exists()
+    assert (RunDir(run_dir).checkpoint(total) / DONE).exists()
     assert_nothing_left(job_id)
 
 
@@ -168,7 +170,7 @@ def _kill_node_mid_run(sweep: Path, seed: int, node_rank: int) -> tuple[str, str
     run_dir = sweep / "0"
     proc = _train(sweep, "total_steps=2000", f"seed={seed}")  # far more than it gets to: the node dies first
     try:
-        _wait("a checkpoint at step 2", lambda: (run_dir / "checkpoints" / "step_00000002" / "DONE").exists(),
+        _wait("a checkpoint at step 2", lambda: (RunDir(run_dir).checkpoint(2) / DONE).exists(),
               START_TIMEOUT_S)
         job_id = wait_job_id(run_dir)
         victims = ray_processes(job_id, node_rank=node_rank)
@@ -191,12 +193,12 @@ def test_worker_node_dying_stops_the_run_naming_it_and_it_resumes(slurm_env, tmp
     out, job_id = _kill_node_mid_run(sweep, seed=7, node_rank=1)  # node 2's raylet, workers, engine
     # The submitter reports whichever node's error came first; both name node 2.
     assert re.search(r"(Ray on node|its Ray node) rlh-node2 \(127\.0\.0\.3", out), out[-4000:]
-    log = (run_dir / "train.log").read_text()
+    log = RunDir(run_dir).log().read_text()
     assert re.search(r"Ray on node rlh-node2 \(127\.0\.0\.3, node 1 of job \d+\) exited", log), log[-4000:]
     assert re.search(r"run failed: .*engine engine0: its Ray node rlh-node2 \(127\.0\.0\.3\) died and it "
                      r"did not restart on another node", log), log[-4000:]
     assert_nothing_left(job_id)
-    saved = sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*")
+    saved = sorted(int(p.name.split("_")[1]) for p in RunDir(run_dir).checkpoints.glob("step_*")
                    if (p / "DONE").exists())
     assert saved, "no complete checkpoint left"
     # The same command, run again, resumes from that checkpoint (resume=auto) and finishes.
@@ -207,9 +209,9 @@ def test_worker_node_dying_stops_the_run_naming_it_and_it_resumes(slurm_env, tmp
     finally:
         _stop(again, sweep)
     assert again.returncode == 0, out[-4000:]
-    log = (run_dir / "train.log").read_text()
+    log = RunDir(run_dir).log().read_text()
     assert re.search(rf"resumed from \S*checkpoints/step_{saved[-1]:08d}", log)
-    for f in (run_dir / "rollouts").glob("step_*.jsonl"):
+    for f in RunDir(run_dir).rollouts.glob("step_*.jsonl"):
         if int(f.stem.split("_")[1]) > total:
             f.unlink()  # trained by the first attempt after its last checkpoint, beyond this run's end
     check_ledger(run_dir, total)
@@ -221,7 +223,7 @@ SAME_RUN = ["mode=disagg", "strategy=sync", "total_steps=3", "batch_size=8", "sa
 
 
 def _per_step(run_dir: Path) -> list[tuple]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in RunDir(run_dir).metrics.read_text().splitlines() if line.strip()]
     return [(r["step"], r["train/loss"], r["rollout/reward_mean"], r["train/grad_norm"]) for r in rows if r["step"] > 0]
 
 
@@ -258,11 +260,11 @@ def test_trainer_node_dying_is_named_by_the_other_node(slurm_env, tmp_path):
     sweep = tmp_path / "sweep"
     run_dir = sweep / "0"
     out, job_id = _kill_node_mid_run(sweep, seed=8, node_rank=0)  # node 1's GCS, raylet, workers
-    log = (run_dir / "train.log").read_text()
+    log = RunDir(run_dir).log().read_text()
     found = re.search(r"the Ray head on node rlh-node1 \(127\.0\.0\.2, node 0 of job \d+\) went away before its run "
                       r"ended: .* The last complete checkpoint is (\S+): run the same command again", log)
     assert found, log[-4000:]
-    assert (Path(found.group(1)) / "DONE").exists()
+    assert (Path(found.group(1)) / DONE).exists()
     # Node 2's task failed with that error (Hydra's JobReturn in submitit's result file).
     _, job_return = pickle.loads((sweep / ".submitit" / job_id / f"{job_id}_1_result.pkl").read_bytes())
     error = job_return._return_value

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from rlharness.run_dir import RunDir
+
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["engine=sim", "backend=sim", "total_steps=3", "batch_size=2", "sampler.prompt_repeat_k=2",
          "eval.num_prompts=8", "logger=none"]
@@ -41,7 +43,7 @@ def test_strategy_by_staleness_sweep_on_the_basic_launcher(tmp_path):
     assert [r["steps_done"] for r in rows] == ["3"] * 4
     assert all(r["train/loss"] != "" and r["rollout/reward_mean"] != "" for r in rows)
     for num in range(4):
-        assert (sweep / str(num) / "metrics.jsonl").is_file()
+        assert RunDir(sweep / str(num)).metrics.is_file()
     assert (sweep / "summary.md").is_file() and (sweep / "summary.png").stat().st_size > 5000
 
 

@@ -9,18 +9,19 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlharness.run_dir import RunDir
 from rlharness.sweep import main, read_metrics, summarize_sweep, write_summary
 
 
 def _job(sweep: Path, num: int, overrides: list[str], total_steps: int, metrics: list[dict],
          job_id: str = "", tail: str = "") -> Path:
     job_dir = sweep / str(num)
-    (job_dir / ".hydra").mkdir(parents=True)
-    (job_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-    (job_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"total_steps": total_steps, "seed": num}))
-    (job_dir / ".hydra" / "hydra.yaml").write_text(
+    RunDir(job_dir).hydra.mkdir(parents=True)
+    RunDir(job_dir).overrides.write_text(yaml.safe_dump(overrides))
+    RunDir(job_dir).config.write_text(yaml.safe_dump({"total_steps": total_steps, "seed": num}))
+    (RunDir(job_dir).hydra / "hydra.yaml").write_text(
         yaml.safe_dump({"hydra": {"job": {"num": num, "id": job_id or f"job_id_for_{num}"}}}))
-    (job_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics) + tail)
+    RunDir(job_dir).metrics.write_text("".join(json.dumps(m) + "\n" for m in metrics) + tail)
     return job_dir
 
 
@@ -74,7 +75,7 @@ def test_summary_files_written(sweep):
 
 
 def test_truncated_line_is_skipped_with_a_warning(sweep, caplog):
-    rows = read_metrics(sweep / "2" / "metrics.jsonl")
+    rows = read_metrics(RunDir(sweep / "2").metrics)
     assert [r["step"] for r in rows] == [1, 2]
     assert "metrics.jsonl:3" in caplog.text
 

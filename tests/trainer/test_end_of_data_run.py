@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from rlharness.run_dir import DONE, RunDir
 from tests.helpers import run_in_process
 
 pytestmark = pytest.mark.timeout(180)
@@ -18,7 +19,7 @@ FILTERED_RUN = ["engine=sim", "backend=sim", "judger=format", "judger.pattern='(
 
 
 def _rows(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in RunDir(run_dir).metrics.read_text().splitlines()]
 
 
 def test_the_end_of_the_data_ends_the_run_with_a_checkpoint(tmp_path, caplog):
@@ -27,7 +28,7 @@ def test_the_end_of_the_data_ends_the_run_with_a_checkpoint(tmp_path, caplog):
     run_in_process(run_dir, [*FILTERED_RUN, "strategy=async", "max_staleness=1"])  # returns: no exception
     steps = [r["step"] for r in _rows(run_dir) if r["step"] > 0]
     assert 1 <= steps[-1] < 5
-    assert (run_dir / "checkpoints" / f"step_{steps[-1]:08d}" / "DONE").exists()
+    assert (RunDir(run_dir).checkpoint(steps[-1]) / DONE).exists()
     stops = [r.getMessage() for r in caplog.records if "the data ran out" in r.getMessage()]
     assert len(stops) == 1 and stops[0].startswith(f"stopping after step {steps[-1]} of 5")
 

@@ -1,0 +1,58 @@
+"""How a run's tasks are wired: each task's entry, judger, agent loop, sampling and staleness bound.
+
+A run has one task (`task` with `judger`, named by its task) or several (`tasks.<name>`, each
+defaulting to the run's parts). `RunConf` answers these questions (it inherits `TaskWiring`);
+the schema module keeps the fields, their defaults and the validation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlharness.config.schema import AgentConf, JudgerConf, SamplingConf, TaskEntryConf
+
+
+class TaskWiring:
+    """What `RunConf` knows about its tasks (the fields `tasks`, `task`, `judger`, `agent`, `max_staleness`)."""
+
+    def task_entries(self) -> dict[str, TaskEntryConf]:
+        """The run's tasks by name: `tasks`, or the single `task` (with `judger`) named by its task."""
+        from rlharness.config.schema import TaskEntryConf  # the schema module defines RunConf on this class
+
+        if self.tasks:
+            return dict(self.tasks)
+        return {self.task.name: TaskEntryConf(task=self.task, judger=self.judger)}
+
+    def staleness_for(self, entry: TaskEntryConf) -> int:
+        """A task's staleness bound: its own, or the run's."""
+        return self.max_staleness if entry.max_staleness is None else entry.max_staleness
+
+    def judger_for(self, entry: TaskEntryConf) -> JudgerConf:
+        """The judger config a task is scored with; `auto` (or none given) = the task's own."""
+        from rlharness.config.schema import RuleJudgerConf
+        from rlharness.config.store import SCHEMAS
+
+        judger = entry.judger
+        if judger is None or judger.name == "auto":
+            schema = SCHEMAS["judger"][entry.task.default_judger]
+            if isinstance(judger, RuleJudgerConf) and issubclass(schema, RuleJudgerConf):  # judger=auto's settings
+                return schema(num_workers=judger.num_workers, worker_memory_mb=judger.worker_memory_mb,
+                              on_timeout=judger.on_timeout)
+            return schema()
+        return judger
+
+    def agent_for(self, entry: TaskEntryConf) -> AgentConf:
+        """The agent config a task runs with: its own or the run's, with its own sampling if set."""
+        agent = entry.agent if entry.agent is not None else self.agent
+        if not entry.sampling:
+            return agent
+        return replace(agent, sampling=replace(agent.sampling, **entry.sampling))
+
+    def sampling_for(self, entry: TaskEntryConf) -> SamplingConf:
+        return self.agent_for(entry).sampling
+
+    def max_response_tokens(self) -> int:
+        """The longest response any task may sample (Dr.GRPO's constant length)."""
+        return max(self.sampling_for(e).max_tokens for e in self.task_entries().values())
