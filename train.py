@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from rlharness.config.schema import adopt_strategy_max_staleness
+from rlharness.config.run import adopt_strategy_max_staleness
 from rlharness.config.store import register_configs
 from rlharness.launcher import RefusedInput, run
 from rlharness.preflight import Finished, RunDirGuard, preflight

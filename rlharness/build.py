@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from rlharness.config.schema import RunConf
+from rlharness.config.run import RunConf
 from rlharness.model import text_codec  # noqa: F401 - also imported from here by scripts and tests
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlharness.config.schema import ConfigError, RunConf
-from rlharness.launcher import _key
+from rlharness.config.run import RunConf
+from rlharness.config.schema import ConfigError
+from rlharness.overrides import override_key
 from rlharness.run_dir import EVALUATE_PREFIX, HYDRA, RunDir
 
 log = logging.getLogger("rlharness")
@@ -81,7 +82,7 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
     overrides plus `model.path=<its checkpoint's model>`. Returns (argv for Hydra, source, guard)."""
     from rlharness.checkpoint import CheckpointError
     from rlharness.export import find_checkpoint, lora_base, model_dir
-    from rlharness.launcher import read_run_overrides
+    from rlharness.overrides import read_run_overrides
     from rlharness.preflight import ConfigSource, compose_checked
 
     evaluate_conf = ConfigSource(config_name="evaluate")  # evaluate.py's primary config, same conf/
@@ -93,8 +94,8 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
         raise ConfigError("evaluate.py runs one evaluation: -m (--multirun) is not allowed; run it once per model")
     overrides = [a for a in args if not a.startswith("-")]
     flags = [a for a in args if a.startswith("-")]
-    resume = next((o.split("=", 1)[1] for o in reversed(overrides) if _key(o) == "resume"), None)
-    overrides = [o for o in overrides if _key(o) != "resume"]
+    resume = next((o.split("=", 1)[1] for o in reversed(overrides) if override_key(o) == "resume"), None)
+    overrides = [o for o in overrides if override_key(o) != "resume"]
     if resume in (None, "auto", "never"):
         merged = overrides
         cfg = compose_checked(merged, evaluate_conf)
@@ -103,7 +104,7 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
                               f"resume=<run dir> (it picks that run's checkpoint)")
         source = Source(model_path=str(cfg.model.path))
     else:
-        if any(_key(o) in ("model.path", "model") for o in overrides):
+        if any(override_key(o) in ("model.path", "model") for o in overrides):
             raise ConfigError(f"resume={resume} with model.path: pass one of them (resume=<run dir> evaluates "
                               f"that run's checkpoint; model.path=<folder> any model)")
         run, saved = read_run_overrides(resume)
@@ -117,9 +118,9 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
             model = model_dir(ckpt)
         except CheckpointError as exc:  # said as the key the user typed
             raise ConfigError(f"resume={resume}: {exc}") from None
-        old = [o for o in saved if _key(o) != "model.path" and not _key(o).startswith("hydra.")]
-        new_keys = {_key(o) for o in overrides}
-        merged = [o for o in old if _key(o) not in new_keys] + overrides + [f"model.path={model}"]
+        old = [o for o in saved if override_key(o) != "model.path" and not override_key(o).startswith("hydra.")]
+        new_keys = {override_key(o) for o in overrides}
+        merged = [o for o in old if override_key(o) not in new_keys] + overrides + [f"model.path={model}"]
         cfg = compose_checked(merged, evaluate_conf)
         source = Source(model_path=str(model), run_dir=str(run), checkpoint_step=found_step)
     out_dir = Path(str(cfg.hydra.run.dir)).expanduser().resolve()

@@ -2,10 +2,8 @@
 
 `run(cfg)` is what `train.py` calls in every launcher (basic, submitit local or
 Slurm). Resuming: `resume=auto` continues from the newest complete checkpoint in
-the run directory; `resume=<run dir>` is rewritten by `prepare_resume_argv` (before
-Hydra starts) into "compose that run's saved overrides plus the new ones, in that
-directory", after checking the directory and refusing overrides that would make the
-checkpoint unusable.
+the run directory; `resume=<run dir>` was rewritten before Hydra started
+(`rlharness.overrides.prepare_resume_argv`).
 """
 
 from __future__ import annotations
@@ -14,79 +12,19 @@ import asyncio
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from rlharness import run_lock
-from rlharness.checkpoint import CheckpointError, latest_checkpoint
-from rlharness.config.schema import ConfigError, RunConf
+from rlharness.checkpoint import CheckpointError
+from rlharness.config.run import RunConf
+from rlharness.config.schema import ConfigError
 from rlharness.data.jsonl import DataFileError
-from rlharness.preflight import check_placement
-from rlharness.run_dir import HYDRA, OVERRIDES_YAML, RESUMED_PREFIX, RunDir
+from rlharness.preflight import check_installed
+from rlharness.run_dir import RunDir
 
 log = logging.getLogger(__name__)
-
-# Changing these makes a checkpoint unusable (other weights, vocabulary, data or data order:
-# `sampler.shuffle` changes the order of the epoch under way, whose position the checkpoint holds;
-# `batch_size` the producer's saved split of the data into steps, which the checkpoint refuses anyway).
-FROZEN_ON_RESUME = ("model", "task", "tasks", "sampler.prompt_repeat_k", "sampler.shuffle", "batch_size", "seed")
-
-
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def _frozen(key: str) -> bool:
-    """Whether an override key touches a frozen part; `group@package` counts both (e.g.
-    `task@tasks.extra.task` adds a task)."""
-    return any(k == f or k.startswith(f + ".") for k in key.split("@") for f in FROZEN_ON_RESUME)
-
-
-def prepare_resume_argv(argv: list[str], require_checkpoint: bool = True) -> tuple[list[str], list[str]]:
-    """Rewrite `resume=<dir>` into overrides Hydra understands. Returns (argv, applied new overrides).
-
-    `require_checkpoint=False` (a start in a run directory that has no checkpoint yet) still
-    refuses changed fixed keys and keeps `.hydra/`; the run then starts from step 0."""
-    resume_args = [a for a in argv[1:] if _key(a) == "resume"]
-    if not resume_args:
-        return argv, []
-    value = resume_args[-1].split("=", 1)[1]
-    if value in ("auto", "never"):
-        return argv, []
-    run_dir, old = read_run_overrides(value)
-    if require_checkpoint and latest_checkpoint(run_dir) is None:
-        raise ConfigError(f"resume={value}: holds no complete checkpoint (checkpoints/step_*/DONE)")
-    new = [a for a in argv[1:] if _key(a) != "resume"]
-    old_values = {_key(o): o for o in old}
-    for o in new:
-        k = _key(o)
-        if _frozen(k) and old_values.get(k) != o:
-            raise ConfigError(
-                f"resume={value}: override {o!r} would make the checkpoint unusable ({k} is fixed "
-                f"for a run; start a new run instead)")
-    new_keys = {_key(o) for o in new}
-    merged = [o for o in old if _key(o) not in new_keys] + new
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    from rlharness.preflight import path_override
-
-    return ([argv[0], *merged, "resume=auto", path_override("hydra.run.dir", run_dir),
-             f"hydra.output_subdir={HYDRA}/{RESUMED_PREFIX}{stamp}"], new)
-
-
-def read_run_overrides(value: str) -> tuple[Path, list[str]]:
-    """(run dir, the overrides its newest life ran with) for `resume=<value>`, less where it ran
-    and how it resumed; refused unless it is a run directory."""
-    run_dir = Path(value).expanduser().resolve()
-    if not run_dir.is_dir():
-        raise ConfigError(f"resume={value}: no such directory")
-    if not RunDir(run_dir).overrides.is_file():
-        raise ConfigError(f"resume={value}: not a run directory (no {HYDRA}/{OVERRIDES_YAML})")
-    saved = RunDir(run_dir).newest_hydra() / OVERRIDES_YAML  # the run as its last life had it
-    return run_dir, [o for o in (yaml.safe_load(saved.read_text()) or [])
-                     if _key(o) not in ("resume", "hydra.run.dir", "hydra.output_subdir")]
 
 
 def set_threads_from_env() -> None:
@@ -137,7 +75,7 @@ def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
     try:
         # What train.py's preflight checked, again for jobs that never pass through it: a sweep's or
         # Slurm's jobs and their requeued lives.
-        check_placement(conf)
+        check_installed(conf)
         if conf.resume == "never" and RunDir(run_dir).has_run_outputs():  # .hydra/ is this start's own
             raise ConfigError(f"resume=never with run directory {run_dir} is not allowed: it holds a run; "
                               f"choose a new directory")

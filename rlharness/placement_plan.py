@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from rlharness.config.schema import ConfigError, LocalRayClusterConf, SlurmClusterConf
 
 if TYPE_CHECKING:
-    from rlharness.config.schema import RunConf
+    from rlharness.config.run import RunConf
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from the same search path Hydra builds (`--config-dir`, `--config-name`, `--conf
   `cluster=slurm` request the partition can never hold (more nodes, GPUs or CPUs per node
   than it has: `rlharness.launch.slurm_capacity`, asked through sinfo);
 - Ray actors that do not fit the cluster config (`check_placement`: `cluster.num_cpus`, or a
-  Slurm node's CPUs and GPUs);
+  Slurm node's CPUs and GPUs) and reasoning-gym datasets or dataset keys the installed
+  reasoning-gym does not have (`check_task_datasets`; both through `check_installed`);
 - the model folder (`check_model`): missing, a GGUF file, code of its own (`auto_map`) without
   `model.trust_remote_code=true`, no chat template while a task's `apply_chat_template=true`;
 - `resume=never` into a directory that holds a run;
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 import shutil
 import sys
 from dataclasses import dataclass, fields, is_dataclass
@@ -45,9 +45,11 @@ from pathlib import Path
 from typing import Any
 
 from rlharness import run_lock
-from rlharness.config.schema import ConfigError, LocalRayClusterConf, adopt_strategy_max_staleness
+from rlharness.config.run import adopt_strategy_max_staleness
+from rlharness.config.schema import ConfigError, LocalRayClusterConf, ReasoningGymTaskConf
 from rlharness.launch.slurm_capacity import check_capacity
 from rlharness.placement_plan import check_fits
+from rlharness.overrides import FROZEN_ON_RESUME, override_key, override_value, path_override, prepare_resume_argv
 from rlharness.run_dir import HYDRA, HYDRA_YAML, RESUMED_PREFIX, RunDir
 
 # Hydra's flags after which it does not run the job (help, printing the config, completion,
@@ -70,10 +72,6 @@ class ConfigSource:
     config_path: str = "conf"
     config_name: str = "config"
     config_dir: str | None = None
-
-
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 def parse_command_line(args: list[str]):
@@ -110,7 +108,6 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
 
     Every entry form goes through here: plain, `--config-dir`/`-cd`, `--config-name`/`-cn`,
     `--config-path`/`-cp`, `-m`/`--multirun`, `hydra.run.dir=`, `resume=`."""
-    from rlharness.launcher import prepare_resume_argv
 
     ns = parse_command_line(argv[1:])
     if ns.config_dir is not None:
@@ -129,7 +126,7 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
         return _preflight_multirun(argv[0], ns, overrides, source)
 
     applied: list[str] = []
-    given_dir = next((_value(o) for o in reversed(overrides) if _key(o) == "hydra.run.dir"), None)
+    given_dir = next((override_value(o) for o in reversed(overrides) if override_key(o) == "hydra.run.dir"), None)
     if explicit_resume is not None:
         new_argv, applied = prepare_resume_argv([argv[0], *overrides])
         overrides = new_argv[1:]
@@ -139,7 +136,7 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
         # resume, and overrides of keys of that run's experiment only compose once merged with its own.
         run_dir = Path(given_dir if given_dir is not None else
                        str(compose_checked(overrides, source).hydra.run.dir)).expanduser().resolve()
-        never = any(_key(o) == "resume" and o.split("=", 1)[1] == "never" for o in overrides)
+        never = any(override_key(o) == "resume" and o.split("=", 1)[1] == "never" for o in overrides)
         holds_run = RunDir(run_dir).holds_run()
         if never and holds_run:
             raise ConfigError(f"resume=never with hydra.run.dir={run_dir} is not allowed: that directory holds "
@@ -152,7 +149,7 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
             # Starting in a run's directory is a resume, whatever route led there.
             _adopt_saved_source(ns, run_dir)
             source = ConfigSource(ns.config_path or "conf", ns.config_name or "config", ns.config_dir)
-            rest = [o for o in overrides if _key(o) not in ("hydra.run.dir", "resume")]
+            rest = [o for o in overrides if override_key(o) not in ("hydra.run.dir", "resume")]
             new_argv, applied = prepare_resume_argv([argv[0], f"resume={run_dir}", *rest], require_checkpoint=False)
             print(f"note: hydra.run.dir={run_dir} holds a run: continuing it as resume={run_dir}", file=sys.stderr)
             overrides = new_argv[1:]
@@ -160,7 +157,7 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
         elif given_dir is None:
             overrides = [*overrides, path_override("hydra.run.dir", run_dir)]  # Hydra's `now` must not move it
     cfg, conf = compose_typed(overrides, source)
-    check_placement(conf)
+    check_installed(conf)
     if cfg.cluster.name == "slurm":
         raise ConfigError("cluster=slurm without -m is not allowed: Slurm jobs are submitted by "
                           "hydra-submitit-launcher, which Hydra runs only for -m (--multirun); use "
@@ -176,27 +173,8 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
     return hydra_argv(argv[0], ns, overrides), applied, guard
 
 
-def _value(override: str) -> str:
-    """An override's value as Hydra reads it (quotes removed); the raw text if it does not parse."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        return str(OverridesParser.create().parse_override(override).value())
-    except HydraException:
-        return override.split("=", 1)[1]
-
-
-def path_override(key: str, path: Path) -> str:
-    """`key=path` as Hydra's override parser reads it back (quoted when the path has spaces, commas...)."""
-    text = str(path)
-    if re.fullmatch(r"[\w/.\-:+@~]+", text):
-        return f"{key}={text}"
-    return f"{key}='" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def _resume_target(overrides: list[str]) -> Path | None:
-    values = [_value(o) for o in overrides if _key(o) == "resume"]
+    values = [override_value(o) for o in overrides if override_key(o) == "resume"]
     if not values or values[-1] in ("auto", "never"):
         return None
     return Path(values[-1]).expanduser().resolve()
@@ -228,7 +206,6 @@ def _adopt_saved_source(ns, run_dir: Path) -> None:
 
 
 def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSource):
-    from rlharness.launcher import prepare_resume_argv
 
     new_argv, applied = prepare_resume_argv([argv0, *overrides])
     overrides = new_argv[1:]
@@ -240,7 +217,7 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
     checked: set[tuple] = set()
     for point in points[:MAX_SWEEP_POINTS_CHECKED]:
         cfg, conf = compose_typed(point, source)
-        check_placement(conf)
+        check_installed(conf)
         if cfg.cluster.name != "slurm":  # a Slurm job's model.path may be on its nodes' file systems only
             check_model(conf, checked)
         check_agent_entrypoints(conf, with_model=cfg.cluster.name != "slurm")
@@ -255,11 +232,29 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
     return hydra_argv(argv0, ns, overrides), applied, None
 
 
+def check_installed(conf) -> None:
+    """What a config asks of the installed packages, refused before work starts: where its Ray actors go
+    (`check_placement`) and the reasoning-gym datasets its tasks name. Not part of RunConf: config
+    validity must not depend on an installed package. `launcher.run` asks again (jobs that skip this
+    preflight)."""
+    check_placement(conf)
+    check_task_datasets(conf)
+
+
+def check_task_datasets(conf) -> None:
+    """Each reasoning-gym task names a dataset of the installed reasoning-gym, with keys and values it takes."""
+    from rlharness.data.reasoning_gym import check_dataset
+
+    for name, entry in conf.task_entries().items():
+        if isinstance(entry.task, ReasoningGymTaskConf):
+            check_dataset(entry.task.dataset, entry.task.dataset_config, f"tasks.{name}.task" if conf.tasks else "task")
+
+
 def check_placement(conf) -> None:
     """The run's Ray actors fit what its cluster config gives them: `cluster.num_cpus` on this machine
     (cluster=local_ray), each node's CPUs and GPUs on Slurm (`placement_plan.check_fits`). Not part of
     RunConf: where a vLLM engine runs is decided by the installed vLLM build, and config validity must
-    not depend on an installed package. `launcher.run` asks again (jobs that skip this preflight)."""
+    not depend on an installed package."""
     cluster = conf.cluster
     if conf.mode == "disagg" and isinstance(cluster, LocalRayClusterConf):
         workers = conf.backend.workers
@@ -277,7 +272,6 @@ def check_fixed_values(run_dir: Path, cfg) -> None:
     an edited experiment file, another `--config-dir`): the run's first `.hydra/config.yaml` decides."""
     from omegaconf import OmegaConf
 
-    from rlharness.launcher import FROZEN_ON_RESUME
 
     saved_path = RunDir(run_dir).config
     if not saved_path.is_file():

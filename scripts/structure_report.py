@@ -33,32 +33,36 @@ from pathlib import Path
 #   helpers, the checkpoint format (atomic folders, tensors-only loading: every part that
 #   saves state uses it), and `weight_transfer` (tensor specs, buckets, group membership,
 #   payloads; needs only torch, so engines, training actors and the Ray layer all stand on
-#   it without knowing one another).
+#   it without knowing one another), and `run_dir` (the name of every file and folder of a
+#   run directory).
 # 1 "config": the typed, validated run configuration; it describes parts, it builds none and
 #   imports none (config validity must not depend on which packages are installed).
 # 2 "parts": the components, each built from its own sub-config: the algorithms (pure
 #   functions of their `AlgoConf`), data, judgers, the model and LoRA, engines, training
-#   backends, agent loops, the sampler, the replay buffer, logging, the Ray cluster
+#   backends, agent loops, the sampler, the replay buffer and the staleness policy it and the
+#   producer ask (`producer.staleness`), logging, the Ray cluster
 #   connection, and the low Ray pieces (placement, request batching, the training actor
 #   that hosts a backend: a backend with ranks of its own, DeepSpeed, starts them there).
 # 3 "composites": what wires parts together at run time: the producer (agent loop manager,
 #   strategies), the trainer's batch building and guards, the evaluator, the Ray engine
 #   actors and proxies and the weight routes (`distributed`), the placement planner.
 # 4 "assembly": building a run and running it: build, the trainer's loop over the built
-#   components, the launcher, preflight, sweeps, export.
+#   components, the launcher, preflight and the override text it rewrites (`overrides`: resume),
+#   sweeps, export.
 # 5 "entry": the package itself and the command-line entry logic (`evaluation`: evaluate.py).
 LAYERS: list[tuple[str, list[str]]] = [
     ("base", ["rlharness.types", "rlharness.safe_arith", "rlharness.gc_tuning", "rlharness.stopping",
-              "rlharness.checkpoint", "rlharness.weight_transfer"]),
+              "rlharness.checkpoint", "rlharness.weight_transfer", "rlharness.run_dir"]),
     ("config", ["rlharness.config"]),
     ("parts", ["rlharness.algo", "rlharness.data", "rlharness.judger", "rlharness.model", "rlharness.lora",
                "rlharness.tiny", "rlharness.engine", "rlharness.backend", "rlharness.agent", "rlharness.sampler",
-               "rlharness.replay_buffer", "rlharness.logging_utils", "rlharness.launch", "rlharness.run_lock",
+               "rlharness.replay_buffer", "rlharness.producer.staleness", "rlharness.logging_utils", "rlharness.launch", "rlharness.run_lock",
                "rlharness.distributed.placement", "rlharness.distributed.request_batcher",
                "rlharness.distributed.train_actor"]),
     ("composites", ["rlharness.producer", "rlharness.trainer", "rlharness.evaluator", "rlharness.distributed",
                     "rlharness.placement_plan"]),
     ("assembly", ["rlharness.build", "rlharness.trainer.trainer", "rlharness.launcher", "rlharness.preflight",
+                  "rlharness.overrides",
                   "rlharness.sweep", "rlharness.export"]),
     ("entry", ["rlharness", "rlharness.evaluation"]),
 ]

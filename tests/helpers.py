@@ -10,7 +10,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from rlharness.config.schema import adopt_strategy_max_staleness
+from rlharness.config.run import adopt_strategy_max_staleness
 from rlharness.config.store import register_configs
 
 ROOT = Path(__file__).resolve().parents[1]

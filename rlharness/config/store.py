@@ -8,23 +8,14 @@ values that differ. The primary config `conf/config.yaml` starts from `schema/ru
 from hydra.core.config_store import ConfigStore
 
 from rlharness.config import schema as s
+from rlharness.config.run import RunConf
 
 SCHEMAS: dict[str, dict[str, type]] = {
     "strategy": {"sync": s.SyncStrategyConf, "async": s.AsyncStrategyConf},
     "sampler": {"default": s.SamplerConf},
     "agent": {"single_turn": s.SingleTurnAgentConf, "multi_turn_tool": s.MultiTurnToolAgentConf,
               "openai_gateway": s.OpenAIGatewayAgentConf},
-    "judger": {
-        "auto": s.AutoJudgerConf,
-        "math": s.MathJudgerConf,
-        "countdown": s.CountdownJudgerConf,
-        "format": s.FormatJudgerConf,
-        "reasoning_gym": s.ReasoningGymJudgerConf,
-        "router": s.RouterJudgerConf,
-        "remote": s.RemoteJudgerConf,
-        "reward_model": s.RewardModelJudgerConf,
-        "llm": s.LLMJudgerConf,
-    },
+    "judger": s.JUDGER_SCHEMAS,
     "model": {"default": s.ModelConf, "smollm2": s.ModelConf, "tiny_chat": s.ModelConf},
     "engine": {"hf": s.HFEngineConf, "vllm": s.VLLMEngineConf, "sim": s.SimEngineConf},
     "backend": {"torch": s.TorchBackendConf, "deepspeed": s.DeepSpeedBackendConf, "sim": s.SimBackendConf},
@@ -39,7 +30,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
 
 def register_configs() -> None:
     cs = ConfigStore.instance()
-    cs.store(group="schema", name="run", node=s.RunConf)
+    cs.store(group="schema", name="run", node=RunConf)
     for group, impls in SCHEMAS.items():
         for name, node in impls.items():
             cs.store(group=f"schema/{group}", name=name, node=node)

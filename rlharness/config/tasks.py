@@ -1,17 +1,16 @@
 """How a run's tasks are wired: each task's entry, judger, agent loop, sampling and staleness bound.
 
 A run has one task (`task` with `judger`, named by its task) or several (`tasks.<name>`, each
-defaulting to the run's parts). `RunConf` answers these questions (it inherits `TaskWiring`);
-the schema module keeps the fields, their defaults and the validation.
+defaulting to the run's parts). `RunConf` (config/run.py) answers these questions: it inherits
+`TaskWiring`.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from rlharness.config.schema import AgentConf, JudgerConf, SamplingConf, TaskEntryConf
+from rlharness.config.schema import (JUDGER_SCHEMAS, AgentConf, JudgerConf, RuleJudgerConf, SamplingConf,
+                                     TaskEntryConf)
 
 
 class TaskWiring:
@@ -19,8 +18,6 @@ class TaskWiring:
 
     def task_entries(self) -> dict[str, TaskEntryConf]:
         """The run's tasks by name: `tasks`, or the single `task` (with `judger`) named by its task."""
-        from rlharness.config.schema import TaskEntryConf  # the schema module defines RunConf on this class
-
         if self.tasks:
             return dict(self.tasks)
         return {self.task.name: TaskEntryConf(task=self.task, judger=self.judger)}
@@ -31,12 +28,9 @@ class TaskWiring:
 
     def judger_for(self, entry: TaskEntryConf) -> JudgerConf:
         """The judger config a task is scored with; `auto` (or none given) = the task's own."""
-        from rlharness.config.schema import RuleJudgerConf
-        from rlharness.config.store import SCHEMAS
-
         judger = entry.judger
         if judger is None or judger.name == "auto":
-            schema = SCHEMAS["judger"][entry.task.default_judger]
+            schema = JUDGER_SCHEMAS[entry.task.default_judger]
             if isinstance(judger, RuleJudgerConf) and issubclass(schema, RuleJudgerConf):  # judger=auto's settings
                 return schema(num_workers=judger.num_workers, worker_memory_mb=judger.worker_memory_mb,
                               on_timeout=judger.on_timeout)

@@ -17,7 +17,8 @@ import functools
 import logging
 from typing import Any
 
-from rlharness.config.schema import LocalRayClusterConf, RunConf
+from rlharness.config.run import RunConf
+from rlharness.config.schema import LocalRayClusterConf
 from rlharness.distributed.weight_routes import setup_weight_group
 from rlharness.placement_plan import actor_resources, plan_nodes, spread
 from rlharness.weight_transfer import OBJECT_STORE, choose_route

@@ -31,7 +31,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from rlharness.build import Components
 from rlharness.checkpoint import (CheckpointError, CheckpointWriteError, begin_checkpoint, commit_checkpoint,
                                   latest_checkpoint, load_state, read_meta, save_state, writing)
-from rlharness.config.schema import RunConf
+from rlharness.config.run import RunConf
 from rlharness.lora import state_bytes
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, format_step_line

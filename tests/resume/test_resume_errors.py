@@ -10,7 +10,7 @@ import yaml
 
 from rlharness.checkpoint import CheckpointError
 from rlharness.config.schema import ConfigError
-from rlharness.launcher import prepare_resume_argv
+from rlharness.overrides import prepare_resume_argv
 from rlharness.run_dir import RunDir
 from tests.helpers import run_in_process
 
