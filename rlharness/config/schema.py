@@ -1191,9 +1191,6 @@ class RunConf:
                 continue  # trained, not evaluated (eval/accuracy averages the tasks that are)
             if self.eval.num_prompts > entry.task.num_eval:
                 raise ConfigError(f"eval.num_prompts={self.eval.num_prompts} exceeds {key}={entry.task.num_eval}")
-        if self.algo.advantage == "gae" and self.backend.name == "deepspeed":
-            raise ConfigError("algo.advantage=gae (algo=ppo) with backend=deepspeed is not supported yet: the critic "
-                              "trains in backend=torch (also in mode=disagg); use backend=torch")
         if self.sampler.prompt_repeat_k < 2 and self.algo.advantage != "gae":  # gae's baseline is the critic
             raise ConfigError(
                 f"sampler.prompt_repeat_k={self.sampler.prompt_repeat_k} is not allowed with "
