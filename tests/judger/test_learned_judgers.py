@@ -98,6 +98,43 @@ def test_max_length_keeps_the_end_and_label_index_picks_the_logit(tmp_path):
     assert [s.reward["score"] for s in out] == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
 
+@pytest.mark.parametrize("on_timeout", ["fail", "zero"])
+def test_a_hung_reward_model_process_times_out_as_configured_and_is_replaced(rm_dir, on_timeout):
+    """The scorer's process stops answering (SIGSTOP: a forward pass that never returns): the call ends
+    at the judging timeout, judger.on_timeout applies (the group FAILED, or every member scored 0) and
+    is counted, the stopped process is killed and a fresh one scores the next group."""
+    import os
+    import signal
+
+    j = build_judger(RewardModelJudgerConf(path=str(rm_dir), on_timeout=on_timeout))
+    states = group(PAIRS[:3])
+
+    async def go():
+        try:
+            first = await j.judge_group(group(PAIRS[:3]), 120.0)
+            scorer = await j._scorer()
+            pid = scorer._pool.schedule(os.getpid).result(timeout=60)  # the one worker process
+            os.kill(pid, signal.SIGSTOP)
+            hung = await j.judge_group(states, 2.0)
+            after = await j.judge_group(group(PAIRS[:3]), 120.0)
+            new_pid = scorer._pool.schedule(os.getpid).result(timeout=60)
+            return first, hung, after, pid, new_pid
+        finally:
+            await j.close()
+
+    first, hung, after, pid, new_pid = asyncio.run(go())
+    stats = j.stats()
+    assert stats["timeouts"] == 1 and stats["processes_replaced"] == 1, stats
+    if on_timeout == "fail":
+        assert all(s.status is Status.FAILED for s in hung) and "timeout" in hung[0].extra["fail_reason"]
+        assert stats["groups_failed"] == 1 and stats["scored_zero_on_timeout"] == 0
+    else:
+        assert [s.reward for s in hung] == [{"score": 0.0}] * 3 and all(s.status is not Status.FAILED for s in hung)
+        assert stats["groups_failed"] == 0 and stats["scored_zero_on_timeout"] == 3
+    assert new_pid != pid
+    assert [s.reward for s in after] == [s.reward for s in first]  # the new process scores as the old one did
+
+
 def test_bad_reward_model_folders_are_refused(tmp_path, rm_dir, tiny_model_dir):
     with pytest.raises(ConfigError, match="judger.path=.* is not a sequence classifier.*no score/classifier head"):
         check_reward_model(RewardModelJudgerConf(path=tiny_model_dir))
