@@ -233,6 +233,25 @@ def test_router_mixes_rules_with_a_reward_model_and_an_llm_judge(rm_dir):
     assert router.stats()["unparseable"] == 3  # the llm part's counts show as the router's judge/* counts
 
 
+@pytest.mark.parametrize("overrides, key", [
+    (["judger=router", "judger.reward_model.max_length=1"], "judger.reward_model.max_length=1"),
+    (["judger=router", "judger.reward_model.reward_scale=0"], "judger.reward_model.reward_scale=0.0"),
+    (["judger=router", "judger.llm.max_tokens=0"], "judger.llm.max_tokens=0"),
+    (["judger=router", "judger.llm.on_timeout=retry"], "judger.llm.on_timeout='retry'"),
+    (["experiment=arith_mix", "+judger@tasks.unpadded.judger=reward_model", "tasks.unpadded.judger.batch_size=0"],
+     "tasks.unpadded.judger.batch_size=0"),
+    (["judger=reward_model", "judger.max_length=1"], "judger.max_length=1"),
+])
+def test_an_out_of_range_learned_judger_value_is_named_by_its_whole_key(overrides, key):
+    """The nested confs know only "judger."; the refusal names where the value is (judger=router's
+    judger.reward_model / judger.llm, a task's own judger)."""
+    from rlharness.preflight import compose_checked
+
+    with pytest.raises(ConfigError) as err:
+        compose_checked(overrides)
+    assert str(err.value).startswith(key + " is not allowed"), str(err.value)
+
+
 # ----------------------------------------------------------------------------- the real command line and a run
 @pytest.mark.parametrize("args, expect", [
     (["judger=reward_model", "judger.path=assets/tiny-arith"], ["judger.path=assets/tiny-arith",
