@@ -180,8 +180,7 @@ def test_token_budget_on_balanced_ranks_matches_torch(ray_session, tiny_model_di
 
 
 PPO_COMPARED = ("train/loss", "train/kl", "train/grad_norm", "critic/value_loss", "critic/vf_explained_var",
-                "critic/values_mean", "critic/returns_mean", "critic/grad_norm", "critic/vf_clip_frac",
-                "critic/kl_reward")
+                "critic/values_mean", "critic/returns_mean", "critic/grad_norm", "critic/kl_reward")
 
 
 def test_ppo_critic_on_two_zero_ranks_matches_torch_and_resumes_bit_exact(ray_session, tiny_model_dir, tmp_path):
@@ -208,6 +207,9 @@ def test_ppo_critic_on_two_zero_ranks_matches_torch_and_resumes_bit_exact(ray_se
                 got, want = await ds.train_step(b), await ref.train_step(b)
                 for key in PPO_COMPARED:
                     assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+                # A token whose value moved by about cliprange can land on either side of it (as the
+                # policy's clip_frac, not compared either): within two of the batch's ~25 tokens.
+                assert got["critic/vf_clip_frac"] == pytest.approx(want["critic/vf_clip_frac"], abs=0.08)
             assert want["critic/vf_clip_frac"] > 0 and want["critic/kl_reward"] != 0
             weights = await critic_weights()
             ref_weights = {k: v.detach() for k, v in ref.critic.model.state_dict().items()}
@@ -225,7 +227,7 @@ def test_ppo_critic_on_two_zero_ranks_matches_torch_and_resumes_bit_exact(ray_se
             await ds.load(str(tmp_path / "ckpt"))
             assert all(torch.equal(v, weights[k]) for k, v in (await critic_weights()).items())
             resumed = await ds.train_step(batches[2])
-            for key in PPO_COMPARED:
+            for key in (*PPO_COMPARED, "critic/vf_clip_frac"):
                 assert resumed[key] == continued[key], key
             assert all(torch.equal(v, after[k]) for k, v in (await critic_weights()).items())
         finally:
