@@ -33,7 +33,8 @@ Checkpoints: `save(dir)` writes DeepSpeed's checkpoint under `dir/deepspeed/` (e
 rank) and a Hugging Face copy of the policy in `dir/` from rank 0 (ZeRO-3 parameters
 gathered first), so the same `resume=` path as `backend=torch` works and `dir` loads
 as a model; the critic's under `dir/critic/deepspeed/` and a copy of its weights in
-`dir/critic/critic.safetensors`, backend=torch's name. `get_weights()` returns the full state dict from rank 0.
+`dir/critic/critic.safetensors`, backend=torch's name. `get_weights()` returns the full
+state dict from rank 0.
 """
 
 from __future__ import annotations

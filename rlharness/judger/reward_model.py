@@ -17,7 +17,8 @@ or, when the run is on Ray (mode=disagg), in a Ray actor with its own placement 
 (`judger.num_cpus`, one GPU when `judger.device` is cuda). A group is one call, scored in
 batches of `batch_size`; a call past `agent.judge_timeout_s` (or a dead process) fails the
 group or scores it 0 (`judger.on_timeout`); a timed-out process is killed and replaced (the
-model reloads; also one that never takes the call up, e.g. stopped), a timed-out Ray call is abandoned (the actor finishes it and goes on).
+model reloads; also a process that never takes the call up, e.g. a stopped one), a timed-out Ray
+call is abandoned (the actor finishes it and goes on).
 """
 
 from __future__ import annotations
