@@ -365,13 +365,36 @@ def compose_typed(overrides: list[str], source: ConfigSource = ConfigSource()):
             from rlharness.lora import check_model_conf
 
             check_model_conf(conf.model)
-    except ConfigError:
-        raise
+    except ConfigError as exc:
+        raise nested_judger_key(exc, job) from None
     except (HydraException, OmegaConfBaseException, ValueError, TypeError) as exc:
         raise ConfigError(one_line(exc, list(overrides))) from None
     finally:
         GlobalHydra.instance().clear()
     return cfg, conf
+
+
+def nested_judger_key(exc: ConfigError, job) -> ConfigError:
+    """A judger's conf names its keys `judger.<field>` (it knows only its group's name); one nested under
+    judger=router (judger.reward_model, judger.llm) or a task (tasks.<name>.judger) gets the whole key:
+    the nested config that refuses the same value on its own is the one named."""
+    from omegaconf import DictConfig, OmegaConf
+
+    message = str(exc)
+    if not message.startswith("judger."):
+        return exc
+    tasks = OmegaConf.select(job, "tasks") or {}
+    for judger in [f"tasks.{name}.judger" for name in tasks] + ["judger"]:
+        for path in (f"{judger}.reward_model", f"{judger}.llm", judger):
+            node = OmegaConf.select(job, path)
+            if path == "judger" or not isinstance(node, DictConfig):
+                continue
+            try:
+                OmegaConf.to_object(node)
+            except ConfigError as inner:
+                if str(inner) == message:
+                    return ConfigError(path + message[len("judger"):])
+    return exc
 
 
 def check_model(conf, checked: set[tuple] | None = None) -> None:

@@ -85,12 +85,17 @@ def clipped_value_loss(new_values: torch.Tensor, old_values: torch.Tensor, retur
     return 0.5 * torch.maximum(plain_sq, clipped_sq), clipped_sq > plain_sq
 
 
+MIN_RETURNS_VAR = 1e-12  # below it the returns are constant but for float32 rounding
+
+
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
     """1 - Var(returns - values) / Var(returns) over the masked tokens (1: the critic predicts the
-    returns; 0: no better than their mean; negative: worse). 0 when the returns do not vary."""
+    returns; 0: no better than their mean; negative: worse). 0 when the returns do not vary: also
+    when they vary only by float rounding (std <= 1e-6, e.g. a batch of zero rewards with gamma = lam
+    = 1, whose returns are 0 but for rounding; the ratio would be -1e14)."""
     mask = mask.float()
     var_r = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
-    if float(var_r) <= 0:
+    if float(var_r) <= MIN_RETURNS_VAR:
         return 0.0
     err = returns - values
     return float(1 - masked_mean((err - masked_mean(err, mask)) ** 2, mask) / var_r)

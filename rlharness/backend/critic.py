@@ -74,6 +74,9 @@ class Critic:
     def values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.predict(mb)
 
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
     def step(self) -> float:
         """Clip, step (skipped on a non-finite norm), zero; returns the gradient norm before clipping."""
         clip = self.conf.grad_clip if self.conf.grad_clip > 0 else float("inf")

@@ -16,6 +16,13 @@ differs is confined to its hooks:
 - `engine.backward` / `engine.step` (unmanaged gradient accumulation: reduction,
   clipping and the AdamW step at `step`), metric sums all-reduced across ranks.
 
+With `algo.advantage=gae` (algo=ppo) each rank also holds the critic as a DeepSpeed engine of its
+own (rlharness/backend/deepspeed_critic.py: own AdamW at `algo.critic.lr`, own clip, the policy's
+ZeRO stage). Its values are computed at train time on each rank's share of the rows and summed
+across ranks (like the old log-probs), so every rank runs GAE and the whitening on the whole
+batch as backend=torch does; the value loss is split like the policy loss, and its sums are
+all-reduced with the others, so critic/* equal backend=torch's.
+
 The optimizer is a plain `torch.optim.AdamW` (DeepSpeed's fused CPU Adam costs an
 80 s JIT compile). On CPU the gloo backend is used, and DeepSpeed's shared-memory
 all-reduce op (only used by inference all-reduce; ~45 s JIT compile at the first
@@ -25,7 +32,9 @@ are built go to a stable `TORCH_EXTENSIONS_DIR` (~/.cache/rlharness/torch_extens
 Checkpoints: `save(dir)` writes DeepSpeed's checkpoint under `dir/deepspeed/` (every
 rank) and a Hugging Face copy of the policy in `dir/` from rank 0 (ZeRO-3 parameters
 gathered first), so the same `resume=` path as `backend=torch` works and `dir` loads
-as a model. `get_weights()` returns the full state dict from rank 0.
+as a model; the critic's under `dir/critic/deepspeed/` and a copy of its weights in
+`dir/critic/critic.safetensors`, backend=torch's name. `get_weights()` returns the full
+state dict from rank 0.
 """
 
 from __future__ import annotations
@@ -45,7 +54,8 @@ from rlharness import lora
 from rlharness.checkpoint import check_state_files, writing
 from rlharness.backend.lr_plan import LRPlan, planned
 from rlharness.backend.rank_balance import imbalance, rank_micro_slices, rank_shares
-from rlharness.backend.torch_backend import TorchBackend, _Sums, all_finite, require_finite_weights
+from rlharness.backend.torch_backend import (CRITIC_DIR, TorchBackend, _Sums, all_finite, needs_reference,
+                                             require_finite_weights)
 from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, ModelConf
 from rlharness.model import load_model, load_tokenizer
 from rlharness.types import TrainBatch
@@ -80,6 +90,32 @@ def ds_config(conf: DeepSpeedBackendConf, algo: AlgoConf, model_conf: ModelConf)
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
+
+
+def all_ranks(ok: bool) -> bool:
+    """`ok` on every rank (a collective: every rank must call it)."""
+    flag = torch.tensor([1.0 if ok else 0.0])
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def step_engine(engine, zero_stage: int, what: str) -> tuple[torch.Tensor, bool]:
+    """`engine.step()`: (the gradient norm before clipping, whether the update was skipped).
+
+    ZeRO 1-3 skip an update whose gradient norm is non-finite themselves (`_step_applied`); stage 0
+    applies whatever the gradient is, so a non-finite one is refused here, on every rank alike.
+    The 2-norm as torch's clipping computes it: also non-finite when finite elements overflow its sum."""
+    if zero_stage == 0 and not all_ranks(bool(torch.isfinite(torch.nn.utils.get_total_norm(
+            [p.grad for p in engine.module.parameters() if p.grad is not None])))):
+        log.warning("%s: non-finite gradient; skipping the optimizer step", what)
+        engine.zero_grad()
+        return torch.tensor(float("nan")), True
+    engine.step()
+    skipped = not getattr(engine, "_step_applied", True)
+    if skipped:
+        log.warning("%s: non-finite gradient; deepspeed skipped the optimizer step", what)
+    norm = engine.get_global_grad_norm()
+    return torch.tensor(float("nan") if norm is None else float(norm)), skipped
 
 
 def _skip_shm_comm_build() -> None:
@@ -126,7 +162,9 @@ def pad_rows(batch: TrainBatch, world_size: int, mini_batches: int) -> TrainBatc
     return dataclasses.replace(
         batch, input_ids=take(batch.input_ids, False), attention_mask=take(batch.attention_mask, False),
         response_mask=take(batch.response_mask, True), advantages=take(batch.advantages, True),
-        rollout_logprobs=take(batch.rollout_logprobs, False), model_steps=take(batch.model_steps, False))
+        rollout_logprobs=take(batch.rollout_logprobs, False), model_steps=take(batch.model_steps, False),
+        # gae: a padding row's score lands on no token (its mask is 0)
+        scores=None if batch.scores is None else batch.scores[index_t])
 
 
 class DeepSpeedWorker(TorchBackend):
@@ -158,7 +196,7 @@ class DeepSpeedWorker(TorchBackend):
             model.gradient_checkpointing_enable()
         model.train()
         self.ref_model = None
-        if algo.kl_coef > 0 and self.peft_model is None:
+        if needs_reference(algo) and self.peft_model is None:
             self.ref_model = load_model(model_conf, device=str(self.device)).eval()
             self.ref_model.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
@@ -172,6 +210,7 @@ class DeepSpeedWorker(TorchBackend):
                                                     config=ds_config(conf, algo, model_conf))
         self.model = self.engine
         self._check_head_split()  # for the reference model, and the policy below ZeRO-3
+        self.critic = self._build_critic(model_conf, seed) if algo.advantage == "gae" else None
         log.info("deepspeed rank %d/%d up (ZeRO-%d, %s)", rank, world_size, conf.zero_stage,
                  "gloo" if on_cpu else "nccl")
 
@@ -193,10 +232,17 @@ class DeepSpeedWorker(TorchBackend):
                     tokens[r] += float(lengths[mini][share].sum())
         return imbalance(tokens)
 
-    def _logprobs_no_grad(self, model, batch: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
-        """Every row's: each rank scores its share of the whole batch (zeros elsewhere), and a mini-batch's
-        balanced shares are not the whole batch's, so the ranks' parts are summed."""
-        out = super()._logprobs_no_grad(model, batch, temperature)
+    def _build_critic(self, model_conf: ModelConf, seed: int):
+        from rlharness.backend.deepspeed_critic import DeepSpeedCritic
+
+        return DeepSpeedCritic(self.algo.critic, model_conf, self.algo, self.conf, seed, self.world_size,
+                               str(self.device))
+
+    def _per_token_no_grad(self, batch: dict[str, torch.Tensor], fn) -> torch.Tensor:
+        """Every row's (old log-probs, reference log-probs, the critic's values): each rank scores its share
+        of the whole batch (zeros elsewhere), and a mini-batch's balanced shares are not the whole batch's,
+        so the ranks' parts are summed."""
+        out = super()._per_token_no_grad(batch, fn)
         torch.distributed.all_reduce(out)
         return out
 
@@ -233,34 +279,15 @@ class DeepSpeedWorker(TorchBackend):
         self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
 
     def _optimizer_step(self, train_step: int) -> torch.Tensor:
-        # ZeRO 1-3 skip an update whose gradient norm is non-finite themselves (`_step_applied`); stage 0
-        # applies whatever the gradient is, so a non-finite one is refused here, on every rank alike.
-        # The 2-norm as torch's clipping computes it: also non-finite when finite elements overflow its sum.
-        if self.conf.zero_stage == 0 and not self._all_ranks(bool(torch.isfinite(torch.nn.utils.get_total_norm(
-                [p.grad for p in self.engine.module.parameters() if p.grad is not None])))):
-            log.warning("train_step %d: non-finite gradient; skipping the optimizer step", train_step)
-            self.engine.zero_grad()
-            self._update_skipped = True
-            return torch.tensor(float("nan"))
-        self.engine.step()
-        self._update_skipped = not getattr(self.engine, "_step_applied", True)
-        if self._update_skipped:
-            log.warning("train_step %d: non-finite gradient; deepspeed skipped the optimizer step", train_step)
-        norm = self.engine.get_global_grad_norm()
-        return torch.tensor(float("nan") if norm is None else float(norm))
-
-    def _all_ranks(self, ok: bool) -> bool:
-        """`ok` on every rank (a collective: every rank must call it)."""
-        flag = torch.tensor([1.0 if ok else 0.0])
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
-        return bool(flag.item())
+        norm, self._update_skipped = step_engine(self.engine, self.conf.zero_stage, f"train_step {train_step}")
+        return norm
 
     def weights_finite(self) -> bool:
         """Every rank's parameters finite (ZeRO-3: each rank's own partition, `ds_tensor`)."""
-        return self._all_ranks(all_finite([getattr(p, "ds_tensor", p) for p in self.engine.module.parameters()]))
+        return all_ranks(all_finite([getattr(p, "ds_tensor", p) for p in self.engine.module.parameters()]))
 
     def _reduce_sums(self, sums: _Sums) -> None:
-        same_everywhere = {"updates", "grad_norm", "skipped_updates"}
+        same_everywhere = {"updates", "grad_norm", "skipped_updates", "critic_grad_norm", "critic_updates"}
         keys = sorted(k for k in sums.v if k not in same_everywhere)
         values = torch.tensor([sums.v[k] for k in keys], dtype=torch.float64)
         torch.distributed.all_reduce(values)
@@ -287,6 +314,10 @@ class DeepSpeedWorker(TorchBackend):
                 return self._lora_sync.weights(self.peft_model)
             return {k: v.detach().to("cpu", copy=True) for k, v in self.engine.module.state_dict().items()}
 
+    def critic_weights_blocking(self) -> dict[str, torch.Tensor] | None:
+        """The critic's full state dict on rank 0, None elsewhere (every rank must call: ZeRO-3 gathers)."""
+        return self.critic.weights(self.rank)
+
     def save_blocking(self, directory: str) -> None:
         require_finite_weights(self.weights_finite(), directory)  # every rank: a collective
         out = Path(directory)
@@ -296,6 +327,8 @@ class DeepSpeedWorker(TorchBackend):
             self.engine.save_checkpoint(str(out / DS_SUBDIR), tag=DS_TAG, save_latest=False, client_state={
                 "scheduler": self.scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
                 "lr_plan": self.lr_plan.state_dict()}, exclude_frozen_parameters=lora_on)  # LoRA: no copy of the base
+        if self.critic is not None:
+            self.critic.save(out / CRITIC_DIR, self.rank)
         if lora_on:
             if self.rank == 0:  # the adapter in PEFT's format, as backend=torch writes it
                 with self._gathered():
@@ -325,6 +358,8 @@ class DeepSpeedWorker(TorchBackend):
                                                    load_module_strict=self.peft_model is None)
         if path is None:
             raise RuntimeError(f"deepspeed could not load the checkpoint in {src}")
+        if self.critic is not None:
+            self.critic.load(Path(directory) / CRITIC_DIR)
         self.scheduler.load_state_dict(client["scheduler"])
         self.restore_lr_plan(client.get("lr_plan"))
         torch.set_rng_state(client["torch_rng"])

@@ -108,8 +108,13 @@ def require_finite_weights(finite: bool, directory: str) -> None:
                                f"(NaN or inf); the previous checkpoint is kept")
 
 
+def needs_reference(algo: AlgoConf) -> bool:
+    """The frozen starting policy is needed: a KL loss, or the KL in the critic's reward (gae)."""
+    return algo.kl_coef > 0 or (algo.advantage == "gae" and algo.kl_reward_coef > 0)
+
+
 class TorchBackend(TrainingBackend):
-    # algo.advantage=gae's value model (set in __init__; backend=deepspeed has none: refused by RunConf).
+    # algo.advantage=gae's value model (set in __init__; backend=deepspeed: a DeepSpeedCritic per rank).
     critic: Critic | None = None
 
     def __init__(self, conf: TorchBackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int, seed: int):
@@ -126,8 +131,7 @@ class TorchBackend(TrainingBackend):
             self.model.gradient_checkpointing_enable()
         self.model.train()
         self.ref_model = None
-        needs_reference = algo.kl_coef > 0 or (algo.advantage == "gae" and algo.kl_reward_coef > 0)
-        if needs_reference and self.peft_model is None:  # the frozen reference is the starting policy
+        if needs_reference(algo) and self.peft_model is None:  # the frozen reference is the starting policy
             self.ref_model = load_model(model_conf, device=conf.device).eval()
             self.ref_model.requires_grad_(False)
         self._check_head_split()
@@ -350,7 +354,7 @@ class TorchBackend(TrainingBackend):
             loss_tok, clipped = clipped_value_loss(self.critic.predict(mb), mb["old_values"], mb["returns"],
                                                    self.algo.critic.cliprange_value)
             loss = (loss_tok * mask).sum() / den
-            loss.backward()
+            self.critic.backward(loss)
             sums.add("vf_loss", loss.detach())
             sums.add("vf_clipped", (clipped & (mask > 0)).sum())
             sums.add("vf_tokens", mask.sum())

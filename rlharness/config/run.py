@@ -108,9 +108,6 @@ class RunConf(TaskWiring):
                 continue  # trained, not evaluated (eval/accuracy averages the tasks that are)
             if self.eval.num_prompts > entry.task.num_eval:
                 raise ConfigError(f"eval.num_prompts={self.eval.num_prompts} exceeds {key}={entry.task.num_eval}")
-        if self.algo.advantage == "gae" and self.backend.name == "deepspeed":
-            raise ConfigError("algo.advantage=gae (algo=ppo) with backend=deepspeed is not supported yet: the critic "
-                              "trains in backend=torch (also in mode=disagg); use backend=torch")
         check_prompt_repeat_k(self.sampler.prompt_repeat_k, advantage=self.algo.advantage)
         for name, entry in self.task_entries().items():
             max_tokens = self.sampling_for(entry).max_tokens

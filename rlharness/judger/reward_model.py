@@ -17,7 +17,8 @@ or, when the run is on Ray (mode=disagg), in a Ray actor with its own placement 
 (`judger.num_cpus`, one GPU when `judger.device` is cuda). A group is one call, scored in
 batches of `batch_size`; a call past `agent.judge_timeout_s` (or a dead process) fails the
 group or scores it 0 (`judger.on_timeout`); a timed-out process is killed and replaced (the
-model reloads), a timed-out Ray call is abandoned (the actor finishes it and goes on).
+model reloads; also a process that never takes the call up, e.g. a stopped one), a timed-out Ray
+call is abandoned (the actor finishes it and goes on).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 HEAD_PREFIXES = ("score.", "classifier.")  # the head names of transformers' *ForSequenceClassification
 START_TIMEOUT_S = 300.0  # loading the model in its process (a big one from a slow disk)
+FROZEN_GRACE_S = 5.0  # past a call's timeout: its process never took the call up (frozen), see _ProcessScorer
 
 
 def model_folder(path: str | None, key: str) -> Path:
@@ -162,35 +164,56 @@ def _ready() -> bool:
 
 # ----------------------------------------------------------------------------- in the trainer
 class _ProcessScorer:
-    """The scorer in one pebble worker process (replaced when a call times out or it dies)."""
+    """The scorer in one pebble worker process (replaced when a call times out, freezes or it dies).
+
+    One call at a time (the one worker runs one anyway): a call's time limit then starts when it is
+    sent. pebble times a call from the worker's acknowledgement, which a frozen worker (stopped, or
+    stuck before it reads the call) never sends: the wait has its own limit, `timeout_s` plus
+    FROZEN_GRACE_S, after which the process is replaced as well."""
 
     def __init__(self, conf: RewardModelJudgerConf):
+        self.conf = conf
+        self._pool = self._start()
+        self._one_call = asyncio.Lock()
+        self.workers_replaced = 0
+
+    def _start(self):
         import pebble
 
         from rlharness.judger.pool import _forkserver_context
 
-        self._pool = pebble.ProcessPool(max_workers=1, initializer=_init_worker, initargs=(conf,),
-                                        context=_forkserver_context())
-        self._pool.schedule(_ready).result(timeout=START_TIMEOUT_S)  # loads the model (a refusal shows here)
-        self.workers_replaced = 0
+        pool = pebble.ProcessPool(max_workers=1, initializer=_init_worker, initargs=(self.conf,),
+                                  context=_forkserver_context())
+        pool.schedule(_ready).result(timeout=START_TIMEOUT_S)  # loads the model (a refusal shows here)
+        return pool
+
+    def _replace(self) -> None:
+        self.close()
+        self._pool = self._start()
 
     async def logits(self, texts: list[str], timeout_s: float) -> list[float]:
-        import concurrent.futures
-
         import pebble
 
         from rlharness.judger.pool import JudgeLimitExceeded
 
-        future = self._pool.schedule(_logits, args=(texts,), timeout=timeout_s)
-        try:
-            return await asyncio.wrap_future(future)
-        except concurrent.futures.TimeoutError:
-            self.workers_replaced += 1
-            raise JudgeLimitExceeded(f"timeout after {timeout_s:g} s (reward-model process replaced)",
-                                     "timeout") from None
-        except pebble.ProcessExpired as exc:
-            self.workers_replaced += 1
-            raise JudgeLimitExceeded(f"reward-model process died (exit code {exc.exitcode})", "died") from None
+        async with self._one_call:
+            waited = asyncio.wrap_future(self._pool.schedule(_logits, args=(texts,), timeout=timeout_s))
+            done, _ = await asyncio.wait({waited}, timeout=timeout_s + FROZEN_GRACE_S)
+            if not done:
+                waited.cancel()
+                self.workers_replaced += 1
+                await asyncio.to_thread(self._replace)
+                raise JudgeLimitExceeded(f"timeout: no answer within {timeout_s:g} s (reward-model process "
+                                         f"frozen, replaced)", "timeout")
+            try:
+                return waited.result()
+            except TimeoutError:  # pebble's limit: the worker ran the call too long and was killed
+                self.workers_replaced += 1
+                raise JudgeLimitExceeded(f"timeout after {timeout_s:g} s (reward-model process replaced)",
+                                         "timeout") from None
+            except pebble.ProcessExpired as exc:
+                self.workers_replaced += 1
+                raise JudgeLimitExceeded(f"reward-model process died (exit code {exc.exitcode})", "died") from None
 
     def close(self) -> None:
         self._pool.stop()

@@ -211,6 +211,10 @@ def test_explained_variance():
     assert explained_variance(torch.full_like(ret, 2.0), ret, mask) == pytest.approx(0.0, abs=1e-6)
     assert explained_variance(-ret, ret, mask) < 0
     assert explained_variance(ret, torch.ones_like(ret), mask) == 0.0  # constant returns: nothing to explain
+    # Returns constant but for float32 rounding (zero rewards, gamma = lam = 1): 0, not about -1e14.
+    values = t([[0.04, -0.02, 0.03, 0.0]])
+    rounded = t([[0.0, 1e-9, -2e-9, 0.0]])
+    assert explained_variance(values, rounded, mask) == 0.0
 
 
 def test_whitening_is_over_the_masked_tokens_only():

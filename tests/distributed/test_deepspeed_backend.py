@@ -177,3 +177,60 @@ def test_token_budget_on_balanced_ranks_matches_torch(ray_session, tiny_model_di
             await ds.close()
 
     asyncio.run(main())
+
+
+PPO_COMPARED = ("train/loss", "train/kl", "train/grad_norm", "critic/value_loss", "critic/vf_explained_var",
+                "critic/values_mean", "critic/returns_mean", "critic/grad_norm", "critic/kl_reward")
+
+
+def test_ppo_critic_on_two_zero_ranks_matches_torch_and_resumes_bit_exact(ray_session, tiny_model_dir, tmp_path):
+    """algo=ppo: each rank's critic engine scores its rows, the values are summed across ranks, GAE and
+    whitening run on the whole batch: critic/* and the updated critic equal backend=torch's; the critic
+    is saved with the policy and a load continues exactly (the 9 rows need a padding row on 2 ranks;
+    two mini-batches, micro-batches of 2, the KL in the reward, a clip that acts)."""
+    from rlharness.config.schema import CriticConf
+
+    algo = AlgoConf(name="ppo", advantage="gae", lr=1e-3, mini_batches=2, micro_batch_size=2, kl_coef=0.01,
+                    kl_reward_coef=0.1, critic=CriticConf(lr=1e-3, cliprange_value=0.05, grad_clip=0.5))
+    model = ModelConf(path=tiny_model_dir)
+    ds = build_backend(DeepSpeedBackendConf(zero_stage=2, num_workers=2), model, algo, 10, 0,
+                       cpus_per_worker=1.0, timeout_s=240)
+    ref = build_backend(TorchBackendConf(), model, algo, 10, 0)
+    batches = [make_batch(algo, seed=s) for s in (1, 2, 3)]
+
+    async def critic_weights():
+        return (await ds._on_all("critic_weights_blocking"))[0]
+
+    async def main():
+        try:
+            for b in batches[:2]:
+                got, want = await ds.train_step(b), await ref.train_step(b)
+                for key in PPO_COMPARED:
+                    assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+                # A token whose value moved by about cliprange can land on either side of it (as the
+                # policy's clip_frac, not compared either): within two of the batch's ~25 tokens.
+                assert got["critic/vf_clip_frac"] == pytest.approx(want["critic/vf_clip_frac"], abs=0.08)
+            assert want["critic/vf_clip_frac"] > 0 and want["critic/kl_reward"] != 0
+            weights = await critic_weights()
+            ref_weights = {k: v.detach() for k, v in ref.critic.model.state_dict().items()}
+            assert set(weights) == set(ref_weights)
+            for name, t in ref_weights.items():  # the tolerance of the policy's comparison above
+                torch.testing.assert_close(weights[name], t, rtol=1e-4, atol=1e-4, msg=name)
+
+            await ds.save(str(tmp_path / "ckpt"))
+            from safetensors.torch import load_file
+
+            saved = load_file(str(tmp_path / "ckpt" / "critic" / "critic.safetensors"))
+            assert all(torch.equal(saved[k], v) for k, v in weights.items())
+            continued = await ds.train_step(batches[2])
+            after = await critic_weights()
+            await ds.load(str(tmp_path / "ckpt"))
+            assert all(torch.equal(v, weights[k]) for k, v in (await critic_weights()).items())
+            resumed = await ds.train_step(batches[2])
+            for key in (*PPO_COMPARED, "critic/vf_clip_frac"):
+                assert resumed[key] == continued[key], key
+            assert all(torch.equal(v, after[k]) for k, v in (await critic_weights()).items())
+        finally:
+            await ds.close()
+
+    asyncio.run(main())

@@ -104,3 +104,34 @@ def test_disagg_run_killed_mid_step_resumes_and_continues(tmp_path):
         if int(f.stem.split("_")[1]) > total:
             f.unlink()  # trained by the killed run after its last checkpoint, beyond the resumed run's end
     check_ledger(run_dir, total)
+
+
+def critic_updates(ckpt: Path) -> set[int]:
+    """The critic's AdamW step count per parameter in a checkpoint (one update per training step here)."""
+    from rlharness.checkpoint import load_state
+
+    state = load_state(ckpt / "backend" / "critic" / "critic_state.pt")["optimizer"]["state"]
+    return {int(s["step"]) for s in state.values()}
+
+
+@pytest.mark.timeout(400)
+def test_disagg_async_ppo_trains_the_critic_in_the_training_actor_and_resumes_it(tmp_path):
+    """algo=ppo in mode=disagg (async, max_staleness=1): the critic lives in the Ray training actor with
+    the policy, its values are the trainer's at train time, it is checkpointed with the policy and a
+    second life continues it (the AdamW step count carries on: a fresh critic would restart at 1)."""
+    run_dir = tmp_path / "run"
+    for total in (2, 4):
+        out = subprocess.run(train_cmd(run_dir, "algo=ppo", f"total_steps={total}"), cwd=tmp_path, env=env(),
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-4000:]
+        ckpt = run_dir / "checkpoints" / f"step_{total:08d}"
+        assert (ckpt / "backend" / "critic" / "critic.safetensors").is_file()
+        assert critic_updates(ckpt) == {total}
+    check_ledger(run_dir, 4)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] > 0 and "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    for r in steps:
+        assert all(k in r and r[k] == r[k] for k in ("critic/value_loss", "critic/vf_explained_var",
+                                                     "critic/values_mean", "critic/grad_norm")), r
+        assert r["staleness/max"] <= MAX_STALENESS

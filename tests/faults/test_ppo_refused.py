@@ -22,7 +22,6 @@ pytestmark = [pytest.mark.timeout(300)]
     (["algo=ppo", "algo.lam=-0.1"], ["algo.lam=-0.1", "0 <= lam <= 1"]),
     (["algo=ppo", "algo.kl_reward_coef=-1"], ["algo.kl_reward_coef=-1"]),
     (["algo=grpo", "algo.kl_reward_coef=0.1"], ["algo.kl_reward_coef=0.1", "algo.advantage=grpo", "algo.kl_coef"]),
-    (["algo=ppo", "backend=deepspeed", "cluster=local_ray"], ["algo.advantage=gae", "backend=deepspeed", "not supported"]),
 ])
 def test_refused_by_the_config(overrides, expect):
     with pytest.raises(ConfigError) as err:

@@ -99,6 +99,43 @@ def test_max_length_keeps_the_end_and_label_index_picks_the_logit(tmp_path):
     assert [s.reward["score"] for s in out] == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
 
+@pytest.mark.parametrize("on_timeout", ["fail", "zero"])
+def test_a_hung_reward_model_process_times_out_as_configured_and_is_replaced(rm_dir, on_timeout):
+    """The scorer's process stops answering (SIGSTOP: a forward pass that never returns): the call ends
+    at the judging timeout, judger.on_timeout applies (the group FAILED, or every member scored 0) and
+    is counted, the stopped process is killed and a fresh one scores the next group."""
+    import os
+    import signal
+
+    j = build_judger(RewardModelJudgerConf(path=str(rm_dir), on_timeout=on_timeout))
+    states = group(PAIRS[:3])
+
+    async def go():
+        try:
+            first = await j.judge_group(group(PAIRS[:3]), 120.0)
+            scorer = await j._scorer()
+            pid = scorer._pool.schedule(os.getpid).result(timeout=60)  # the one worker process
+            os.kill(pid, signal.SIGSTOP)
+            hung = await j.judge_group(states, 2.0)
+            after = await j.judge_group(group(PAIRS[:3]), 120.0)
+            new_pid = scorer._pool.schedule(os.getpid).result(timeout=60)
+            return first, hung, after, pid, new_pid
+        finally:
+            await j.close()
+
+    first, hung, after, pid, new_pid = asyncio.run(go())
+    stats = j.stats()
+    assert stats["timeouts"] == 1 and stats["processes_replaced"] == 1, stats
+    if on_timeout == "fail":
+        assert all(s.status is Status.FAILED for s in hung) and "timeout" in hung[0].extra["fail_reason"]
+        assert stats["groups_failed"] == 1 and stats["scored_zero_on_timeout"] == 0
+    else:
+        assert [s.reward for s in hung] == [{"score": 0.0}] * 3 and all(s.status is not Status.FAILED for s in hung)
+        assert stats["groups_failed"] == 0 and stats["scored_zero_on_timeout"] == 3
+    assert new_pid != pid
+    assert [s.reward for s in after] == [s.reward for s in first]  # the new process scores as the old one did
+
+
 def test_bad_reward_model_folders_are_refused(tmp_path, rm_dir, tiny_model_dir):
     with pytest.raises(ConfigError, match="judger.path=.* is not a sequence classifier.*no score/classifier head"):
         check_reward_model(RewardModelJudgerConf(path=tiny_model_dir))
@@ -195,6 +232,25 @@ def test_router_mixes_rules_with_a_reward_model_and_an_llm_judge(rm_dir):
         assert s.reward["reward_model"] == pytest.approx(x, rel=1e-5)
         assert s.reward["score"] == pytest.approx(0.5 * math + 0.25 * x, rel=1e-5)
     assert router.stats()["unparseable"] == 3  # the llm part's counts show as the router's judge/* counts
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["judger=router", "judger.reward_model.max_length=1"], "judger.reward_model.max_length=1"),
+    (["judger=router", "judger.reward_model.reward_scale=0"], "judger.reward_model.reward_scale=0.0"),
+    (["judger=router", "judger.llm.max_tokens=0"], "judger.llm.max_tokens=0"),
+    (["judger=router", "judger.llm.on_timeout=retry"], "judger.llm.on_timeout='retry'"),
+    (["experiment=arith_mix", "+judger@tasks.unpadded.judger=reward_model", "tasks.unpadded.judger.batch_size=0"],
+     "tasks.unpadded.judger.batch_size=0"),
+    (["judger=reward_model", "judger.max_length=1"], "judger.max_length=1"),
+])
+def test_an_out_of_range_learned_judger_value_is_named_by_its_whole_key(overrides, key):
+    """The nested confs know only "judger."; the refusal names where the value is (judger=router's
+    judger.reward_model / judger.llm, a task's own judger)."""
+    from rlharness.preflight import compose_checked
+
+    with pytest.raises(ConfigError) as err:
+        compose_checked(overrides)
+    assert str(err.value).startswith(key + " is not allowed"), str(err.value)
 
 
 # ----------------------------------------------------------------------------- the real command line and a run
