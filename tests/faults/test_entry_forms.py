@@ -14,7 +14,7 @@ import yaml
 from rlharness import run_lock
 from rlharness.config.schema import ConfigError
 from rlharness.preflight import preflight
-from tests.faults.test_refused_input import SIM, finished_run, refused, snapshot  # noqa: F401 - fixture
+from tests.faults.test_refused_input import SIM, refused, snapshot
 from tests.helpers import ROOT, run_cli
 
 pytestmark = [pytest.mark.timeout(600)]

@@ -31,15 +31,6 @@ def snapshot(d: Path) -> dict[str, str]:
                                                              for p in d.rglob("*") if p.is_dir()}
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """A 4-step run made by `train.py` (so it has .hydra/), checkpoints at steps 2 and 4."""
-    run_dir = tmp_path_factory.mktemp("faults") / "run"
-    run_cli([*SIM, "total_steps=4", f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
-    assert latest_checkpoint(run_dir)[0] == 4
-    return run_dir
-
-
 def refused(args: list[str], cwd: Path, expect: list[str], watch: Path | None = None, spawn: bool = False) -> str:
     """Run train.py, expect exit 2 with one `error:` line holding every `expect`; nothing changed.
     spawn: a fresh `python train.py` instead of a process forked from the test's CLI server."""
