@@ -20,6 +20,21 @@ def tiny_model_dir(tmp_path_factory):
     return str(save_tiny_model(tmp_path_factory.mktemp("tiny_model") / "model", seed=0))
 
 
+@pytest.fixture(scope="session")
+def sync_reference_run(tmp_path_factory):
+    """The kill test's sync run (tests/resume/test_kill_resume.py `SYNC`, 8 steps) left alone, as a
+    process of its own: the reference that the killed run (tests/resume) and the signal-stopped run
+    (tests/faults/test_signal_stop.py, which checkpoints every 3 steps instead of every step) must
+    each train exactly like. One run for both: a sync run trains the same whatever its save_every,
+    so sharing it asks no less of either test (the stopped run is held to a run that saved more
+    often)."""
+    from tests.resume.test_kill_resume import SYNC, run_to_the_end
+
+    run_dir = tmp_path_factory.mktemp("sync_reference") / "reference"
+    run_to_the_end(run_dir, SYNC)
+    return run_dir
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

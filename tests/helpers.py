@@ -53,6 +53,37 @@ def run_cli(args: list[str], cwd: str | Path, timeout_s: float = 600, check: boo
     return proc
 
 
+_FORKSERVER: subprocess.Popen | None = None
+
+
+def run_cli_forked(args: list[str], cwd: str | Path, timeout_s: float = 600, env: dict | None = None,
+                   script: str = "train.py") -> subprocess.CompletedProcess:
+    """`python train.py ARGS` (or `script`: evaluate.py) as a process forked from a server that has
+    imported their dependencies once (tests/cli_forkserver.py): the exit status, stdout and stderr
+    are the process's own, the interpreter's start and imports are shared. For refusals, which are
+    decided in a fraction of the start's cost; `run_cli` for runs that train."""
+    import atexit
+    import json
+    import os
+
+    global _FORKSERVER
+    if _FORKSERVER is None or _FORKSERVER.poll() is not None:
+        _FORKSERVER = subprocess.Popen([sys.executable, "-m", "tests.cli_forkserver"], cwd=ROOT, text=True,
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        atexit.register(_FORKSERVER.kill)
+        assert json.loads(_FORKSERVER.stdout.readline()) == {"ready": True}
+    full_env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0", **(env or {})}
+    _FORKSERVER.stdin.write(json.dumps({"script": script, "args": [str(a) for a in args], "cwd": str(cwd),
+                                        "env": full_env, "timeout_s": timeout_s}) + "\n")
+    _FORKSERVER.stdin.flush()
+    reply = json.loads(_FORKSERVER.stdout.readline())
+    if reply["returncode"] is None:
+        raise subprocess.TimeoutExpired([script, *args], timeout_s, reply["stdout"], reply["stderr"])
+    proc = subprocess.CompletedProcess([script, *args], reply["returncode"], reply["stdout"], reply["stderr"])
+    proc.cpu_s = reply["cpu_s"]  # the child's own CPU seconds (a measure of what the start saved)
+    return proc
+
+
 def load_script(path: str | Path, name: str):
     """A script (benchmarks/, scripts/) imported as module `name`, registered in sys.modules
     before it runs: its dataclasses look their module up there."""

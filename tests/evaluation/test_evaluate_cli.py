@@ -15,7 +15,7 @@ import pytest
 from rlharness.checkpoint import complete_checkpoints
 from rlharness.run_dir import RunDir
 from tests.faults.test_refused_input import snapshot
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, run_cli, run_cli_forked
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -94,9 +94,12 @@ def test_into_a_run_directory_only_when_asked_and_beside_its_files(run, tmp_path
         shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
-def refused(args: list, cwd: Path, expect: list[str]) -> None:
+def refused(args: list, cwd: Path, expect: list[str], spawn: bool = False) -> None:
+    """evaluate.py refuses in one line, exit 2, nothing written. Forked from the tests' CLI server
+    (tests/cli_forkserver.py: the process's own status and stderr) unless `spawn`."""
     before = sorted(p.name for p in cwd.iterdir())
-    proc = evaluate(args, cwd, check=False)
+    proc = (evaluate(args, cwd, check=False) if spawn else
+            run_cli_forked(args, cwd, timeout_s=300, env={"HYDRA_FULL_ERROR": "0"}, script="evaluate.py"))
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert lines and lines[-1].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -108,7 +111,7 @@ def refused(args: list, cwd: Path, expect: list[str]) -> None:
 def test_refused_input(run, tmp_path):
     no_ckpt = tmp_path / "no_ckpt"
     shutil.copytree(RunDir(run).hydra, RunDir(no_ckpt).hydra)
-    refused([f"resume={no_ckpt}"], tmp_path, ["no complete checkpoint"])
+    refused([f"resume={no_ckpt}"], tmp_path, ["no complete checkpoint"], spawn=True)
     refused([f"resume={run}", "eval.checkpoint_step=5"], tmp_path, ["step 5", "the steps there are: 1, 2"])
     not_a_model = tmp_path / "not_a_model"
     not_a_model.mkdir()

@@ -15,7 +15,7 @@ from rlharness import run_lock
 from rlharness.config.schema import ConfigError
 from rlharness.preflight import preflight
 from rlharness.run_dir import RunDir
-from tests.faults.test_refused_input import SIM, finished_run, refused, snapshot  # noqa: F401 - fixture
+from tests.faults.test_refused_input import SIM, refused, snapshot
 from tests.helpers import ROOT, run_cli
 
 pytestmark = [pytest.mark.timeout(600)]

@@ -1,5 +1,10 @@
 """Input refused at the door: one line `error: ...` naming key, value and what is allowed, exit 2,
-no new directory, and an existing run byte-identical before and after (the real command line)."""
+no new directory, and an existing run byte-identical before and after (the real command line).
+
+`refused` runs `train.py` as a process forked from a server that has imported its dependencies
+(tests/cli_forkserver.py: the process's own exit status and stderr, without 1-7 s CPU of imports
+per refusal); the config refusals below and the first data refusal start `python train.py` afresh,
+so the plain command line is proven too."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import pytest
 import torch
 
 from rlharness.checkpoint import CheckpointError, check_state_files, latest_checkpoint, load_state
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, run_cli, run_cli_forked
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -26,20 +31,12 @@ def snapshot(d: Path) -> dict[str, str]:
                                                              for p in d.rglob("*") if p.is_dir()}
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """A 4-step run made by `train.py` (so it has .hydra/), checkpoints at steps 2 and 4."""
-    run_dir = tmp_path_factory.mktemp("faults") / "run"
-    run_cli([*SIM, "total_steps=4", f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
-    assert latest_checkpoint(run_dir)[0] == 4
-    return run_dir
-
-
-def refused(args: list[str], cwd: Path, expect: list[str], watch: Path | None = None) -> str:
-    """Run train.py, expect exit 2 with one `error:` line holding every `expect`; nothing changed."""
+def refused(args: list[str], cwd: Path, expect: list[str], watch: Path | None = None, spawn: bool = False) -> str:
+    """Run train.py, expect exit 2 with one `error:` line holding every `expect`; nothing changed.
+    spawn: a fresh `python train.py` instead of a process forked from the test's CLI server."""
     before_cwd = sorted(p.name for p in cwd.iterdir())
     before = snapshot(watch) if watch is not None else None
-    proc = run_cli(args, cwd=cwd, check=False, timeout_s=300)
+    proc = run_cli(args, cwd=cwd, check=False, timeout_s=300) if spawn else run_cli_forked(args, cwd, timeout_s=300)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert lines and lines[-1].startswith("error: "), proc.stderr[-3000:]
@@ -64,7 +61,7 @@ def refused(args: list[str], cwd: Path, expect: list[str], watch: Path | None = 
     (["-m", "seed=1,-2"], ["seed=-2"]),
 ])
 def test_config_errors_are_one_line_exit_2_and_leave_no_directory(tmp_path, args, expect):
-    refused([*SIM, *args], tmp_path, expect)
+    refused([*SIM, *args], tmp_path, expect, spawn=True)
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
 
 
@@ -85,7 +82,7 @@ def test_resume_with_a_changed_task_is_refused(finished_run):
 def test_resuming_a_finished_run_says_so_in_one_line(finished_run):
     before = snapshot(finished_run)
     for args in ([f"resume={finished_run}"], [*SIM, "total_steps=3", f"hydra.run.dir={finished_run}"]):
-        proc = run_cli(args, cwd=finished_run.parent, check=False)
+        proc = run_cli_forked(args, cwd=finished_run.parent)
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         assert proc.returncode == 0 and len(lines) <= 2, proc.stderr[-2000:]
         assert "already at step 4" in lines[-1] and "total_steps" in lines[-1], lines
@@ -103,7 +100,8 @@ def test_data_and_model_errors_name_the_file_and_leave_no_directory(tmp_path):
     latin1 = _jsonl(tmp_path / "latin1.jsonl", good * 2 + '{"question": "caf\xe9", "answer": "1"}\n'.encode("latin-1"))
     task = ["task=jsonl", "task.num_eval=1", "eval.num_prompts=1"]
     new = tmp_path / "new_run"
-    refused([*SIM, *task, f"task.path={empty}", f"hydra.run.dir={new}"], tmp_path, [str(empty), "no rows"])
+    refused([*SIM, *task, f"task.path={empty}", f"hydra.run.dir={new}"], tmp_path, [str(empty), "no rows"],
+            spawn=True)
     refused([*SIM, *task, f"task.path={latin1}", f"hydra.run.dir={new}"], tmp_path, [f"{latin1}:3", "UTF-8"])
     model = tmp_path / "model_without_tokenizer"
     shutil.copytree(ROOT / "assets" / "tiny-arith", model)

@@ -20,7 +20,7 @@ from rlharness.checkpoint import latest_checkpoint
 from rlharness.logging_utils.metrics import read_metrics
 from rlharness.run_dir import RunDir
 from tests.resume.test_kill_resume import (ASYNC, SYNC, assert_nothing_lost_or_duplicated, assert_trains_like, launch,
-                                           run_to_the_end, step_rows)
+                                           step_rows)
 
 pytestmark = [pytest.mark.slow]
 
@@ -71,13 +71,13 @@ def stop_and_resume_until_done(run_dir: Path, overrides: list[str], signals: lis
 
 
 @pytest.mark.timeout(900)
-def test_sync_stopped_run_trains_exactly_like_the_uninterrupted_one(tmp_path):
-    reference = tmp_path / "reference"
-    run_to_the_end(reference, SYNC_STOP)
+def test_sync_stopped_run_trains_exactly_like_the_uninterrupted_one(tmp_path, sync_reference_run):
+    # The reference (tests/conftest.py) is the kill test's run, checkpointed every step: stopping and
+    # resuming must not change what is trained, nor must checkpointing every 3 steps instead of every one.
     run_dir = tmp_path / "stopped"
     run_dir.mkdir()
     assert stop_and_resume_until_done(run_dir, SYNC_STOP, [signal.SIGTERM, signal.SIGINT], seed=3) == 2
-    assert_trains_like(run_dir, reference, total_steps=8)
+    assert_trains_like(run_dir, sync_reference_run, total_steps=8)
 
 
 @pytest.mark.timeout(900)

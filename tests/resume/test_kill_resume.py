@@ -108,14 +108,12 @@ def assert_trains_like(run_dir: Path, reference: Path, total_steps: int) -> None
 
 
 @pytest.mark.timeout(900)
-def test_sync_killed_run_trains_exactly_like_the_uninterrupted_one(tmp_path):
-    reference = tmp_path / "reference"
-    run_to_the_end(reference, SYNC)
+def test_sync_killed_run_trains_exactly_like_the_uninterrupted_one(tmp_path, sync_reference_run):
     killed_dir = tmp_path / "killed"
     killed_dir.mkdir()
     kills = kill_and_resume_until_done(killed_dir, SYNC, kills=3, seed=0, kill_in_checkpoint_step=2)
     assert kills >= 2
-    assert_trains_like(killed_dir, reference, total_steps=8)
+    assert_trains_like(killed_dir, sync_reference_run, total_steps=8)
 
 
 @pytest.mark.timeout(900)
