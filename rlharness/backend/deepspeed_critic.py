@@ -23,8 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from rlharness.backend.critic import WEIGHTS_FILE, Critic
-from rlharness.backend.deepspeed_backend import (DS_SUBDIR, DS_TAG, deepspeed_state_classes, ds_config,
-                                                 step_engine)
+from rlharness.backend.deepspeed_engine import DS_SUBDIR, DS_TAG, deepspeed_state_classes, ds_config, step_engine
 from rlharness.checkpoint import check_state_files, writing
 from rlharness.config.schema import AlgoConf, CriticConf, DeepSpeedBackendConf, ModelConf
 
