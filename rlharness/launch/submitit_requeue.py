@@ -21,12 +21,15 @@ wait at once); one killed without a result is reported that much later.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from submitit.slurm import slurm as submitit_slurm
+
+log = logging.getLogger(__name__)
 
 # States that end a job for good whatever happens next.
 FINAL_STATES = ("COMPLETED", "CANCELLED")
@@ -40,12 +43,17 @@ class RequeueAwareWatcher(submitit_slurm.SlurmInfoWatcher):
         self.grace_s = grace_s
         self._suspect_since: dict[str, float] = {}  # job id -> when a failure state was first read
         self._read_at: dict[str, float] = {}  # job id -> when a poll last answered for it
+        self._history: dict[str, list[str]] = {}  # job id -> the states read, changes only (for the log)
 
     def read_info(self, string: bytes | str) -> dict[str, dict[str, str]]:
         info = super().read_info(string)
         now = time.monotonic()
-        for job_id in info:
+        for job_id, fields in info.items():
             self._read_at[job_id] = now
+            states = self._history.setdefault(job_id, [])
+            state = fields.get("State", "UNKNOWN")
+            if not states or states[-1] != state:
+                states.append(state)
         return info
 
     def is_done(self, job_id: str, mode: str = "standard") -> bool:
@@ -58,6 +66,8 @@ class RequeueAwareWatcher(submitit_slurm.SlurmInfoWatcher):
         read_at = self._read_at.get(job_id, time.monotonic())
         first = self._suspect_since.setdefault(job_id, read_at)
         if read_at - first >= self.grace_s:
+            log.warning("Slurm job %s read %s for %.0f s of answered polls (states read: %s): taken as final",
+                        job_id, state, read_at - first, " -> ".join(self._history.get(job_id, [])))
             return True
         if mode != "cache" and time.monotonic() - self._last_status_check >= RECHECK_S:
             self.update()  # read it again soon, whatever submitit's polling delay has grown to
