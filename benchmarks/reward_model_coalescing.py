@@ -131,7 +131,8 @@ async def bench(args, folder: Path) -> None:
     for m in modes:
         r = rates[m]
         print(f"| {m} | {statistics.median(r):.1f} | {min(r):.1f}-{max(r):.1f} | {counts[m][0]:g} | {counts[m][1]} |")
-    print(f"\ncoalesced / per group (medians): {statistics.median(rates['coalesced']) / statistics.median(rates['per group']):.2f}x")
+    ratio = statistics.median(rates["coalesced"]) / statistics.median(rates["per group"])
+    print(f"\ncoalesced / per group (medians): {ratio:.2f}x")
 
 
 def main() -> None:

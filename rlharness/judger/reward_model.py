@@ -263,12 +263,12 @@ class _RayScorer:
 class _Coalescing:
     """The groups waiting for the scorer go in one call, up to `batch_size` rows (one forward pass).
 
-    Each group used to be its own call: with many small groups in flight (8 groups of 4 rows,
-    batch_size 16) the scorer ran 8 small forward passes, each a round trip to its process, one
-    after the other. Now a call goes out at once when none is running (no added wait); the
-    groups that arrive meanwhile queue here and, when it ends, are packed in arrival order into
-    calls of at most `batch_size` rows (a group bigger than that goes alone; the scorer splits
-    it into passes). A row's logit does not depend on what it is batched with (right padding: its
+    Why: with a call per group, many small groups in flight (8 groups of 4 rows, batch_size 16)
+    cost 8 small forward passes, each a round trip to the scoring process, one after the other
+    (benchmarks/reward_model_coalescing.py). A call goes out at once when none is running (no
+    added wait); the groups that arrive meanwhile queue here and, when it ends, are packed in
+    arrival order into calls of at most `batch_size` rows (a group bigger than that goes alone;
+    the scorer splits it into passes). A row's logit does not depend on what it is batched with (right padding: its
     tokens never attend to the padding; float rounding of another batch shape aside).
 
     A packed call's limit is the smallest of its groups' timeouts, timed from when it is sent (as

@@ -47,7 +47,8 @@ def judged_run(tmp_path_factory):
         logger.setLevel(level)
     rd = RunDir(run_dir)
     rows = [json.loads(line) for line in rd.metrics.read_text().splitlines()]
-    samples = [json.loads(line) for path in sorted(rd.rollouts.glob("*.jsonl")) for line in path.read_text().splitlines()]
+    samples = [json.loads(line) for path in sorted(rd.rollouts.glob("*.jsonl"))
+               for line in path.read_text().splitlines()]
     return said.lines, rows, samples
 
 
