@@ -118,7 +118,7 @@ class LLMJudger(Judger):
                                                      add_generation_prompt=True)
             return encode_text(text)
 
-        log.info("judger llm: engine=%s with %s", self.conf.engine, self.conf.path)
+        log.info("judger llm: engine=%s (%s) with %s", self.conf.engine, type(engine).__name__, self.conf.path)
         return engine, encode
 
     async def close(self) -> None:

@@ -14,17 +14,20 @@ reward = (logit[label_index] + reward_shift) * reward_scale (label_index 0 for a
 Where it runs: the model lives in a process of its own (a pebble worker started from the
 judging forkserver; the trainer's interpreter and event loop never run its forward passes),
 or, when the run is on Ray (mode=disagg), in a Ray actor with its own placement group
-(`judger.num_cpus`, one GPU when `judger.device` is cuda). A group is one call, scored in
-batches of `batch_size`; a call past `agent.judge_timeout_s` (or a dead process) fails the
-group or scores it 0 (`judger.on_timeout`); a timed-out process is killed and replaced (the
-model reloads; also a process that never takes the call up, e.g. a stopped one), a timed-out Ray
-call is abandoned (the actor finishes it and goes on).
+(`judger.num_cpus`, one GPU when `judger.device` is cuda). The scorer takes one call at a time;
+groups that arrive while one runs wait and go together in the next, up to `batch_size` rows per
+call (one forward pass; a group bigger than that goes alone, in passes of `batch_size`):
+`_Coalescing`. A call past `agent.judge_timeout_s` (or a dead process) fails its groups or scores
+them 0 (`judger.on_timeout`); a timed-out process is killed and replaced (the model reloads; also
+a process that never takes the call up, e.g. a stopped one), a timed-out Ray call is abandoned
+(the actor finishes it and goes on).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +120,7 @@ class RewardModelScorer:
         if self.model.config.pad_token_id is None:  # the head pools the last token that is not padding
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.label_index = conf.label_index or 0
+        self.forward_passes = 0
 
     def logits(self, texts: list[str]) -> list[float]:
         """logit[label_index] of each text (no normalisation), `batch_size` texts per forward pass."""
@@ -128,6 +132,7 @@ class RewardModelScorer:
             enc = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt").to(self.conf.device)
             with torch.inference_mode():
                 logits = self.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+            self.forward_passes += 1
             out.extend(logits[:, self.label_index].float().tolist())
         return out
 
@@ -160,6 +165,11 @@ def _logits(texts: list[str]) -> list[float]:
 
 def _ready() -> bool:
     return _scorer is not None
+
+
+def _forward_passes() -> int:
+    """The forward passes this process has run (since it started)."""
+    return _scorer.forward_passes  # type: ignore[union-attr]
 
 
 # ----------------------------------------------------------------------------- in the trainer
@@ -250,8 +260,87 @@ class _RayScorer:
             ray.util.remove_placement_group(self.placement_group)
 
 
+class _Coalescing:
+    """The groups waiting for the scorer go in one call, up to `batch_size` rows (one forward pass).
+
+    Why: with a call per group, many small groups in flight (8 groups of 4 rows, batch_size 16)
+    cost 8 small forward passes, each a round trip to the scoring process, one after the other
+    (benchmarks/reward_model_coalescing.py). A call goes out at once when none is running (no
+    added wait); the groups that arrive meanwhile queue here and, when it ends, are packed in
+    arrival order into calls of at most `batch_size` rows (a group bigger than that goes alone;
+    the scorer splits it into passes). A row's logit does not depend on what it is batched with (right padding: its
+    tokens never attend to the padding; float rounding of another batch shape aside).
+
+    A packed call's limit is the smallest of its groups' timeouts, timed from when it is sent (as
+    a group's own call was); its failure (timeout, a frozen or dead process, which the scorer
+    replaces) reaches every group in it, each then applying judger.on_timeout. A group that stops
+    waiting (cancelled) before its call goes out is left out of it."""
+
+    def __init__(self, scorer, batch_size: int, counts: Counter):
+        self.scorer = scorer
+        self.batch_size = batch_size
+        self.counts = counts  # the judger's: scoring_calls (calls sent), cumulative
+        self._waiting: deque[tuple[list[str], float, asyncio.Future]] = deque()
+        self._sender: asyncio.Task | None = None
+
+    @property
+    def workers_replaced(self) -> int:
+        return self.scorer.workers_replaced
+
+    async def logits(self, texts: list[str], timeout_s: float) -> list[float]:
+        answer = asyncio.get_running_loop().create_future()
+        self._waiting.append((texts, timeout_s, answer))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.ensure_future(self._send_waiting())
+        return await answer
+
+    async def _send_waiting(self) -> None:
+        try:
+            while batch := self._next_call():
+                self.counts["scoring_calls"] += 1
+                try:
+                    logits = await self.scorer.logits([t for texts, _, _ in batch for t in texts],
+                                                      min(timeout_s for _, timeout_s, _ in batch))
+                except asyncio.CancelledError:
+                    for _, _, answer in batch:
+                        answer.cancel()
+                    raise
+                except Exception as exc:  # noqa: BLE001 - each group decides (judger.on_timeout)
+                    for _, _, answer in batch:
+                        if not answer.done():
+                            answer.set_exception(exc)
+                    continue
+                start = 0
+                for texts, _, answer in batch:
+                    if not answer.done():
+                        answer.set_result(logits[start: start + len(texts)])
+                    start += len(texts)
+        finally:  # left early (cancelled: the loop or the judger closing): nobody waits forever
+            while self._waiting:
+                self._waiting.popleft()[2].cancel()
+
+    def _next_call(self) -> list[tuple[list[str], float, asyncio.Future]]:
+        """The waiting groups, in arrival order, that fit in `batch_size` rows (at least one)."""
+        batch: list[tuple[list[str], float, asyncio.Future]] = []
+        rows = 0
+        while self._waiting:
+            texts, _, answer = self._waiting[0]
+            if answer.done():  # it stopped waiting
+                self._waiting.popleft()
+                continue
+            if batch and rows + len(texts) > self.batch_size:
+                break
+            batch.append(self._waiting.popleft())
+            rows += len(texts)
+        return batch
+
+    def close(self) -> None:
+        self.scorer.close()
+
+
 class RewardModelJudger(Judger):
     name = "reward_model"
+    count_keys = (*Judger.count_keys, "scoring_calls")
 
     def __init__(self, conf: RewardModelJudgerConf | None = None):
         self.conf = conf or RewardModelJudgerConf()
@@ -286,7 +375,7 @@ class RewardModelJudger(Judger):
         scorer = _RayScorer(self.conf) if _on_ray() else _ProcessScorer(self.conf)
         log.info("judger reward_model: %s loaded (%s, %s)", self.conf.path, self.conf.device,
                  "Ray actor" if isinstance(scorer, _RayScorer) else "own process")
-        return scorer
+        return _Coalescing(scorer, self.conf.batch_size, self.counts)
 
 def _on_ray() -> bool:
     """The run is on Ray (mode=disagg started it): the reward model becomes an actor."""

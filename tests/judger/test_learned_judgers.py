@@ -99,39 +99,71 @@ def test_max_length_keeps_the_end_and_label_index_picks_the_logit(tmp_path):
     assert [s.reward["score"] for s in out] == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
 
+def test_groups_that_arrive_together_share_forward_passes_and_score_as_alone(rm_dir):
+    """8 groups of 3 rows judged concurrently with batch_size=12 go in 2 calls of 12 rows (one forward
+    pass each, as the scorer's process counts them), not 8; every row scores as its group alone did
+    (rows of different lengths: padded in other batches), and as the model scores the row unbatched."""
+    from rlharness.judger.reward_model import _forward_passes
+
+    texts = [f"{a}+{b}=" for a, b in zip(range(1, 25), range(100, 2500, 100))]
+    groups = [[(texts[3 * g + i], "9" * (1 + (g + i) % 5)) for i in range(3)] for g in range(8)]
+    j = build_judger(RewardModelJudgerConf(path=str(rm_dir), batch_size=12))
+
+    async def go():
+        try:
+            alone = [await j.judge_group(group(pairs), 120.0) for pairs in groups]
+            scorer = (await j._scorer()).scorer
+            passes = scorer._pool.schedule(_forward_passes).result(timeout=60)
+            calls = j.stats()["scoring_calls"]
+            together = await asyncio.gather(*(j.judge_group(group(pairs), 120.0) for pairs in groups))
+            passes = scorer._pool.schedule(_forward_passes).result(timeout=60) - passes
+            return alone, together, passes, j.stats()["scoring_calls"] - calls
+        finally:
+            await j.close()
+
+    alone, together, passes, calls = asyncio.run(go())
+    assert (passes, calls) == (2, 2)  # 24 rows in calls of 12 (without coalescing: 8 calls, 8 passes)
+    scores = [[s.reward["score"] for s in g] for g in together]
+    assert scores == [[pytest.approx(s.reward["score"], rel=1e-5, abs=1e-6) for s in g] for g in alone]
+    expected = [float(x[0]) for x in reference_logits(rm_dir, [p + r for pairs in groups for p, r in pairs])]
+    assert sum(scores, []) == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
 @pytest.mark.parametrize("on_timeout", ["fail", "zero"])
 def test_a_hung_reward_model_process_times_out_as_configured_and_is_replaced(rm_dir, on_timeout):
     """The scorer's process stops answering (SIGSTOP: a forward pass that never returns): the call ends
     at the judging timeout, judger.on_timeout applies (the group FAILED, or every member scored 0) and
-    is counted, the stopped process is killed and a fresh one scores the next group."""
+    is counted, the stopped process is killed and a fresh one scores the next group. Two groups
+    waiting together share the stopped call: both time out, one replacement."""
     import os
     import signal
 
     j = build_judger(RewardModelJudgerConf(path=str(rm_dir), on_timeout=on_timeout))
-    states = group(PAIRS[:3])
+    states, beside = group(PAIRS[:3]), group(PAIRS[3:])
 
     async def go():
         try:
             first = await j.judge_group(group(PAIRS[:3]), 120.0)
-            scorer = await j._scorer()
+            scorer = (await j._scorer()).scorer
             pid = scorer._pool.schedule(os.getpid).result(timeout=60)  # the one worker process
             os.kill(pid, signal.SIGSTOP)
-            hung = await j.judge_group(states, 2.0)
+            hung, hung_beside = await asyncio.gather(j.judge_group(states, 2.0), j.judge_group(beside, 2.0))
+            assert j.stats()["scoring_calls"] == 2  # the first group's call, then one for both
             after = await j.judge_group(group(PAIRS[:3]), 120.0)
             new_pid = scorer._pool.schedule(os.getpid).result(timeout=60)
-            return first, hung, after, pid, new_pid
+            return first, hung + hung_beside, after, pid, new_pid
         finally:
             await j.close()
 
     first, hung, after, pid, new_pid = asyncio.run(go())
     stats = j.stats()
-    assert stats["timeouts"] == 1 and stats["processes_replaced"] == 1, stats
+    assert stats["timeouts"] == 2 and stats["processes_replaced"] == 1, stats  # one per group, one process
     if on_timeout == "fail":
         assert all(s.status is Status.FAILED for s in hung) and "timeout" in hung[0].extra["fail_reason"]
-        assert stats["groups_failed"] == 1 and stats["scored_zero_on_timeout"] == 0
+        assert stats["groups_failed"] == 2 and stats["scored_zero_on_timeout"] == 0
     else:
-        assert [s.reward for s in hung] == [{"score": 0.0}] * 3 and all(s.status is not Status.FAILED for s in hung)
-        assert stats["groups_failed"] == 0 and stats["scored_zero_on_timeout"] == 3
+        assert [s.reward for s in hung] == [{"score": 0.0}] * 6 and all(s.status is not Status.FAILED for s in hung)
+        assert stats["groups_failed"] == 0 and stats["scored_zero_on_timeout"] == 6
     assert new_pid != pid
     assert [s.reward for s in after] == [s.reward for s in first]  # the new process scores as the old one did
 
