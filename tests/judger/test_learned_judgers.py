@@ -44,6 +44,16 @@ def save_classifier(out: Path, num_labels: int = 1, seed: int = 0) -> Path:
     return out
 
 
+@pytest.fixture(autouse=True)
+def process_scorer(monkeypatch):
+    """The reward model scores in a process of its own here, whether or not an earlier test left Ray
+    running in this pytest process (tests/distributed's session-wide Ray: the judger would become a Ray
+    actor). The Ray actor is tests/distributed/test_reward_model_actor.py's."""
+    from rlharness.judger import reward_model
+
+    monkeypatch.setattr(reward_model, "_on_ray", lambda: False)
+
+
 @pytest.fixture(scope="module")
 def rm_dir(tmp_path_factory) -> Path:
     return save_classifier(tmp_path_factory.mktemp("rm") / "rm")
