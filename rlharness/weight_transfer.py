@@ -12,8 +12,9 @@ another. What lives here:
   own (NCCL between GPUs, gloo otherwise: one code path), and `WeightGroup`, the driver's
   list of who is in one;
 - the payloads the driver hands an engine proxy: `RemoteWeights` (a version in the Ray
-  object store) and `CollectiveWeights` (a version that travels by broadcast from
-  training rank 0 when the engines load it);
+  object store, stored as `PackedWeights`: its bytes copied once, read without a copy) and
+  `CollectiveWeights` (a version that travels by broadcast from training rank 0 when the
+  engines load it);
 - the route, chosen once when the run is built (`choose_route`) from the engine's
   declared `engine.weight_sync`.
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -286,6 +288,41 @@ class WeightGroupMember:
                 offset += n
 
 
+class PackedWeights:
+    """A state dict in the form the Ray object store holds without extra copies.
+
+    Ray pickles a torch tensor through `torch.save` (its bytes serialized, then copied into
+    the store, then deserialized by the reader: three copies of 513 MB for SmolLM2), but a
+    numpy array out of band: one copy into the store, and the reader's array is a view of
+    the store's memory. So each tensor travels as a uint8 numpy view of its bytes (any
+    dtype, bfloat16 included) next to its spec; `tensors()` rebuilds the named tensors as
+    views of those bytes, read-only where they live in the store: readers copy from them
+    (an engine's load), never write into them."""
+
+    def __init__(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.specs = tensor_specs(state)
+        self.arrays = [t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+                       for t in state.values()]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        with warnings.catch_warnings():  # "non-writable array": the store's memory, only read (see above)
+            warnings.simplefilter("ignore", UserWarning)
+            return {s.name: torch.from_numpy(a).view(s.torch_dtype).view(s.shape)
+                    for s, a in zip(self.specs, self.arrays)}
+
+
+def for_object_store(state: Mapping[str, Any]) -> Any:
+    """What to `ray.put` for a weight version: `PackedWeights` when every value is a tensor
+    (a state dict), else the plain dict (e.g. the sim backend's version counter)."""
+    state = dict(state)
+    return PackedWeights(state) if state and all(isinstance(t, torch.Tensor) for t in state.values()) else state
+
+
+def unpacked(state: Any) -> Any:
+    """The named tensors of a `PackedWeights`; anything else as it is."""
+    return state.tensors() if isinstance(state, PackedWeights) else state
+
+
 class RemoteWeights(Mapping):
     """A state dict that lives in the Ray object store; behaves as a (lazily fetched) mapping.
 
@@ -302,7 +339,7 @@ class RemoteWeights(Mapping):
         import ray  # only a process that fetches a payload needs Ray
 
         if self._value is None:
-            self._value = ray.get(self.ref, timeout=self.timeout_s)
+            self._value = unpacked(ray.get(self.ref, timeout=self.timeout_s))
         return self._value
 
     def __getitem__(self, key: str) -> Any:
