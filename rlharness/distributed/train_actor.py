@@ -82,8 +82,11 @@ class TrainWorkerActor:
             await asyncio.to_thread(self.weight_member.send, state, version)
 
     async def put_weights(self) -> list[Any]:
-        """`get_weights` into the object store (a state dict as `PackedWeights`: one copy); [ref], [] for none."""
-        state = await self.call("get_weights")
+        """`get_weights` into the object store (a state dict as `PackedWeights`: one copy); [ref], [] for none.
+
+        A backend with `weights_to_copy_now` hands its live tensors: `ray.put` is that copy."""
+        live = getattr(self.backend, "weights_to_copy_now", None)
+        state = live() if live is not None else await self.call("get_weights")
         return [] if state is None else [ray.put(for_object_store(state))]
 
 
