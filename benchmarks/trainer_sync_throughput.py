@@ -21,7 +21,15 @@ All in one run, each comparison measured side by side:
    - with vLLM installed (run with .venv-vllm/bin/python): `engine=vllm`'s
      `weight_sync=collective` load end to end (prefix-cache reset included), then the time
      to first token of a request sent right after the sync (and one without a sync before it).
-   Repeats are interleaved (broadcast, group, vLLM, memcpy, ...) so load changes hit all alike.
+   - with Ray installed (`--object-store`, on by default): `mode=disagg`'s object-store route for
+     the same state dict, end to end: a training actor (`TrainWorkerActor` hosting a `TorchBackend`
+     of the model) copies its weights and puts them into the object store (`RemoteWeights`), the
+     hf engine actor (`EngineActor`) reads that object and loads it (`ObjectStoreRoute`); the two
+     halves are timed too, and the time to first token through the actor after the sync;
+   - vLLM's CPU build re-packs every linear layer's weight for oneDNN after each load
+     (`create_onednn_mm`, in vLLM's reload): that packing alone, over the same weights in this
+     process, to show how much of vLLM's sync is not transfer at all.
+   Repeats are interleaved (broadcast, group, vLLM, object store, memcpy, ...) so load changes hit all alike.
 
     .venv-vllm/bin/python benchmarks/trainer_sync_throughput.py           # ~10 min on a loaded 2-core box
     .venv-vllm/bin/python benchmarks/trainer_sync_throughput.py --quick   # small: checks it runs
@@ -232,6 +240,43 @@ async def _ttft(engine, prompt: list[int]) -> float:
     return time.perf_counter() - t0
 
 
+def _torch_backend() -> object:
+    from rlharness.backend.torch_backend import TorchBackend
+
+    return TorchBackend(TorchBackendConf(), ModelConf(path=MODEL), AlgoConf(name="grpo"), 10, 0)
+
+
+def _start_object_store_route():
+    """A training actor and an hf engine actor on a local Ray, as `mode=disagg cluster=local_ray` builds them."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    from rlharness.distributed.spawn import spawn_engines
+    from rlharness.distributed.train_actor import spawn_train_workers
+
+    ray.init(num_cpus=4, object_store_memory=1536 * 2**20, include_dashboard=False, log_to_driver=False)
+    backend = spawn_train_workers(lambda rank, addr, port: _torch_backend, 1, 1, 0, {}, 600.0, name="bench")
+    engine = spawn_engines(HFEngineConf(max_batch_size=4), ModelConf(path=MODEL), seed=0, cpus=1, gpus=0,
+                           timeout_s=600.0, name="bench-engine")
+    return ray, backend, engine
+
+
+def _onednn_pack_s(state: dict[str, torch.Tensor]) -> float | None:
+    """vLLM's CPU post-load packing of every 2-D weight (what its reload runs after each load), or None."""
+    try:
+        from vllm import _custom_ops as ops
+    except ImportError:
+        return None
+    if not getattr(ops, "_supports_onednn", False):
+        return None
+    weights = [t for t in state.values() if t.ndim == 2]
+    t0 = time.perf_counter()
+    handlers = [ops.create_onednn_mm(w.t(), 32) for w in weights]
+    elapsed = time.perf_counter() - t0
+    del handlers
+    return elapsed
+
+
 def sync_part(args) -> dict:
     from safetensors.torch import load_file
 
@@ -262,16 +307,30 @@ def sync_part(args) -> dict:
     except ImportError:
         print("vLLM is not installed: its rows are skipped (run with .venv-vllm/bin/python)", flush=True)
 
+    route = None
+    if args.object_store:
+        try:
+            route = _start_object_store_route()
+        except ImportError:
+            print("Ray is not installed: the object-store rows are skipped", flush=True)
+
     async def go() -> dict[str, list[float]]:
         hf = HFEngine(HFEngineConf(max_batch_size=4), ModelConf(path=MODEL), seed=0)
         t: dict[str, list[float]] = {k: [] for k in ("memcpy", "plain_gloo", *(f"group_{mb}mb" for mb in args.bucket_mb),
                                                      "hf_load", "hf_ttft_after_sync", "vllm_sync",
-                                                     "vllm_ttft_after_sync", "vllm_ttft_no_sync")}
+                                                     "vllm_ttft_after_sync", "vllm_ttft_no_sync",
+                                                     "vllm_onednn_pack", "objstore_sync", "objstore_put",
+                                                     "objstore_load", "objstore_ttft_after_sync",
+                                                     "objstore_ttft_no_sync")}
         version = 1
         try:
             if vllm_engine is not None:
                 await vllm_engine.load_weights(state, version)  # forms the group (timed apart: not a sync's cost)
                 await _ttft(vllm_engine, prompt)  # warm-up
+            if route is not None:
+                _, backend, engine = route
+                await engine.load_weights(await backend.get_weights(), version)  # first touches of memory
+                await _ttft(engine, prompt)
             await _ttft(hf, prompt)
             for cmd, mb in (("plain", 0), *(("group", mb) for mb in args.bucket_mb)):  # first touches of memory
                 sender.bucket_bytes = mb << 20
@@ -304,6 +363,23 @@ def sync_part(args) -> dict:
                     t["vllm_sync"].append(time.perf_counter() - t0)
                     t["vllm_ttft_after_sync"].append(await _ttft(vllm_engine, prompt))
                     t["vllm_ttft_no_sync"].append(await _ttft(vllm_engine, prompt))
+                    pack_s = _onednn_pack_s(new)
+                    if pack_s is not None:
+                        t["vllm_onednn_pack"].append(pack_s)
+
+                if route is not None:
+                    _, backend, engine = route
+                    t0 = time.perf_counter()
+                    weights = await backend.get_weights()  # the trainer's copy, put into the object store
+                    t1 = time.perf_counter()
+                    await engine.load_weights(weights, version)  # the engine actor reads it and loads it
+                    t2 = time.perf_counter()
+                    t["objstore_sync"].append(t2 - t0)
+                    t["objstore_put"].append(t1 - t0)
+                    t["objstore_load"].append(t2 - t1)
+                    t["objstore_ttft_after_sync"].append(await _ttft(engine, prompt))
+                    t["objstore_ttft_no_sync"].append(await _ttft(engine, prompt))
+                    del weights
 
                 t0 = time.perf_counter()
                 await hf.load_weights(new, version)
@@ -318,6 +394,9 @@ def sync_part(args) -> dict:
             await hf.close()
             if vllm_engine is not None:
                 await vllm_engine.close()
+            if route is not None:
+                await route[2].close()
+                await route[1].close()
         return t
 
     try:
@@ -326,6 +405,8 @@ def sync_part(args) -> dict:
         parent_conn.send(("stop", 0, 0))
         child.join(60)
         sender.close()
+        if route is not None:
+            route[0].shutdown()
     med = {k: statistics.median(v) for k, v in times.items() if v}
     med["bytes_mb"] = nbytes / 2**20
     med["tensors"] = len(state)
@@ -356,6 +437,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--balance-rows", type=int, default=64, help="rows per batch in the balance part")
     p.add_argument("--draws", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3, help="sync repeats (median)")
+    p.add_argument("--object-store", action=argparse.BooleanOptionalAction, default=True,
+                   help="time mode=disagg's Ray object-store route (trainer actor -> object store -> hf engine actor)")
     p.add_argument("--bucket-mb", default="32,256", help="weight-group bucket sizes to time (MiB; vLLM uses "
                                                           "rlharness.weight_transfer.BUCKET_BYTES)")
     args = p.parse_args(argv)
@@ -393,7 +476,12 @@ def main(argv=None) -> None:
                    + f"; hf load / memcpy: "
                    f"{s['hf_load'] / s['memcpy']:.2f}x"
                    + (f"; vllm collective sync / plain gloo broadcast: {s['vllm_sync'] / s['plain_gloo']:.2f}x"
-                      if "vllm_sync" in s else "") + "\n"]
+                      if "vllm_sync" in s else "")
+                   + (f"; vllm oneDNN packing alone / plain gloo broadcast: "
+                      f"{s['vllm_onednn_pack'] / s['plain_gloo']:.2f}x" if "vllm_onednn_pack" in s else "")
+                   + (f"; object-store route / plain gloo broadcast: {s['objstore_sync'] / s['plain_gloo']:.2f}x"
+                      f" (/ memcpy: {s['objstore_sync'] / s['memcpy']:.2f}x)" if "objstore_sync" in s else "")
+                   + "\n"]
     report.append(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print("\n".join(report), flush=True)
 

@@ -6,13 +6,15 @@ another. What lives here:
 
 - the tensor specs of a version (name, shape, dtype) and their plain-data rows, for an
   RPC channel that carries no tensors (vLLM's `collective_rpc`);
-- bucket planning: same-dtype tensors flattened into buckets of at most `BUCKET_BYTES`;
+- bucket planning: same-dtype tensors flattened into buckets of at most `BUCKET_BYTES`, the
+  parts of a layer an engine fuses (q/k/v, gate/up) kept in one bucket;
 - group membership: `WeightGroupMember`, one process's place in a broadcast group of its
   own (NCCL between GPUs, gloo otherwise: one code path), and `WeightGroup`, the driver's
   list of who is in one;
 - the payloads the driver hands an engine proxy: `RemoteWeights` (a version in the Ray
-  object store) and `CollectiveWeights` (a version that travels by broadcast from
-  training rank 0 when the engines load it);
+  object store, stored as `PackedWeights`: its bytes copied once, read without a copy) and
+  `CollectiveWeights` (a version that travels by broadcast from training rank 0 when the
+  engines load it);
 - the route, chosen once when the run is built (`choose_route`) from the engine's
   declared `engine.weight_sync`.
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -95,21 +98,49 @@ def tensor_specs(state: Mapping[str, torch.Tensor]) -> list[TensorSpec]:
     return [TensorSpec(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in state.items()]
 
 
+def _module_group(name: str) -> str:
+    """The part of a parameter name an engine may fuse across: its parent module's parent.
+
+    `model.layers.0.self_attn.q_proj.weight` -> `model.layers.0.self_attn` (vLLM fuses q/k/v into
+    qkv_proj, gate/up into gate_up_proj, and loads such a layer only once all its parts came)."""
+    parts = name.split(".")
+    return ".".join(parts[:-2]) if len(parts) > 2 else name
+
+
 def plan_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[int]]:
     """Indices of `specs` grouped into buckets: one dtype per bucket, at most `bucket_bytes` each
-    (a tensor larger than that gets a bucket of its own). Order within a dtype is kept."""
+    (a tensor larger than that gets a bucket of its own). Order within a dtype is kept.
+
+    Adjacent tensors of one module group (`_module_group`, same dtype) never straddle two buckets,
+    unless together they exceed `bucket_bytes`: a receiver that reuses its buffers hands out views
+    valid only while their bucket is being loaded, and vLLM holds a fused layer's parts until its
+    last part arrives. A group larger than the cap starts a bucket of its own and is split only
+    where its tensors would overflow it."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes={bucket_bytes} must be > 0")
+    runs: list[list[int]] = []  # adjacent tensors of one module group and dtype
+    for i, spec in enumerate(specs):
+        prev = specs[runs[-1][-1]] if runs else None
+        if prev is not None and prev.dtype == spec.dtype and _module_group(prev.name) == _module_group(spec.name):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    size = [s.numel * torch.empty((), dtype=s.torch_dtype).element_size() for s in specs]
     buckets: list[list[int]] = []
     open_bucket: dict[str, tuple[list[int], int]] = {}
-    for i, spec in enumerate(specs):
-        size = spec.numel * torch.empty((), dtype=spec.torch_dtype).element_size()
-        current = open_bucket.get(spec.dtype)
-        if current is None or current[1] + size > bucket_bytes:
+    for run in runs:
+        dtype, run_bytes = specs[run[0]].dtype, sum(size[i] for i in run)
+        current = open_bucket.get(dtype)
+        if current is None or (current[1] + run_bytes > bucket_bytes and current[0]):
             current = ([], 0)
             buckets.append(current[0])
-        current[0].append(i)
-        open_bucket[spec.dtype] = (current[0], current[1] + size)
+        for i in run:
+            if current[0] and current[1] + size[i] > bucket_bytes and run_bytes > bucket_bytes:
+                current = ([], 0)  # a group larger than the cap: split where it overflows
+                buckets.append(current[0])
+            current[0].append(i)
+            current = (current[0], current[1] + size[i])
+        open_bucket[dtype] = current
     return buckets
 
 
@@ -188,8 +219,9 @@ class WeightGroupMember:
     def send(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Rank 0: publish the specs, broadcast every bucket.
 
-        Pipelined: bucket k+1 is packed (one copy per tensor, the only one on this side)
-        while bucket k is on the wire."""
+        Pipelined: bucket k+1 is packed (one copy per tensor, the only one on this side; a
+        bucket of one contiguous tensor is sent from the tensor itself) while bucket k is on
+        the wire."""
         if self.rank != 0:
             raise WeightGroupError(f"send on rank {self.rank}: only rank 0 (training rank 0) sends")
         specs = tensor_specs(state)
@@ -201,8 +233,12 @@ class WeightGroupMember:
         in_flight: tuple[Any, torch.Tensor] | None = None  # (work, its buffer: alive until it is done)
         with torch.no_grad():
             for k, bucket in enumerate(plan_buckets(specs, self.bucket_bytes)):
-                flat = self._bucket_buffer(k, specs, bucket)  # bucket k - 2 is through: its buffer is free
-                torch.cat([tensors[i].detach().reshape(-1) for i in bucket], out=flat)
+                only = tensors[bucket[0]].detach()
+                if len(bucket) == 1 and only.is_contiguous() and only.device == self.device:
+                    flat = only.reshape(-1)  # a bucket of one tensor goes as it is: no copy (e.g. the embedding)
+                else:
+                    flat = self._bucket_buffer(k, specs, bucket)  # bucket k - 2 is through: its buffer is free
+                    torch.cat([tensors[i].detach().reshape(-1) for i in bucket], out=flat)
                 if in_flight is not None:
                     self._finish(in_flight[0])
                 in_flight = (self._start_broadcast(flat), flat)
@@ -252,6 +288,41 @@ class WeightGroupMember:
                 offset += n
 
 
+class PackedWeights:
+    """A state dict in the form the Ray object store holds without extra copies.
+
+    Ray pickles a torch tensor through `torch.save` (its bytes serialized, then copied into
+    the store, then deserialized by the reader: three copies of 513 MB for SmolLM2), but a
+    numpy array out of band: one copy into the store, and the reader's array is a view of
+    the store's memory. So each tensor travels as a uint8 numpy view of its bytes (any
+    dtype, bfloat16 included) next to its spec; `tensors()` rebuilds the named tensors as
+    views of those bytes, read-only where they live in the store: readers copy from them
+    (an engine's load), never write into them."""
+
+    def __init__(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.specs = tensor_specs(state)
+        self.arrays = [t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+                       for t in state.values()]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        with warnings.catch_warnings():  # "non-writable array": the store's memory, only read (see above)
+            warnings.simplefilter("ignore", UserWarning)
+            return {s.name: torch.from_numpy(a).view(s.torch_dtype).view(s.shape)
+                    for s, a in zip(self.specs, self.arrays)}
+
+
+def for_object_store(state: Mapping[str, Any]) -> Any:
+    """What to `ray.put` for a weight version: `PackedWeights` when every value is a tensor
+    (a state dict), else the plain dict (e.g. the sim backend's version counter)."""
+    state = dict(state)
+    return PackedWeights(state) if state and all(isinstance(t, torch.Tensor) for t in state.values()) else state
+
+
+def unpacked(state: Any) -> Any:
+    """The named tensors of a `PackedWeights`; anything else as it is."""
+    return state.tensors() if isinstance(state, PackedWeights) else state
+
+
 class RemoteWeights(Mapping):
     """A state dict that lives in the Ray object store; behaves as a (lazily fetched) mapping.
 
@@ -268,7 +339,7 @@ class RemoteWeights(Mapping):
         import ray  # only a process that fetches a payload needs Ray
 
         if self._value is None:
-            self._value = ray.get(self.ref, timeout=self.timeout_s)
+            self._value = unpacked(ray.get(self.ref, timeout=self.timeout_s))
         return self._value
 
     def __getitem__(self, key: str) -> Any:

@@ -451,6 +451,15 @@ class TorchBackend(TrainingBackend):
             return self._lora_sync.weights(self.peft_model)
         return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()}
 
+    def weights_to_copy_now(self) -> dict[str, torch.Tensor]:
+        """`get_weights_blocking` without its snapshot: the live tensors, for a caller that copies
+        them before the next step can change them (`ray.put`; a training actor runs one call at a
+        time). Saves one copy of the model per object-store sync. A subclass that takes its
+        weights its own way (DeepSpeed gathers ZeRO shards) and LoRA (only the adapter) keep it."""
+        if self.peft_model is not None or type(self).get_weights_blocking is not TorchBackend.get_weights_blocking:
+            return self.get_weights_blocking()
+        return {name: t.detach() for name, t in self.model.state_dict().items()}
+
     def save_blocking(self, directory: str) -> None:
         require_finite_weights(self.weights_finite(), directory)
         out = Path(directory)

@@ -22,6 +22,7 @@ from typing import Any, AsyncIterator
 
 from rlharness.config.schema import EngineConf, ModelConf
 from rlharness.engine.base import GenerateRequest, GenerateResult
+from rlharness.weight_transfer import unpacked
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +113,11 @@ class EngineActor:
         return await self.engine.abort_all()
 
     async def load_weights(self, state: dict[str, Any], version: int) -> dict[str, float]:
-        """Load, then answer with the engine's counters (saves the proxy a `stats` call per sync)."""
-        await self.engine.load_weights(state, version)
+        """Load, then answer with the engine's counters (saves the proxy a `stats` call per sync).
+
+        From the object store `state` is a `PackedWeights`: tensors that are views of the
+        store's memory, which the engine's load copies from."""
+        await self.engine.load_weights(unpacked(state), version)
         return self._weights_loaded(version)
 
     def _weights_loaded(self, version: int) -> dict[str, float]:

@@ -28,7 +28,7 @@ from rlharness.distributed.placement import (describe_node, in_bundle, make_plac
                                              threads_for, wait_all)
 from rlharness.launch.ray_cluster import free_port
 from rlharness.types import TrainBatch
-from rlharness.weight_transfer import CollectiveWeights, RemoteWeights, WeightGroupMember
+from rlharness.weight_transfer import CollectiveWeights, RemoteWeights, WeightGroupMember, for_object_store
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class TrainWorkerActor:
         started = time.perf_counter()
         metrics = dict(await self.call("train_step", batch))
         metrics["perf/train_worker_s"] = time.perf_counter() - started
-        return metrics, await self.call_and_put("get_weights")
+        return metrics, await self.put_weights()
 
     async def weight_group_join(self, backend: str, host: str, port: int, rank: int, world_size: int,
                                 timeout_s: float) -> None:
@@ -81,10 +81,13 @@ class TrainWorkerActor:
         if self.weight_member is not None:
             await asyncio.to_thread(self.weight_member.send, state, version)
 
-    async def call_and_put(self, method: str, *args: Any) -> list[Any]:
-        """Like `call`, but the result stays in the object store; returns [ref] (None -> [])."""
-        result = await self.call(method, *args)
-        return [] if result is None else [ray.put(result)]
+    async def put_weights(self) -> list[Any]:
+        """`get_weights` into the object store (a state dict as `PackedWeights`: one copy); [ref], [] for none.
+
+        A backend with `weights_to_copy_now` hands its live tensors: `ray.put` is that copy."""
+        live = getattr(self.backend, "weights_to_copy_now", None)
+        state = live() if live is not None else await self.call("get_weights")
+        return [] if state is None else [ray.put(for_object_store(state))]
 
 
 class RemoteBackend(TrainingBackend):
@@ -110,13 +113,13 @@ class RemoteBackend(TrainingBackend):
         self._prefetched: Any = None  # ObjectRef of the weights right after the last train_step
         self.nodes: list[dict[str, str]] = []  # where each rank runs (node_info), set at start
 
-    async def _on_all(self, method: str, *args: Any, put: bool = False) -> list[Any]:
+    async def _on_all(self, method: str, *args: Any) -> list[Any]:
         """Call the backend's `method` on every worker at once; results in rank order."""
-        return await self._on_all_actors("call_and_put" if put else "call", method, *args)
+        return await self._on_all_actors("call", method, *args)
 
     async def _on_all_actors(self, actor_method: str, *args: Any) -> list[Any]:
         """Call the actors' own `actor_method` on every worker at once; results in rank order."""
-        method = args[0] if actor_method in ("call", "call_and_put") else actor_method
+        method = args[0] if actor_method == "call" else actor_method
         refs = [getattr(a, actor_method).remote(*args) for a in self.actors]
         tasks = [asyncio.ensure_future(_await(r)) for r in refs]
         # The first failure ends the wait: its peers may be blocked in a collective with it.
@@ -160,7 +163,7 @@ class RemoteBackend(TrainingBackend):
         if self._prefetched is not None:
             ref, self._prefetched = self._prefetched, None
             return RemoteWeights(ref, self.timeout_s)
-        results = await self._on_all("get_weights", put=True)
+        results = await self._on_all_actors("put_weights")
         if not results[0]:
             raise RuntimeError(f"training worker {self.names[0]} (rank 0) returned no weights")
         return RemoteWeights(results[0][0], self.timeout_s)

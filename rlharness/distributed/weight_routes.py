@@ -6,7 +6,8 @@ then holds one route object and calls it, whatever the payload:
 
 - `ObjectStoreRoute` (the default): one `ray.put` per version, or the reference training
   rank 0 already made (`RemoteWeights`); every engine reads that one object, and an engine
-  Ray restarts is sent it again;
+  Ray restarts is sent it again. The object is a `PackedWeights` (copied once into the
+  store, read by the engine without a copy);
 - `GroupRoute`: a broadcast group (NCCL or gloo) of training rank 0 and every engine,
   formed by `setup_weight_group`; the payload is the trainer's `CollectiveWeights`, one
   broadcast reaches every engine at once, and a restarted engine cannot rejoin (its proxy
@@ -27,7 +28,8 @@ from typing import Any
 import ray
 
 from rlharness.distributed.placement import wait_all
-from rlharness.weight_transfer import OBJECT_STORE, CollectiveWeights, RemoteWeights, WeightGroup, WeightGroupError
+from rlharness.weight_transfer import (OBJECT_STORE, CollectiveWeights, RemoteWeights, WeightGroup, WeightGroupError,
+                                       for_object_store)
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ def to_object_ref(state: Mapping[str, Any] | Any) -> Any:
         return state.ref
     if isinstance(state, ray.ObjectRef):
         return state
-    return ray.put(dict(state))
+    return ray.put(for_object_store(state))
 
 
 class ObjectStoreRoute:

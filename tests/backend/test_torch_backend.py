@@ -241,3 +241,13 @@ def test_empty_batch_is_refused(tiny_model_dir):
     batch = dataclasses.replace(batch, response_mask=torch.zeros_like(batch.response_mask))
     with pytest.raises(ValueError, match="no response tokens"):
         step(b, batch)
+
+
+def test_weights_for_the_object_store_are_the_live_tensors(tiny_model_dir):
+    """`ray.put` copies what the training actor hands it: the live parameters, not a snapshot of them."""
+    b = backend(tiny_model_dir)
+    live, snapshot = b.weights_to_copy_now(), b.get_weights_blocking()
+    assert list(live) == list(snapshot) and all(torch.equal(live[k], snapshot[k]) for k in live)
+    params = {p.data_ptr() for p in b.model.parameters()}
+    assert all(t.data_ptr() in params for k, t in live.items() if "weight" in k)
+    assert not any(t.data_ptr() in params for t in snapshot.values())

@@ -161,3 +161,24 @@ def test_nccl_broadcast_group_on_two_gpus(ray_session, tiny_model_dir):
             await backend.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.ray
+def test_object_store_weights_are_copied_once_and_read_in_place(ray_session):
+    """The object store holds a version as `PackedWeights`: what an engine reads are views of the
+    store's memory (read-only, no copy), bit-exact for every dtype, bfloat16 and 0-dim included."""
+    import ray
+
+    from rlharness.distributed.weight_routes import to_object_ref
+    from rlharness.weight_transfer import PackedWeights, RemoteWeights, unpacked
+
+    g = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(64, 32, generator=g), "b": torch.randn(7, generator=g).to(torch.bfloat16),
+             "step": torch.tensor(3, dtype=torch.int64), "t": torch.randn(8, 4, generator=g).t()}
+    stored = ray.get(to_object_ref(state))
+    assert isinstance(stored, PackedWeights)
+    assert not any(a.flags.writeable for a in stored.arrays)  # the store's own memory, not a copy
+    for got in (unpacked(stored), dict(RemoteWeights(to_object_ref(state), 30.0))):
+        assert list(got) == list(state)
+        for name, t in state.items():
+            assert got[name].dtype == t.dtype and got[name].shape == t.shape and torch.equal(got[name], t), name
