@@ -48,8 +48,9 @@ class RequeueAwareWatcher(submitit_slurm.SlurmInfoWatcher):
     def read_info(self, string: bytes | str) -> dict[str, dict[str, str]]:
         info = super().read_info(string)
         now = time.monotonic()
-        for job_id, fields in info.items():
+        for job_id in self._registered - self._finished:  # the poll answered for each (absent: purged)
             self._read_at[job_id] = now
+        for job_id, fields in info.items():
             states = self._history.setdefault(job_id, [])
             state = fields.get("State", "UNKNOWN")
             if not states or states[-1] != state:

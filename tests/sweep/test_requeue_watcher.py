@@ -15,7 +15,8 @@ state = open(sys.argv[1]).read().strip()
 if state == "NO ANSWER":
     sys.exit("slurm_load_jobs error: Socket timed out on send/recv operation")
 print("JobID|State|NodeList")
-print(f"42|{state}|rlh-node1")
+if state != "PURGED":  # a finished job Slurm no longer lists: the poll answers without it
+    print(f"42|{state}|rlh-node1")
 """
 
 
@@ -76,6 +77,16 @@ def test_the_grace_runs_only_over_readings_that_answered(tmp_path):
     w.set("FAILED")
     time.sleep(0.6)
     w.set("FAILED")  # read again, answered, past the grace: final
+    assert w.is_done("42", mode="cache")
+
+
+def test_a_failed_job_that_slurm_purges_still_ends_the_wait(tmp_path):
+    """After MinJobAge the shim answers without the job: an answered poll, so the grace still runs out."""
+    w = ScriptedWatcher(tmp_path, grace_s=0.5)
+    w.set("FAILED")
+    w.set("PURGED")
+    time.sleep(0.6)
+    w.set("PURGED")
     assert w.is_done("42", mode="cache")
 
 
