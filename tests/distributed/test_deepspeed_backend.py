@@ -37,6 +37,15 @@ def make_batch(algo: AlgoConf, seed: int, num_groups: int = 3, k: int = 3, vocab
     return build_train_batch(groups, algo, pad_token_id=0, train_step=1, max_response_len=8, temperature=1.0)[0]
 
 
+def two_ranks_and_torch(algo: AlgoConf, model_dir: str):
+    """Two ZeRO-2 ranks and backend=torch on the same model, and the three batches both train on."""
+    model = ModelConf(path=model_dir)
+    ds = build_backend(DeepSpeedBackendConf(zero_stage=2, num_workers=2), model, algo, 10, 0,
+                       cpus_per_worker=1.0, timeout_s=240)
+    ref = build_backend(TorchBackendConf(), model, algo, 10, 0)
+    return ds, ref, [make_batch(algo, seed=s) for s in (1, 2, 3)]
+
+
 def test_padding_rows_train_nothing():
     algo = AlgoConf(name="grpo")
     batch = make_batch(algo, seed=0)
@@ -52,11 +61,7 @@ def test_padding_rows_train_nothing():
 def test_two_zero_ranks_match_torch_and_resume_from_save(ray_session, tiny_model_dir, tmp_path):
     # Two optimizer updates per step (mini_batches=2) and micro-batches of 2 exercise the split.
     algo = AlgoConf(name="grpo", lr=1e-3, mini_batches=2, micro_batch_size=2, kl_coef=0.01)
-    model = ModelConf(path=tiny_model_dir)
-    ds = build_backend(DeepSpeedBackendConf(zero_stage=2, num_workers=2), model, algo, 10, 0,
-                       cpus_per_worker=1.0, timeout_s=240)
-    ref = build_backend(TorchBackendConf(), model, algo, 10, 0)
-    batches = [make_batch(algo, seed=s) for s in (1, 2, 3)]
+    ds, ref, batches = two_ranks_and_torch(algo, tiny_model_dir)
 
     async def main():
         try:
@@ -192,11 +197,7 @@ def test_ppo_critic_on_two_zero_ranks_matches_torch_and_resumes_bit_exact(ray_se
 
     algo = AlgoConf(name="ppo", advantage="gae", lr=1e-3, mini_batches=2, micro_batch_size=2, kl_coef=0.01,
                     kl_reward_coef=0.1, critic=CriticConf(lr=1e-3, cliprange_value=0.05, grad_clip=0.5))
-    model = ModelConf(path=tiny_model_dir)
-    ds = build_backend(DeepSpeedBackendConf(zero_stage=2, num_workers=2), model, algo, 10, 0,
-                       cpus_per_worker=1.0, timeout_s=240)
-    ref = build_backend(TorchBackendConf(), model, algo, 10, 0)
-    batches = [make_batch(algo, seed=s) for s in (1, 2, 3)]
+    ds, ref, batches = two_ranks_and_torch(algo, tiny_model_dir)
 
     async def critic_weights():
         return (await ds._on_all("critic_weights_blocking"))[0]
