@@ -30,7 +30,7 @@ from typing import Any
 
 from rlharness.config.run import RunConf
 from rlharness.config.schema import ConfigError
-from rlharness.overrides import override_key
+from rlharness.overrides import merge_overrides, override_key
 from rlharness.run_dir import EVALUATE_PREFIX, HYDRA, RunDir
 
 log = logging.getLogger("rlharness")
@@ -119,8 +119,7 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
         except CheckpointError as exc:  # said as the key the user typed
             raise ConfigError(f"resume={resume}: {exc}") from None
         old = [o for o in saved if override_key(o) != "model.path" and not override_key(o).startswith("hydra.")]
-        new_keys = {override_key(o) for o in overrides}
-        merged = [o for o in old if override_key(o) not in new_keys] + overrides + [f"model.path={model}"]
+        merged = merge_overrides(old, overrides) + [f"model.path={model}"]
         cfg = compose_checked(merged, evaluate_conf)
         source = Source(model_path=str(model), run_dir=str(run), checkpoint_step=found_step)
     out_dir = Path(str(cfg.hydra.run.dir)).expanduser().resolve()

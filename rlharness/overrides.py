@@ -20,6 +20,12 @@ def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def merge_overrides(old: list[str], new: list[str]) -> list[str]:
+    """A saved command line with new overrides on top: an old override whose key is given again goes."""
+    new_keys = {override_key(o) for o in new}
+    return [o for o in old if override_key(o) not in new_keys] + new
+
+
 def override_value(override: str) -> str:
     """An override's value as Hydra reads it (quotes removed); the raw text if it does not parse."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -73,8 +79,7 @@ def prepare_resume_argv(argv: list[str], require_checkpoint: bool = True) -> tup
             raise ConfigError(
                 f"resume={value}: override {o!r} would make the checkpoint unusable ({k} is fixed "
                 f"for a run; start a new run instead)")
-    new_keys = {override_key(o) for o in new}
-    merged = [o for o in old if override_key(o) not in new_keys] + new
+    merged = merge_overrides(old, new)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return ([argv[0], *merged, "resume=auto", path_override("hydra.run.dir", run_dir),
              f"hydra.output_subdir={HYDRA}/{RESUMED_PREFIX}{stamp}"], new)
