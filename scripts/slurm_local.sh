@@ -104,8 +104,9 @@ JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
-# Finished jobs stay visible to squeue/scontrol (the sacct shim reads them) this long.
-MinJobAge=300
+# Finished jobs stay visible to squeue/scontrol (the sacct shim reads them) this long: an hour,
+# so that a slow submitter on a loaded box still reads a job's final state, as sacct would.
+MinJobAge=3600
 SchedulerType=sched/backfill
 JobRequeue=1
 # A job asking for more than the partition has (nodes, GPUs per node) is refused at sbatch, not left pending forever.

@@ -70,8 +70,11 @@ class RequeueAwareWatcher(submitit_slurm.SlurmInfoWatcher):
             log.warning("Slurm job %s read %s for %.0f s of answered polls (states read: %s): taken as final",
                         job_id, state, read_at - first, " -> ".join(self._history.get(job_id, [])))
             return True
-        if mode != "cache" and time.monotonic() - self._last_status_check >= RECHECK_S:
-            self.update()  # read it again soon, whatever submitit's polling delay has grown to
+        # Read it again soon, whatever submitit's polling delay has grown to (it doubles up to
+        # delay_s=600: a job that failed minutes after it started would be read again only
+        # minutes later, and Slurm may purge it first). submitit stamps its polls with time.time().
+        if mode != "cache" and time.time() - self._last_status_check >= RECHECK_S:
+            self.update()
         return False
 
 

@@ -68,7 +68,9 @@ def test_one_slurm_job_per_point_each_a_complete_run(slurm_env, tmp_path):
 
 
 def _slurm(*args: str) -> str:
-    return subprocess.run(list(args), capture_output=True, text=True, timeout=30, check=True).stdout
+    done = subprocess.run(list(args), capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, f"{' '.join(args)}: exit {done.returncode}: {done.stderr.strip()}"
+    return done.stdout
 
 
 def _wait(what: str, ready, timeout_s: float) -> None:

@@ -90,6 +90,22 @@ def test_a_failed_job_that_slurm_purges_still_ends_the_wait(tmp_path):
     assert w.is_done("42", mode="cache")
 
 
+def test_a_suspect_failure_is_read_again_soon_whatever_submitits_polling_delay(tmp_path):
+    """submitit's polls thin out as a job ages (every 150 s for a 5-minute-old job, up to
+    delay_s=600): a failure read then must be read again within seconds, or the grace runs
+    out only minutes late and Slurm may have purged the job meanwhile (CI, stop 32: the
+    sweep reported a job that failed at 22:56:57 only at 23:02:21)."""
+    w = ScriptedWatcher(tmp_path, grace_s=0.5)
+    w._delay_s = 600
+    w.set("FAILED")
+    w._start_time = time.time() - 1000  # an old job: submitit's own next poll is 500 s away
+    deadline = time.monotonic() + 10
+    while not w.is_done("42", mode="standard"):  # what submitit's Job.wait calls, once a second
+        assert time.monotonic() < deadline, "the failure was not read again within 10 s"
+        time.sleep(0.2)
+    assert "FAILED" in w._history["42"]
+
+
 @pytest.mark.parametrize("state", ["FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY"])
 def test_submitits_own_watcher_would_have_ended_the_wait(tmp_path, state):
     """What the sweep hit: submitit takes any of these as final at the first reading."""
