@@ -20,6 +20,7 @@ from GGUF; steps 3-4, no download).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import shutil
 import subprocess
@@ -138,6 +139,14 @@ def convert_into(gguf_path: Path, out: Path, stamp: str, t0: float) -> str:
 
 
 def fetch(out: Path, force: bool = False) -> Path:
+    """One fetch at a time per folder (two test workers, two shells): the second waits, then finds it done."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _fetch_locked(out, force)
+
+
+def _fetch_locked(out: Path, force: bool) -> Path:
     t0 = time.monotonic()
     done = out / READY
     if done.is_file() and done.read_text() == marker() and not force:

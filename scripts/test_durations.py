@@ -1,19 +1,22 @@
 """Per-test durations record from pytest's JUnit XML (`pytest --junitxml=FILE`).
 
     python scripts/test_durations.py FILE.xml [FILE2.xml ...] --command "..." --load "..." \
-        --out tests/durations.md
+        --out tests/durations.md --json tests/durations.json
 
 Writes a Markdown table per test file (tests, seconds, share of the total) and every test
 that took at least `--min-s` seconds, slowest first. JUnit's time per test is setup + call +
 teardown (pytest's default `junit_duration_report=total`), so a module- or session-scoped
 fixture's set-up counts in the first test that uses it. Several files (e.g. one per test
 file measured on its own) are merged; a test present in more than one keeps the last.
+`--json` also writes seconds per test file: tests/conftest.py hands the slowest files to
+pytest-xdist's workers first (longest first keeps the last worker from finishing alone).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -40,6 +43,13 @@ def read_cases(path: Path) -> dict[str, tuple[float, str]]:
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
         cases[node] = (float(case.get("time", 0.0)), outcome)
     return cases
+
+
+def seconds_per_file(cases: dict[str, tuple[float, str]]) -> dict[str, float]:
+    per_file: dict[str, float] = defaultdict(float)
+    for node, (secs, _) in cases.items():
+        per_file[node.split("::")[0]] += secs
+    return dict(sorted(per_file.items(), key=lambda kv: -kv[1]))
 
 
 def render(cases: dict[str, tuple[float, str]], command: str, load: str, min_s: float) -> str:
@@ -84,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load", required=True, help="machine and load average while it ran")
     ap.add_argument("--min-s", type=float, default=2.0, help="list tests taking at least this long")
     ap.add_argument("--out", type=Path, default=None, help="write here instead of stdout")
+    ap.add_argument("--json", type=Path, default=None, help="also write seconds per test file here")
     args = ap.parse_args(argv)
     cases: dict[str, tuple[float, str]] = {}
     for path in args.xml:
@@ -96,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {path}: not JUnit XML ({exc})", file=sys.stderr)
             return 2
     text = render(cases, args.command, args.load, args.min_s)
+    if args.json:
+        args.json.write_text(json.dumps({f: round(s, 1) for f, s in seconds_per_file(cases).items()}, indent=1) + "\n")
     if args.out:
         args.out.write_text(text)
     else:

@@ -13,6 +13,24 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 @pytest.fixture(scope="session")
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored(_torch_threads):
+    """A test that runs a disaggregated run in-process leaves torch on the driver's one thread
+    (rlharness.distributed); the next test must get the process's own count back."""
+    yield
+    import torch
+
+    if torch.get_num_threads() != _torch_threads:
+        torch.set_num_threads(_torch_threads)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A randomly initialised 2-layer character-level Llama in Hugging Face format."""
     from rlharness.tiny import save_tiny_model
@@ -39,6 +57,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def pytest_collection_modifyitems(config, items):
+    _deselect_or_skip_vllm(config, items)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the order xdist hands tests out in: slowest files first
+        from tests.xdist_scheduling import slowest_scopes_first
+
+        slowest_scopes_first(items)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`pytest -n 2`: tests/xdist_scheduling.py keeps each file (and all of tests/slurm/) on one
+    worker, slowest first; another `--dist` asked for by name is xdist's own."""
+    if config.getvalue("dist") == "load":
+        from tests.xdist_scheduling import GroupedScheduling
+
+        return GroupedScheduling(config, log)
+    return None
+
+
+def _deselect_or_skip_vllm(config, items) -> None:
     """`vllm` tests need vLLM, which lives in .venv-vllm (scripts/setup_vllm.sh). In a Python
     without it they are deselected when that venv exists (the README's test command runs them
     there, where none skips) and skipped, naming the script, when it does not."""

@@ -9,8 +9,6 @@ from rlharness.model import PROJECT_ROOT
 from rlharness.run_dir import RunDir
 from tests.helpers import QUICK, run_in_process
 
-SMOLLM2 = PROJECT_ROOT / "assets" / "smollm2-135m-instruct"
-
 
 def train_rows(run_dir) -> list[dict]:
     return [r for r in read_metrics(RunDir(run_dir).metrics) if "train/loss" in r]
@@ -32,11 +30,10 @@ def test_colocated_async_multitask_lora(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(), reason="bash scripts/fetch_smollm2.sh makes the model")
-def test_smollm2_lora_adapter_run(tmp_path):
+def test_smollm2_lora_adapter_run(smollm2, tmp_path):
     """The real model: 2.4M adapter parameters of 137M, the engine serves the adapter, KL against adapters off."""
     run_dir = tmp_path / "run"
-    run_in_process(run_dir, ["experiment=chat_math", f"model.path={SMOLLM2}",  # after the experiment: it sets a path
+    run_in_process(run_dir, ["experiment=chat_math", f"model.path={smollm2}",  # after the experiment: it sets a path
                              "batch_size=2", "sampler.prompt_repeat_k=2",
                              "agent.sampling.max_tokens=8", "total_steps=2", "eval_every=0", "save_every=0",
                              "eval.num_prompts=2", "logger.mode=disabled", "model.lora.rank=8",

