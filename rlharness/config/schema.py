@@ -577,10 +577,11 @@ class VLLMEngineConf(EngineConf):
     # Colocated on one GPU: vLLM sleeps (weights offloaded, KV cache freed) while training runs. CUDA only.
     sleep_mode: bool = False
     cpu_kv_cache_gib: float = 1.0  # KV cache of vLLM's CPU build (its kv_cache_memory_bytes)
-    # vLLM's CPU build, `weight_sync=collective`: `torch` puts its linear layers on torch's F.linear
-    # over plain weights at the first sync, which then loads in place; `onednn` keeps vLLM's packed
-    # weights, re-packed on every sync (docs/benchmarks.md, "vLLM collective sync on the CPU build").
-    cpu_linear: str = "torch"
+    # vLLM's CPU build, `weight_sync=collective`: `onednn` keeps vLLM's packed linear weights (re-packed
+    # on every sync: the sync costs ~5x a broadcast); `torch` puts the linear layers on torch's F.linear
+    # over plain weights at the first sync, each sync then loads in place (~1.3x a broadcast) but
+    # decoding is ~2x slower (docs/benchmarks.md, "Issue 25: vLLM collective sync on the CPU build").
+    cpu_linear: str = "onednn"
 
     def weight_sync_routes(self) -> tuple[str, ...]:
         return ("collective", "disk")

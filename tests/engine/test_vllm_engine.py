@@ -71,7 +71,9 @@ def vllm_env(tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     run = Loop()
-    conf = VLLMEngineConf(sync_timeout_s=60.0)
+    # engine.cpu_linear=torch: on the CPU build the syncs below load in place (the default, onednn,
+    # runs vLLM's reload: tests/benchmarks/test_vllm_weight_sync_quick.py and the other vLLM tests).
+    conf = VLLMEngineConf(sync_timeout_s=60.0, cpu_linear="torch")
     engine = run(_build(conf, tiny_model_dir))
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -203,7 +205,7 @@ def test_weights_load_through_broadcast_then_disk(vllm_env):
 
 @vllm_test
 def test_collective_sync_on_the_cpu_build_loads_plain_weights_in_place_and_leaves_none_stale(vllm_env):
-    """`engine.cpu_linear=torch` (the default): after a collective sync every GEMM layer of vLLM's CPU
+    """`engine.cpu_linear=torch`: after a collective sync every GEMM layer of vLLM's CPU
     build computes with torch over its own weights, which the next sync overwrites in place (no
     re-packing). A disk reload re-packs the tied LM head (vLLM's embedding processing); the next
     collective sync must put it back on the live weights, or the logits come from the old ones."""
