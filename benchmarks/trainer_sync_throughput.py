@@ -387,7 +387,8 @@ def sync_part(args) -> dict:
                     t[f"group_{mb}mb"].append(time.perf_counter() - t0)
 
                 for kernel, engine in vllm_engines.items():
-                    keys = ["vllm"] if len(vllm_engines) == 1 else [f"vllm_{kernel}"] + ["vllm"] * (engine is vllm_engine)
+                    keys = ["vllm"] if len(vllm_engines) == 1 else [f"vllm_{kernel}"]
+                    keys += ["vllm"] * (len(vllm_engines) > 1 and engine is vllm_engine)
                     t0 = time.perf_counter()
                     await engine.load_weights(new, version)
                     elapsed = time.perf_counter() - t0

@@ -31,7 +31,7 @@ class WeightSyncExtension:
     """Methods vLLM adds to its worker (`self` is the worker: `self.rank`, `self.model_runner`)."""
 
     def rlh_weight_group_join(self, backend: str, host: str, port: int, rank_offset: int, world_size: int,
-                              timeout_s: float, bucket_bytes: int, cpu_linear: str = "onednn") -> int:
+                              timeout_s: float, bucket_bytes: int, cpu_linear: str) -> int:
         """Join the weight group as rank `rank_offset + <this worker's rank>`; returns that rank.
         `cpu_linear`: `engine.cpu_linear` (see `_rlh_torch_linear`)."""
         self.rlh_weight_group_leave()
@@ -116,8 +116,11 @@ class WeightSyncExtension:
         the packed copy cannot be updated in place, so each sync through `reload_weights`
         re-materializes every layer, loads it, re-packs it and copies it back. vLLM keeps a
         layer on `F.linear` with its weight where `_cpu_skip_gemm_dispatch` is set (its MLA
-        `kv_b_proj`); setting it here keeps vLLM's own later reloads (`weight_sync=disk`) so."""
-        if getattr(self, "_rlh_cpu_linear", "onednn") != "torch":
+        `kv_b_proj`); setting it here keeps vLLM's own later reloads (`weight_sync=disk`) so.
+        Called once the first bucket is in (a sync that never starts leaves the model as it was);
+        a first sync that breaks off mid-stream leaves the layers it did not reach without values
+        (vLLM's reload would leave a mix of versions there), and the engine reports it failed."""
+        if self._rlh_cpu_linear != "torch":
             return False
         import torch.nn.functional as F
         from vllm.platforms import current_platform
