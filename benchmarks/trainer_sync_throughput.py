@@ -20,7 +20,12 @@ All in one run, each comparison measured side by side:
      as it arrives (what an engine's load does);
    - with vLLM installed (run with .venv-vllm/bin/python): `engine=vllm`'s
      `weight_sync=collective` load end to end (prefix-cache reset included), then the time
-     to first token of a request sent right after the sync (and one without a sync before it).
+     to first token of a request sent right after the sync (and one without a sync before it);
+     on vLLM's CPU build, for both `engine.cpu_linear` settings (two engines, interleaved):
+     `torch` (plain weights loaded in place) and `onednn` (the default: vLLM's packed weights,
+     re-packed by its reload on every sync), each with the generation throughput of a fixed
+     batch after the sync (`--gen-requests` prompts x `--gen-tokens` greedy tokens, EOS ignored),
+     so a faster sync that costs rollout speed shows;
    - with Ray installed (`--object-store`, on by default): `mode=disagg`'s object-store route for
      the same state dict, end to end: a training actor (`TrainWorkerActor` hosting a `TorchBackend`
      of the model) copies its weights and puts them into the object store (`RemoteWeights`), the
@@ -231,6 +236,23 @@ def _perturbed(state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Ten
     return {k: v + seed * 1e-4 for k, v in state.items()}
 
 
+async def _gen_tok_s(engine, prompt: list[int], requests: int, tokens: int) -> float:
+    """Generated tokens/s of `requests` greedy requests of `tokens` tokens sent together."""
+    from rlharness.engine.base import GenerateRequest, SamplingParams
+
+    @dataclasses.dataclass(slots=True)
+    class NoEOS(SamplingParams):
+        ignore_eos: bool = True
+
+    reqs = [GenerateRequest(f"gen-{time.monotonic_ns()}-{i}", prompt + [10 + i], NoEOS(greedy=True, max_tokens=tokens))
+            for i in range(requests)]
+    t0 = time.perf_counter()
+    out = await asyncio.gather(*(engine.generate(r) for r in reqs))
+    elapsed = time.perf_counter() - t0
+    assert all(len(r.token_ids) == tokens for r in out), "a request stopped early"
+    return requests * tokens / elapsed
+
+
 async def _ttft(engine, prompt: list[int]) -> float:
     from rlharness.engine.base import GenerateRequest, SamplingParams
 
@@ -297,13 +319,18 @@ def sync_part(args) -> dict:
     child.start()
     sender = WeightGroupMember("gloo", "127.0.0.1", port, 0, 2, 600.0)
     vllm_engine = None
+    vllm_engines: dict[str, object] = {}  # engine.cpu_linear -> engine (the CPU build: both settings)
     try:
         import vllm  # noqa: F401
 
         from rlharness.config.schema import VLLMEngineConf
         from rlharness.engine import build_engine
+        from rlharness.engine.vllm import vllm_device
 
-        vllm_engine = build_engine(VLLMEngineConf(sync_timeout_s=600.0), ModelConf(path=MODEL), seed=0)
+        for kernel in ("torch", "onednn") if vllm_device() == "cpu" else ("torch",):
+            vllm_engines[kernel] = build_engine(VLLMEngineConf(sync_timeout_s=600.0, cpu_linear=kernel),
+                                                ModelConf(path=MODEL), seed=0)
+        vllm_engine = vllm_engines.get(VLLMEngineConf().cpu_linear, vllm_engines["torch"])  # the default
     except ImportError:
         print("vLLM is not installed: its rows are skipped (run with .venv-vllm/bin/python)", flush=True)
 
@@ -319,14 +346,16 @@ def sync_part(args) -> dict:
         t: dict[str, list[float]] = {k: [] for k in ("memcpy", "plain_gloo", *(f"group_{mb}mb" for mb in args.bucket_mb),
                                                      "hf_load", "hf_ttft_after_sync", "vllm_sync",
                                                      "vllm_ttft_after_sync", "vllm_ttft_no_sync",
+                                                     "vllm_gen_tok_s", "vllm_torch_sync", "vllm_torch_gen_tok_s",
+                                                     "vllm_onednn_sync", "vllm_onednn_gen_tok_s",
                                                      "vllm_onednn_pack", "objstore_sync", "objstore_put",
                                                      "objstore_load", "objstore_ttft_after_sync",
                                                      "objstore_ttft_no_sync")}
         version = 1
         try:
-            if vllm_engine is not None:
-                await vllm_engine.load_weights(state, version)  # forms the group (timed apart: not a sync's cost)
-                await _ttft(vllm_engine, prompt)  # warm-up
+            for engine in vllm_engines.values():  # forms the group (timed apart: not a sync's cost)
+                await engine.load_weights(state, version)
+                await _ttft(engine, prompt)  # warm-up
             if route is not None:
                 _, backend, engine = route
                 await engine.load_weights(await backend.get_weights(), version)  # first touches of memory
@@ -357,12 +386,20 @@ def sync_part(args) -> dict:
                     parent_conn.recv()
                     t[f"group_{mb}mb"].append(time.perf_counter() - t0)
 
-                if vllm_engine is not None:
+                for kernel, engine in vllm_engines.items():
+                    keys = ["vllm"] if len(vllm_engines) == 1 else [f"vllm_{kernel}"]
+                    keys += ["vllm"] * (len(vllm_engines) > 1 and engine is vllm_engine)
                     t0 = time.perf_counter()
-                    await vllm_engine.load_weights(new, version)
-                    t["vllm_sync"].append(time.perf_counter() - t0)
-                    t["vllm_ttft_after_sync"].append(await _ttft(vllm_engine, prompt))
-                    t["vllm_ttft_no_sync"].append(await _ttft(vllm_engine, prompt))
+                    await engine.load_weights(new, version)
+                    elapsed = time.perf_counter() - t0
+                    if engine is vllm_engine:
+                        t["vllm_ttft_after_sync"].append(await _ttft(engine, prompt))
+                        t["vllm_ttft_no_sync"].append(await _ttft(engine, prompt))
+                    tok_s = await _gen_tok_s(engine, prompt, args.gen_requests, args.gen_tokens)
+                    for key in keys:
+                        t[f"{key}_sync"].append(elapsed)
+                        t[f"{key}_gen_tok_s"].append(tok_s)
+                if vllm_engine is not None:
                     pack_s = _onednn_pack_s(new)
                     if pack_s is not None:
                         t["vllm_onednn_pack"].append(pack_s)
@@ -392,8 +429,8 @@ def sync_part(args) -> dict:
                 del new
         finally:
             await hf.close()
-            if vllm_engine is not None:
-                await vllm_engine.close()
+            for engine in vllm_engines.values():
+                await engine.close()
             if route is not None:
                 await route[2].close()
                 await route[1].close()
@@ -437,6 +474,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--balance-rows", type=int, default=64, help="rows per batch in the balance part")
     p.add_argument("--draws", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3, help="sync repeats (median)")
+    p.add_argument("--gen-requests", type=int, default=8, help="vLLM generation throughput: requests in the batch")
+    p.add_argument("--gen-tokens", type=int, default=32, help="vLLM generation throughput: greedy tokens per request")
     p.add_argument("--object-store", action=argparse.BooleanOptionalAction, default=True,
                    help="time mode=disagg's Ray object-store route (trainer actor -> object store -> hf engine actor)")
     p.add_argument("--bucket-mb", default="32,256", help="weight-group bucket sizes to time (MiB; vLLM uses "
@@ -445,6 +484,7 @@ def parse(argv=None) -> argparse.Namespace:
     args.bucket_mb = [int(x) for x in args.bucket_mb.split(",")]
     if args.quick:
         args.rows, args.mean_len, args.max_len, args.steps, args.repeats, args.draws = 8, 24.0, 64, 1, 1, 3
+        args.gen_requests, args.gen_tokens = 2, 4
     if args.budget <= 0:  # never more tokens in a micro-batch (so activations) than the baseline's largest
         args.budget = args.micro_rows * (PROMPT_LEN + max(lengths_for(args.rows, args.mean_len, args.max_len,
                                                                         args.seed)))
@@ -477,6 +517,10 @@ def main(argv=None) -> None:
                    f"{s['hf_load'] / s['memcpy']:.2f}x"
                    + (f"; vllm collective sync / plain gloo broadcast: {s['vllm_sync'] / s['plain_gloo']:.2f}x"
                       if "vllm_sync" in s else "")
+                   + (f" (engine.cpu_linear=torch: {s['vllm_torch_sync'] / s['plain_gloo']:.2f}x, onednn: "
+                      f"{s['vllm_onednn_sync'] / s['plain_gloo']:.2f}x; generation tokens/s torch / onednn: "
+                      f"{s['vllm_torch_gen_tok_s'] / s['vllm_onednn_gen_tok_s']:.2f}x)"
+                      if "vllm_onednn_sync" in s else "")
                    + (f"; vllm oneDNN packing alone / plain gloo broadcast: "
                       f"{s['vllm_onednn_pack'] / s['plain_gloo']:.2f}x" if "vllm_onednn_pack" in s else "")
                    + (f"; object-store route / plain gloo broadcast: {s['objstore_sync'] / s['plain_gloo']:.2f}x"

@@ -577,6 +577,11 @@ class VLLMEngineConf(EngineConf):
     # Colocated on one GPU: vLLM sleeps (weights offloaded, KV cache freed) while training runs. CUDA only.
     sleep_mode: bool = False
     cpu_kv_cache_gib: float = 1.0  # KV cache of vLLM's CPU build (its kv_cache_memory_bytes)
+    # vLLM's CPU build, `weight_sync=collective`: `onednn` keeps vLLM's packed linear weights (re-packed
+    # on every sync: the sync costs ~5x a broadcast); `torch` puts the linear layers on torch's F.linear
+    # over plain weights at the first sync, each sync then loads in place (~1.3x a broadcast) but
+    # decoding is ~2x slower (docs/benchmarks.md, "Issue 25: vLLM collective sync on the CPU build").
+    cpu_linear: str = "onednn"
 
     def weight_sync_routes(self) -> tuple[str, ...]:
         return ("collective", "disk")
@@ -588,6 +593,7 @@ class VLLMEngineConf(EngineConf):
         _check(0 < self.gpu_memory_utilization <= 1, "engine.gpu_memory_utilization",
                self.gpu_memory_utilization, "in (0, 1]")
         _check(self.cpu_kv_cache_gib > 0, "engine.cpu_kv_cache_gib", self.cpu_kv_cache_gib, "> 0")
+        _one_of("engine.cpu_linear", self.cpu_linear, ("torch", "onednn"))
 
 
 @dataclass

@@ -253,7 +253,8 @@ class VLLMEngine(RolloutEngine):
                                 timeout_s: float) -> None:
         """Join a trainer's weight group (disaggregated): the workers take ranks rank..rank+tp-1."""
         await self._rpc("rlh_weight_group_join", f"joining the {backend} weight group at {host}:{port}",
-                        backend, host, port, rank, world_size, timeout_s, BUCKET_BYTES, timeout_s=timeout_s)
+                        backend, host, port, rank, world_size, timeout_s, BUCKET_BYTES, self.conf.cpu_linear,
+                        timeout_s=timeout_s)
         self._joined = True
 
     async def receive_weights(self, version: int) -> None:
@@ -293,7 +294,7 @@ class VLLMEngine(RolloutEngine):
         sender, _ = await self._together(
             asyncio.to_thread(WeightGroupMember, "gloo", host, port, 0, world, timeout_s, BUCKET_BYTES),
             self._rpc("rlh_weight_group_join", "joining the weight group", "gloo", host, port, 1, world,
-                      timeout_s, BUCKET_BYTES),
+                      timeout_s, BUCKET_BYTES, self.conf.cpu_linear),
             what=f"forming the gloo weight group at {host}:{port}")
         self._sender, self._joined = sender, True
 

@@ -71,7 +71,9 @@ def vllm_env(tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     run = Loop()
-    conf = VLLMEngineConf(sync_timeout_s=60.0)
+    # engine.cpu_linear=torch: on the CPU build the syncs below load in place (the default, onednn,
+    # runs vLLM's reload: tests/benchmarks/test_vllm_weight_sync_quick.py and the other vLLM tests).
+    conf = VLLMEngineConf(sync_timeout_s=60.0, cpu_linear="torch")
     engine = run(_build(conf, tiny_model_dir))
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -202,6 +204,48 @@ def test_weights_load_through_broadcast_then_disk(vllm_env):
 
 
 @vllm_test
+def test_collective_sync_on_the_cpu_build_loads_plain_weights_in_place_and_leaves_none_stale(vllm_env):
+    """`engine.cpu_linear=torch`: after a collective sync every GEMM layer of vLLM's CPU
+    build computes with torch over its own weights, which the next sync overwrites in place (no
+    re-packing). A disk reload re-packs the tied LM head (vLLM's embedding processing); the next
+    collective sync must put it back on the live weights, or the logits come from the old ones."""
+    from rlharness.engine.vllm import vllm_device
+
+    run, engine, model, tok, prompts = vllm_env
+    if vllm_device() != "cpu":
+        pytest.skip("the CPU build's GEMM layers")
+    assert engine.conf.cpu_linear == "torch"
+
+    def kernels():
+        (counts,) = run(engine._rpc("rlh_linear_kernels", "reading the linear kernels"))
+        return counts
+
+    def embedding_moved(seed):  # the tied embedding / LM head alone, strongly: a stale head shows in every logit
+        g = torch.Generator().manual_seed(seed)
+        emb = model.get_input_embeddings().weight
+        with torch.no_grad():
+            emb.add_(0.5 * torch.randn(emb.shape, generator=g))
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+    run(engine.load_weights(embedding_moved(4), version=4))
+    _assert_matches_model(run, engine, model, tok, prompts, version=4)
+    layers = sum(kernels().values())
+    assert kernels() == {"torch": layers}
+
+    engine.conf = dataclasses.replace(engine.conf, weight_sync="disk")
+    try:  # vLLM's own reload: the linear layers stay on torch, the embedding and LM head are packed again
+        run(engine.load_weights(embedding_moved(5), version=5))
+    finally:
+        engine.conf = dataclasses.replace(engine.conf, weight_sync="collective")
+    _assert_matches_model(run, engine, model, tok, prompts, version=5)
+    assert kernels().get("torch", 0) == layers - 2 and kernels().get("packed") == 2
+
+    run(engine.load_weights(embedding_moved(6), version=6))
+    _assert_matches_model(run, engine, model, tok, prompts, version=6)
+    assert kernels() == {"torch": layers}
+
+
+@vllm_test
 def test_weights_from_a_remote_trainers_group_and_a_sync_that_cannot_complete(vllm_env):
     """The disaggregated route: training rank 0 is another process's member; the specs come from its store."""
     from rlharness.weight_transfer import WeightGroupMember
@@ -215,18 +259,18 @@ def test_weights_from_a_remote_trainers_group_and_a_sync_that_cannot_complete(vl
     joined.start()
     run(engine.join_weight_group("gloo", "127.0.0.1", port, 1, 2, timeout_s))
     joined.join(timeout_s)
-    state = _perturbed(model, 0.05, seed=4)
-    sender = threading.Thread(target=trainer["m"].send, args=(state, 4))
+    state = _perturbed(model, 0.05, seed=7)
+    sender = threading.Thread(target=trainer["m"].send, args=(state, 7))
     sender.start()
-    run(engine.receive_weights(4))
+    run(engine.receive_weights(7))
     sender.join(timeout_s)
-    _assert_matches_model(run, engine, model, tok, prompts, version=4)
+    _assert_matches_model(run, engine, model, tok, prompts, version=7)
 
-    # Nobody sends version 5: the worker's wait ends after the group's timeout, as an error naming the engine.
-    with pytest.raises(WeightSyncError, match=r"vllm engine: receiving weight version 5"):
-        run(engine.receive_weights(5))
-    assert engine.version == 4
-    _assert_matches_model(run, engine, model, tok, prompts, version=4)  # still serving the last version
+    # Nobody sends version 8: the worker's wait ends after the group's timeout, as an error naming the engine.
+    with pytest.raises(WeightSyncError, match=r"vllm engine: receiving weight version 8"):
+        run(engine.receive_weights(8))
+    assert engine.version == 7
+    _assert_matches_model(run, engine, model, tok, prompts, version=7)  # still serving the last version
 
 
 @pytest.mark.vllm
@@ -253,3 +297,4 @@ def test_sleep_mode_frees_the_gpu_and_wakes_with_new_weights(tiny_model_dir):
     finally:
         run(engine.close())
         run.loop.close()
+
