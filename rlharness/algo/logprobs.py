@@ -10,7 +10,8 @@ float32 upcast and the softmax run on `chunk_tokens` of them at a time (TRL's
 `selective_log_softmax` and verl's chunked/fused kernels do the same). With gradients
 and more than one chunk, each chunk runs under activation checkpointing, so its logits
 are dropped after the forward and recomputed during the backward: the peak holds one
-chunk's logits, not N.
+chunk's logits, not N. Not where the head narrows its rows (vocabulary <= hidden size, the
+embedded tiny models): there the logits are smaller than what a checkpoint keeps.
 
 The per-token formulas are exactly `token_logprobs` / `token_entropy` (`losses.py`),
 applied to fewer rows, so the numbers are those of the plain computation.
