@@ -10,7 +10,8 @@ float32 upcast and the softmax run on `chunk_tokens` of them at a time (TRL's
 `selective_log_softmax` and verl's chunked/fused kernels do the same). With gradients
 and more than one chunk, each chunk runs under activation checkpointing, so its logits
 are dropped after the forward and recomputed during the backward: the peak holds one
-chunk's logits, not N.
+chunk's logits, not N. Not where the head narrows its rows (vocabulary <= hidden size, the
+embedded tiny models): there the logits are smaller than what a checkpoint keeps.
 
 The per-token formulas are exactly `token_logprobs` / `token_entropy` (`losses.py`),
 applied to fewer rows, so the numbers are those of the plain computation.
@@ -43,6 +44,14 @@ def _scores(rows: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor] | N
     return lp, ent
 
 
+def _widens(head: Callable[[torch.Tensor], torch.Tensor], width: int) -> bool:
+    """Whether `head` projects `width`-wide rows onto more than `width` logits (not known: assumed so).
+    Read from the module's `out_features` (nn.Linear, peft's LoRA layers), not its weight's shape,
+    which ZeRO-3 partitions."""
+    out = getattr(head, "out_features", None)
+    return not isinstance(out, int) or out > width
+
+
 def chunked_token_scores(rows: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
                          head: Callable[[torch.Tensor], torch.Tensor] | None = None, chunk_tokens: int = 1024,
                          entropy: str = "detached") -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,8 +75,12 @@ def chunked_token_scores(rows: torch.Tensor, targets: torch.Tensor, *, temperatu
     if n == 0:  # still part of the graph: a backward through it reaches the model (zero gradients)
         empty = rows[:, 0].float()
         return empty, empty.detach() if entropy != "grad" else empty
-    # Recompute-in-backward only pays when there is more than one chunk to keep apart.
-    recompute = torch.is_grad_enabled() and rows.requires_grad and n > chunk_tokens
+    # Recompute-in-backward only pays when there is more than one chunk to keep apart, and when the
+    # head widens its rows: a checkpointed chunk keeps its [n, D] input instead of its [n, V] logits,
+    # which saves nothing where V <= D (the embedded default model: 24 tokens, 128 hidden) and costs a
+    # second head pass per chunk in the backward. The numbers are the same either way.
+    recompute = (torch.is_grad_enabled() and rows.requires_grad and n > chunk_tokens
+                 and (head is None or _widens(head, rows.shape[1])))
     lps, ents = [], []
     for start in range(0, n, chunk_tokens):
         part, tgt = rows[start:start + chunk_tokens], targets[start:start + chunk_tokens]

@@ -83,3 +83,25 @@ def test_scatter_positions_shifts_by_one():
     positions = torch.tensor([[False, True, True], [True, False, False]])
     out = scatter_positions(torch.tensor([1.0, 2.0, 3.0]), positions)
     assert torch.equal(out, torch.tensor([[0.0, 0.0, 1.0, 2.0], [0.0, 3.0, 0.0, 0.0]]))
+
+
+@pytest.mark.parametrize("vocab, passes_per_chunk", [(8, 1), (64, 2)])
+def test_a_chunk_is_recomputed_in_the_backward_only_when_the_head_widens_its_rows(vocab, passes_per_chunk):
+    """A head no wider than its rows (the embedded default: vocabulary 24, hidden 128) runs once per
+    chunk: recomputing it saves no memory. A widening head (real vocabularies) is recomputed in the
+    backward. Values and gradients are bit-identical to an unchunked pass either way."""
+    gen = torch.Generator().manual_seed(3)
+    n, hidden, chunk = 20, 16, 8
+    head = torch.nn.Linear(hidden, vocab, bias=False)
+    calls = []
+    head.register_forward_hook(lambda *_: calls.append(1))
+    h = torch.randn(n, hidden, generator=gen).requires_grad_(True)
+    targets = torch.randint(0, vocab, (n,), generator=gen)
+    lp, ent = chunked_token_scores(h, targets, head=head, chunk_tokens=chunk, entropy="detached")
+    got = _grads(lp.sum(), h, head.weight)
+    assert len(calls) == 3 * passes_per_chunk  # 3 chunks; the forward's pass, then the backward's
+    ref_lp, ref_ent = plain_scores(head(h), targets, 1.0)
+    torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent, ref_ent, rtol=1e-5, atol=1e-5)
+    whole_lp, _ = chunked_token_scores(h, targets, head=head, chunk_tokens=n, entropy="detached")
+    assert torch.equal(got[0], _grads(whole_lp.sum(), h)[0])
