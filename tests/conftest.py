@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -64,22 +65,22 @@ def pytest_collection_modifyitems(config, items):
         slowest_scopes_first(items)
 
 
-def pytest_xdist_make_scheduler(config, log):
-    """`pytest -n 2`: tests/xdist_scheduling.py keeps each file (and all of tests/slurm/) on one
-    worker, slowest first; another `--dist` asked for by name is xdist's own."""
-    if config.getvalue("dist") == "load":
-        from tests.xdist_scheduling import GroupedScheduling
+if importlib.util.find_spec("xdist") is not None:  # pytest refuses a hook of a plugin it lacks
 
-        return GroupedScheduling(config, log)
-    return None
+    def pytest_xdist_make_scheduler(config, log):
+        """`pytest -n 2`: tests/xdist_scheduling.py keeps each file (and all of tests/slurm/) on one
+        worker, slowest first; another `--dist` asked for by name is xdist's own."""
+        if config.getvalue("dist") == "load":
+            from tests.xdist_scheduling import GroupedScheduling
+
+            return GroupedScheduling(config, log)
+        return None
 
 
 def _deselect_or_skip_vllm(config, items) -> None:
     """`vllm` tests need vLLM, which lives in .venv-vllm (scripts/setup_vllm.sh). In a Python
     without it they are deselected when that venv exists (the README's test command runs them
     there, where none skips) and skipped, naming the script, when it does not."""
-    import importlib.util
-
     if importlib.util.find_spec("vllm") is not None:
         return
     vllm_items = [i for i in items if i.get_closest_marker("vllm")]
