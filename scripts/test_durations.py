@@ -8,8 +8,8 @@ that took at least `--min-s` seconds, slowest first. JUnit's time per test is se
 teardown (pytest's default `junit_duration_report=total`), so a module- or session-scoped
 fixture's set-up counts in the first test that uses it. Several files (e.g. one per test
 file measured on its own) are merged; a test present in more than one keeps the last.
-`--json` also writes seconds per test file: tests/conftest.py hands the slowest files to
-pytest-xdist's workers first (longest first keeps the last worker from finishing alone).
+`--json` also writes seconds per test file: tests/xdist_scheduling.py hands the slowest files
+to pytest-xdist's workers first (longest first keeps the last worker from finishing alone).
 """
 
 from __future__ import annotations
@@ -45,17 +45,16 @@ def read_cases(path: Path) -> dict[str, tuple[float, str]]:
     return cases
 
 
-def seconds_per_file(cases: dict[str, tuple[float, str]]) -> dict[str, float]:
-    per_file: dict[str, float] = defaultdict(float)
-    for node, (secs, _) in cases.items():
-        per_file[node.split("::")[0]] += secs
-    return dict(sorted(per_file.items(), key=lambda kv: -kv[1]))
-
-
-def render(cases: dict[str, tuple[float, str]], command: str, load: str, min_s: float) -> str:
+def seconds_per_file(cases: dict[str, tuple[float, str]]) -> dict[str, list[float]]:
+    """file -> its tests' seconds, the slowest file first."""
     per_file: dict[str, list[float]] = defaultdict(list)
     for node, (secs, _) in cases.items():
         per_file[node.split("::")[0]].append(secs)
+    return dict(sorted(per_file.items(), key=lambda kv: -sum(kv[1])))
+
+
+def render(cases: dict[str, tuple[float, str]], command: str, load: str, min_s: float) -> str:
+    per_file = seconds_per_file(cases)
     total = sum(s for s, _ in cases.values())
     outcomes = defaultdict(int)
     for _, outcome in cases.values():
@@ -78,7 +77,7 @@ def render(cases: dict[str, tuple[float, str]], command: str, load: str, min_s: 
         "| file | tests | seconds | share |",
         "| --- | ---: | ---: | ---: |",
     ]
-    for file, secs in sorted(per_file.items(), key=lambda kv: -sum(kv[1])):
+    for file, secs in per_file.items():
         lines.append(f"| {file} | {len(secs)} | {sum(secs):.1f} | {100 * sum(secs) / max(total, 1e-9):.1f}% |")
     lines += ["", f"## Tests taking {min_s:g} s or more", "", "| test | seconds | outcome |", "| --- | ---: | --- |"]
     for node, (secs, outcome) in sorted(cases.items(), key=lambda kv: -kv[1][0]):
@@ -108,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     text = render(cases, args.command, args.load, args.min_s)
     if args.json:
-        args.json.write_text(json.dumps({f: round(s, 1) for f, s in seconds_per_file(cases).items()}, indent=1) + "\n")
+        args.json.write_text(json.dumps({f: round(sum(s), 1) for f, s in seconds_per_file(cases).items()}, indent=1) + "\n")
     if args.out:
         args.out.write_text(text)
     else:
