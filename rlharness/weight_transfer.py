@@ -42,7 +42,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -92,6 +92,22 @@ class TensorSpec:
     @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
+
+
+def tied_once(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Each tensor once, under its first name: a weight version names a tied parameter (an LM head
+    sharing the embedding) once, as `save_pretrained` writes it. Sending both names would move and
+    load the same bytes twice (SmolLM2: its 113 MB embedding, a fifth of the model); an engine
+    built from the same config ties them too, so loading the first name sets both."""
+    seen: set[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, t in named:
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        if t.numel() and key in seen:
+            continue
+        seen.add(key)
+        out[name] = t
+    return out
 
 
 def tensor_specs(state: Mapping[str, torch.Tensor]) -> list[TensorSpec]:

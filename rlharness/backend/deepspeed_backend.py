@@ -60,6 +60,7 @@ from rlharness.backend.torch_backend import (CRITIC_DIR, TorchBackend, _Sums, al
 from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, ModelConf
 from rlharness.model import load_model, load_tokenizer
 from rlharness.types import TrainBatch
+from rlharness.weight_transfer import tied_once
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +268,7 @@ class DeepSpeedWorker(TorchBackend):
                 return None
             if self.peft_model is not None:  # only what changed (model.lora.sync)
                 return self._lora_sync.weights(self.peft_model)
-            return {k: v.detach().to("cpu", copy=True) for k, v in self.engine.module.state_dict().items()}
+            return {k: v.detach().to("cpu", copy=True) for k, v in tied_once(self.engine.module.state_dict().items()).items()}
 
     def critic_weights_blocking(self) -> dict[str, torch.Tensor] | None:
         """The critic's full state dict on rank 0, None elsewhere (every rank must call: ZeRO-3 gathers)."""

@@ -64,6 +64,7 @@ from rlharness import lora
 from rlharness.config.schema import AlgoConf, LoraConf, ModelConf, TorchBackendConf
 from rlharness.model import load_model, load_tokenizer
 from rlharness.types import TrainBatch
+from rlharness.weight_transfer import tied_once
 
 log = logging.getLogger(__name__)
 
@@ -449,7 +450,7 @@ class TorchBackend(TrainingBackend):
     def get_weights_blocking(self) -> dict[str, torch.Tensor]:
         if self.peft_model is not None:  # only what changed (model.lora.sync)
             return self._lora_sync.weights(self.peft_model)
-        return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()}
+        return {name: t.detach().to("cpu", copy=True) for name, t in tied_once(self.model.state_dict().items()).items()}
 
     def weights_to_copy_now(self) -> dict[str, torch.Tensor]:
         """`get_weights_blocking` without its snapshot: the live tensors, for a caller that copies
@@ -458,7 +459,7 @@ class TorchBackend(TrainingBackend):
         weights its own way (DeepSpeed gathers ZeRO shards) and LoRA (only the adapter) keep it."""
         if self.peft_model is not None or type(self).get_weights_blocking is not TorchBackend.get_weights_blocking:
             return self.get_weights_blocking()
-        return {name: t.detach() for name, t in self.model.state_dict().items()}
+        return {name: t.detach() for name, t in tied_once(self.model.state_dict().items()).items()}
 
     def save_blocking(self, directory: str) -> None:
         require_finite_weights(self.weights_finite(), directory)

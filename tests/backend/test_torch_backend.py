@@ -251,3 +251,31 @@ def test_weights_for_the_object_store_are_the_live_tensors(tiny_model_dir):
     params = {p.data_ptr() for p in b.model.parameters()}
     assert all(t.data_ptr() in params for k, t in live.items() if "weight" in k)
     assert not any(t.data_ptr() in params for t in snapshot.values())
+
+
+def test_a_tied_lm_head_travels_once_and_the_engine_gets_both_names(tiny_model_dir):
+    """The embedding the LM head shares goes once, under its first name (as `save_pretrained` writes
+    it), in the snapshot and in the live tensors; an engine of the same config loads it into both."""
+    from rlharness.config.schema import HFEngineConf
+    from rlharness.engine.hf import HFEngine
+
+    b = backend(tiny_model_dir)
+    assert b.model.lm_head.weight is b.model.model.embed_tokens.weight  # the tiny model ties them
+    full = b.model.state_dict()
+    for sent in (b.get_weights_blocking(), b.weights_to_copy_now()):
+        assert "lm_head.weight" not in sent and "model.embed_tokens.weight" in sent
+        assert set(sent) == set(full) - {"lm_head.weight"}
+    with torch.no_grad():
+        b.model.model.embed_tokens.weight.add_(0.5)  # a new version that moves the tied tensor
+
+    async def load() -> dict[str, torch.Tensor]:
+        engine = HFEngine(HFEngineConf(device="cpu"), ModelConf(path=tiny_model_dir))
+        try:
+            await engine.load_weights(b.get_weights_blocking(), 1)
+            return engine.model.state_dict()
+        finally:
+            await engine.close()
+
+    got = asyncio.run(load())
+    assert torch.equal(got["lm_head.weight"], b.model.lm_head.weight)
+    assert torch.equal(got["model.embed_tokens.weight"], b.model.model.embed_tokens.weight)
