@@ -2,7 +2,9 @@
 
 transformers maps safetensors files privately: until the process writes a page, the page reads the
 file. Without `rlharness.model.own_memory` the engine (before its first weight sync) and a frozen KL
-reference computed with whatever the file held at that moment (docs/resume_race.md).
+reference computed with whatever the file held at that moment; and a file truncated and written again
+(`open(path, "wb")`: a copy, a re-fetch) took back even the pages a weight sync had written, so an
+engine went back to the file's weights mid-run (docs/resume_race.md).
 """
 
 from __future__ import annotations
@@ -50,5 +52,24 @@ def test_loaded_weights_stay_when_the_model_file_is_rewritten_in_place(tmp_path)
             changed = [k for k, v in m.state_dict().items() if not torch.equal(v, loaded[name][k])]
             assert not changed, f"{name}: {changed} changed with the file"
             assert m.lm_head.weight is m.model.embed_tokens.weight  # still tied
+    finally:
+        asyncio.run(engine.close())
+
+
+def test_synced_weights_stay_when_the_model_file_is_truncated_and_written_again(tmp_path):
+    """A truncation drops a private map's copied-on-write pages too (the kernel unmaps them with the
+    file's): without own memory the engine's synced weights would read the file's again."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(ROOT / "assets" / "tiny-arith", model_dir)
+    conf = ModelConf(path=str(model_dir))
+    engine = HFEngine(HFEngineConf(), conf)
+    try:
+        synced = {k: v + 0.5 for k, v in engine.model.state_dict().items() if k != "lm_head.weight"}
+        asyncio.run(engine.load_weights(synced, 1))  # a resume's (or any step's) weight sync
+        path = model_dir / "model.safetensors"
+        path.write_bytes(path.read_bytes())  # the same bytes, through O_TRUNC on the same inode
+        got = engine.model.state_dict()
+        reverted = [k for k, v in synced.items() if not torch.equal(got[k], v)]
+        assert not reverted, f"{reverted} went back to the file's values"
     finally:
         asyncio.run(engine.close())
