@@ -27,6 +27,7 @@ from typing import Any, Iterator
 import torch
 
 from rlharness.config.schema import ConfigError, LoraConf, ModelConf
+from rlharness.weight_transfer import tied_once
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ def merged_weights(peft_model, everything: bool) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         if everything:
-            for key, value in _inner(peft_model).state_dict().items():
+            for key, value in tied_once(_inner(peft_model).state_dict().items()).items():  # a tied head once
                 if "lora_" not in key:
                     out[key.replace(".base_layer.", ".")] = value.detach().to("cpu", copy=True)
         for name, module in _lora_layers(peft_model):
