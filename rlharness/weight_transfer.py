@@ -110,6 +110,20 @@ def tied_once(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tens
     return out
 
 
+# Integer views of a float's bits, by element size: a checksum that any changed bit changes.
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def weight_checksums(state: Mapping[str, torch.Tensor]) -> dict[str, int]:
+    """An exact fingerprint of each tensor of a weight version (each tied tensor once): the sum of
+    its elements' bit patterns, so two sides can say whether they hold the same version."""
+    out = {}
+    for name, t in tied_once(state.items()).items():
+        flat = t.detach().contiguous().view(-1)
+        out[name] = int(flat.view(_BITS[flat.element_size()]).sum(dtype=torch.int64))
+    return out
+
+
 def tensor_specs(state: Mapping[str, torch.Tensor]) -> list[TensorSpec]:
     return [TensorSpec(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in state.items()]
 

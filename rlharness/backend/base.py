@@ -33,5 +33,10 @@ class TrainingBackend(abc.ABC):
     async def load(self, directory: str) -> None:
         """Restore what `save` wrote."""
 
+    def weight_checksums(self) -> dict[str, int] | None:
+        """Exact per-tensor checksums of the policy's weights in this process (onpolicy_guard.py);
+        None where they are elsewhere (Ray actors) or not what engines get (LoRA)."""
+        return None
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         pass

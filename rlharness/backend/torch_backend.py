@@ -64,7 +64,7 @@ from rlharness import lora
 from rlharness.config.schema import AlgoConf, LoraConf, ModelConf, TorchBackendConf
 from rlharness.model import load_model, load_tokenizer
 from rlharness.types import TrainBatch
-from rlharness.weight_transfer import tied_once
+from rlharness.weight_transfer import tied_once, weight_checksums
 
 log = logging.getLogger(__name__)
 
@@ -451,6 +451,9 @@ class TorchBackend(TrainingBackend):
         if self.peft_model is not None:  # only what changed (model.lora.sync)
             return self._lora_sync.weights(self.peft_model)
         return {name: t.detach().to("cpu", copy=True) for name, t in tied_once(self.model.state_dict().items()).items()}
+
+    def weight_checksums(self) -> dict[str, int] | None:
+        return None if self.peft_model is not None else weight_checksums(self.model.state_dict())
 
     def weights_to_copy_now(self) -> dict[str, torch.Tensor]:
         """`get_weights_blocking` without its snapshot: the live tensors, for a caller that copies

@@ -118,3 +118,8 @@ class RolloutEngine(abc.ABC):
     def stats(self) -> dict[str, float]:
         """Counters for metrics: busy time, tokens generated... (engine-specific)."""
         return {}
+
+    def weight_checksums(self) -> dict[str, int] | None:
+        """Exact per-tensor checksums of the weights this engine computes with, where they live in
+        this process (onpolicy_guard.py); None for engines elsewhere."""
+        return None

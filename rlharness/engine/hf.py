@@ -30,6 +30,7 @@ from rlharness.config.schema import HFEngineConf, ModelConf
 from rlharness.engine import kv
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine, SamplingParams
 from rlharness.engine.sampling import RowParams, sample_next
+from rlharness.weight_transfer import weight_checksums
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +225,11 @@ class HFEngine(RolloutEngine):
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join, self.command_timeout_s)
         if self._thread.is_alive():
             raise TimeoutError(f"hf engine thread did not stop within {self.command_timeout_s} s")
+
+    def weight_checksums(self) -> dict[str, int] | None:
+        # Read from the caller's thread: only a load writes the weights, and loads run between steps on
+        # the engine thread, which the trainer never asks for while it has one in flight.
+        return weight_checksums(self._params)
 
     def stats(self) -> dict[str, float]:
         """Counters since the previous call: busy fraction, tokens, finished requests, occupancy."""

@@ -6,7 +6,11 @@ the trainer's recomputation differ by rounding only (float32 tiny model, 400 ste
 |diff| per token median 4.5e-7, max 6.2e-7). A step above `algo.onpolicy_logprob_gap_warn`
 means the engine computed part of the batch on other weights or another state (what
 docs/resume_race.md describes: 1e-4 to 3e-3 per token): "on-policy" was not true for it.
-The check is a pure function of the step's batch and the backend's per-row gaps.
+The check is a pure function of the step's batch and the backend's per-row gaps. Where the
+trainer and the engine live in this process (backend=torch, engine=hf), the warning also says
+whether the engine's weights were the trained ones: an exact checksum per tensor, taken from the
+trainer just before the step and from the engine when the warning fires, tells "other weights"
+(and which tensors) from "the same weights, another computation".
 
 Float32 runs only: in bfloat16/float16 the engine's and the trainer's kernels round apart by
 1e-2 to 4e-2 per token on ordinary steps (SmolLM2: vLLM, or the hf engine left-padding a
@@ -22,6 +26,16 @@ from rlharness.types import Group
 
 # Groups named in the warning, worst first (the rest are counted).
 MAX_NAMED = 8
+def weights_verdict(trained: dict[str, int] | None, engine: dict[str, int] | None) -> str:
+    """What the engine computed with, from the checksums of the weights being trained and the engine's
+    ('' when either side cannot say: a remote or another engine, LoRA, names that do not match)."""
+    if not trained or not engine or set(trained) != set(engine):
+        return ""
+    differ = sorted(k for k in trained if trained[k] != engine[k])
+    if not differ:
+        return "; the engine's weights are the trained ones bit for bit (another computation, not other weights)"
+    listed = ", ".join(differ[:MAX_NAMED]) + (f" and {len(differ) - MAX_NAMED} more" if len(differ) > MAX_NAMED else "")
+    return f"; the engine's weights differ from the trained ones in {len(differ)} of {len(trained)} tensors: {listed}"
 
 
 def all_tokens_on_policy(model_steps: torch.Tensor, response_mask: torch.Tensor, step: int) -> bool:

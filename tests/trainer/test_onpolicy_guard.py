@@ -9,7 +9,7 @@ import torch
 
 from rlharness.algo.losses import token_logprobs
 from rlharness.trainer.batch import build_train_batch
-from rlharness.trainer.onpolicy_guard import all_tokens_on_policy, onpolicy_gap_warning
+from rlharness.trainer.onpolicy_guard import all_tokens_on_policy, onpolicy_gap_warning, weights_verdict
 from tests.backend.test_torch_backend import backend, make_groups
 
 pytestmark = pytest.mark.timeout(300)
@@ -51,3 +51,53 @@ def test_the_guard_stays_quiet_below_its_threshold_and_off_policy():
     mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
     assert not all_tokens_on_policy(steps, mask, step=3)  # a token from version 1 at step 3: stale
     assert all_tokens_on_policy(steps[:1], mask[:1], step=3)
+
+
+def test_the_verdict_tells_other_weights_from_another_computation(tiny_model_dir):
+    """Checksums are exact: an engine one ulp off in one tensor is named; an equal one is cleared."""
+    from rlharness.config.schema import HFEngineConf, ModelConf
+    from rlharness.engine.hf import HFEngine
+
+    b = backend(tiny_model_dir)
+    engine = HFEngine(HFEngineConf(device="cpu"), ModelConf(path=tiny_model_dir))
+    try:
+        asyncio.run(engine.load_weights(b.get_weights_blocking(), 1))
+        trained = b.weight_checksums()
+        assert len(trained) == 20  # the tied head once
+        assert "bit for bit" in weights_verdict(trained, engine.weight_checksums())
+        norm = engine.model.model.norm.weight
+        with torch.no_grad():
+            norm[3] = torch.nextafter(norm[3], torch.tensor(10.0))
+        verdict = weights_verdict(trained, engine.weight_checksums())
+        assert "differ from the trained ones in 1 of 20 tensors: model.norm.weight" in verdict
+    finally:
+        asyncio.run(engine.close())
+    assert weights_verdict(trained, None) == "" and weights_verdict(None, trained) == ""
+
+
+def test_a_run_whose_engine_lost_a_weight_says_which(tmp_path, caplog, monkeypatch):
+    """A whole sync run in which the engine's final norm goes back to the file's values right after its
+    version-1 load (what docs/resume_race.md's perturbed step looked like): step 2's warning names the
+    groups and says which tensor the engine held other values of."""
+    import logging
+
+    from safetensors.torch import load_file
+
+    from rlharness.engine.hf import HFEngine
+    from tests.helpers import ROOT, run_in_process
+
+    file_values = load_file(ROOT / "assets" / "tiny-arith" / "model.safetensors")
+    load = HFEngine._load
+
+    def load_then_revert(self, state, version):
+        load(self, state, version)
+        if version == 1:
+            self._params["model.norm.weight"].copy_(file_values["model.norm.weight"])
+
+    monkeypatch.setattr(HFEngine, "_load", load_then_revert)
+    caplog.set_level(logging.WARNING)
+    run_in_process(tmp_path / "run", ["total_steps=2", "eval_every=0", "save_every=0", "logger.mode=disabled",
+                                      "batch_size=8", "sampler.prompt_repeat_k=4"])
+    warnings = [r.getMessage() for r in caplog.records if "every sample is on-policy" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("step 2: "), warnings
+    assert "differ from the trained ones in 1 of 20 tensors: model.norm.weight" in warnings[0]
