@@ -26,6 +26,8 @@ from rlharness.types import Group
 
 # Groups named in the warning, worst first (the rest are counted).
 MAX_NAMED = 8
+
+
 def weights_verdict(trained: dict[str, int] | None, engine: dict[str, int] | None) -> str:
     """What the engine computed with, from the checksums of the weights being trained and the engine's
     ('' when either side cannot say: a remote or another engine, LoRA, names that do not match)."""
