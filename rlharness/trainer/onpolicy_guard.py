@@ -40,6 +40,11 @@ def weights_verdict(trained: dict[str, int] | None, engine: dict[str, int] | Non
     return f"; the engine's weights differ from the trained ones in {len(differ)} of {len(trained)} tensors: {listed}"
 
 
+def guard_on(threshold: float, dtype: str) -> bool:
+    """The guard checks float32 runs with a positive threshold (`algo.onpolicy_logprob_gap_warn`)."""
+    return threshold > 0 and dtype == "float32"
+
+
 def all_tokens_on_policy(model_steps: torch.Tensor, response_mask: torch.Tensor, step: int) -> bool:
     """Every trained token of step `step` was sampled by version step - 1 (the weights being trained)."""
     trained = response_mask > 0
@@ -54,7 +59,7 @@ def onpolicy_gap_warning(step: int, groups: list[Group], row_gaps: list[float] |
     members (None: the backend does not report them). Groups whose mean gap exceeds the threshold
     are named by task, prompt and id. `dtype`: the run's `model.dtype` (the guard checks float32 only).
     """
-    if threshold <= 0 or step_gap <= threshold or dtype != "float32":
+    if not guard_on(threshold, dtype) or step_gap <= threshold:
         return None
     head = (f"step {step}: every sample is on-policy but the engine's log-probs differ from the trainer's by "
             f"{step_gap:.2e} per token (train/logprob_diff_rollout; algo.onpolicy_logprob_gap_warn={threshold:g})")

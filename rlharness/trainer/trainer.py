@@ -43,7 +43,7 @@ from rlharness.run_dir import CHECKPOINTS, RunDir, step_name
 from rlharness.sampler import DataExhausted
 from rlharness.stopping import StopController
 from rlharness.trainer.batch import build_train_batch
-from rlharness.trainer.onpolicy_guard import all_tokens_on_policy, onpolicy_gap_warning, weights_verdict
+from rlharness.trainer.onpolicy_guard import all_tokens_on_policy, guard_on, onpolicy_gap_warning, weights_verdict
 from rlharness.trainer.nonfinite import NonFiniteGuard, batch_problem, step_problem
 from rlharness.trainer.zero_signal import ZeroSignalWatch, warn_if_greedy
 
@@ -177,12 +177,16 @@ class Trainer:
         if producer is None:  # colocated: the engine may hand its device to training (vLLM sleep mode)
             await c.engine.sleep()
         problem = batch_problem(batch)  # such a batch is not trained at all (its loss could only be NaN)
-        trained_sums = self._onpolicy_checksums(step, batch)  # the weights about to be trained, for the guard
+        on_policy = all_tokens_on_policy(batch.model_steps, batch.response_mask, step)
+        # The weights about to be trained, for the guard: it can then say whether the engine held them.
+        trained_sums = (c.backend.weight_checksums() if on_policy and guard_on(
+            conf.algo.onpolicy_logprob_gap_warn, conf.model.dtype) else None)
         train_metrics = await c.backend.train_step(batch) if problem is None else {}
         problem = problem or step_problem(train_metrics)
         train_metrics.update(self.nonfinite.record(step, problem, train_metrics, batch_metrics))
         t_train = loop.time()
-        self._guard_onpolicy(step, produced.groups, batch, train_metrics, trained_sums)
+        if on_policy:
+            self._guard_onpolicy(step, produced.groups, train_metrics, trained_sums)
         self.step = step
         sync_s, sync_bytes = 0.0, 0
         if step % conf.sync_weights_interval == 0:
@@ -221,20 +225,11 @@ class Trainer:
         self._rng_at_step = rng_state()
         return row
 
-    def _onpolicy_checksums(self, step: int, batch) -> dict[str, int] | None:
-        """Checksums of the weights about to be trained where the on-policy guard applies (else None):
-        if the step's gap is then too large, they tell whether the engine held these weights."""
-        if self.conf.algo.onpolicy_logprob_gap_warn <= 0 or self.conf.model.dtype != "float32":
-            return None
-        if not all_tokens_on_policy(batch.model_steps, batch.response_mask, step):
-            return None
-        return self.c.backend.weight_checksums()
-
-    def _guard_onpolicy(self, step: int, groups, batch, train_metrics: dict[str, Any],
+    def _guard_onpolicy(self, step: int, groups, train_metrics: dict[str, Any],
                         trained_sums: dict[str, int] | None) -> None:
         """Warn when an on-policy step's engine log-probs are not the trainer's (rlharness/trainer/onpolicy_guard.py)."""
         gap = train_metrics.get("train/logprob_diff_rollout")
-        if gap is None or not all_tokens_on_policy(batch.model_steps, batch.response_mask, step):
+        if gap is None:
             return
         row_gaps = getattr(self.c.backend, "last_row_gaps", None)
         warning = onpolicy_gap_warning(step, groups, row_gaps, gap, self.conf.algo.onpolicy_logprob_gap_warn,
