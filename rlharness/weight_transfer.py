@@ -114,13 +114,24 @@ def tied_once(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tens
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def weight_checksums(state: Mapping[str, torch.Tensor]) -> dict[str, int]:
-    """An exact fingerprint of each tensor of a weight version (each tied tensor once): the sum of
-    its elements' bit patterns, so two sides can say whether they hold the same version."""
+# Elements per checksum block: 4 KiB of float32, a memory page, so a verdict can tell one stale page
+# from a whole stale tensor.
+CHECKSUM_BLOCK = 1024
+
+
+def weight_checksums(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An exact fingerprint of each tensor of a weight version (each tied tensor once): per block of
+    `CHECKSUM_BLOCK` elements, the sum of their bit patterns (int64), so two sides can say whether they
+    hold the same version and, where not, which parts of a tensor differ."""
     out = {}
     for name, t in tied_once(state.items()).items():
         flat = t.detach().contiguous().view(-1)
-        out[name] = int(flat.view(_BITS[flat.element_size()]).sum(dtype=torch.int64))
+        bits = flat.view(_BITS[flat.element_size()])
+        whole = bits.numel() // CHECKSUM_BLOCK * CHECKSUM_BLOCK
+        sums = [bits[:whole].view(-1, CHECKSUM_BLOCK).sum(1, dtype=torch.int64)]
+        if whole < bits.numel():
+            sums.append(bits[whole:].sum(dtype=torch.int64).view(1))
+        out[name] = torch.cat(sums)
     return out
 
 

@@ -7,7 +7,10 @@ All methods are async so a local backend, a Ray actor group and the `sim` backen
 from __future__ import annotations
 
 import abc
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 from rlharness.types import TrainBatch
 
@@ -33,9 +36,9 @@ class TrainingBackend(abc.ABC):
     async def load(self, directory: str) -> None:
         """Restore what `save` wrote."""
 
-    def weight_checksums(self) -> dict[str, int] | None:
-        """Exact per-tensor checksums of the policy's weights in this process (onpolicy_guard.py);
-        None where they are elsewhere (Ray actors) or not what engines get (LoRA)."""
+    def weight_checksums(self) -> dict[str, torch.Tensor] | None:
+        """Exact block checksums (`weight_transfer.weight_checksums`) of the policy's weights in this
+        process (onpolicy_guard.py); None where they are elsewhere (Ray actors) or not what engines get (LoRA)."""
         return None
 
     async def close(self) -> None:  # noqa: B027 - optional hook

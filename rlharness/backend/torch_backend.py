@@ -452,7 +452,7 @@ class TorchBackend(TrainingBackend):
             return self._lora_sync.weights(self.peft_model)
         return {name: t.detach().to("cpu", copy=True) for name, t in tied_once(self.model.state_dict().items()).items()}
 
-    def weight_checksums(self) -> dict[str, int] | None:
+    def weight_checksums(self) -> dict[str, torch.Tensor] | None:
         return None if self.peft_model is not None else weight_checksums(self.model.state_dict())
 
     def weights_to_copy_now(self) -> dict[str, torch.Tensor]:

@@ -26,6 +26,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from rlharness.weight_transfer import WeightGroupMember
 
 
@@ -119,7 +121,7 @@ class RolloutEngine(abc.ABC):
         """Counters for metrics: busy time, tokens generated... (engine-specific)."""
         return {}
 
-    def weight_checksums(self) -> dict[str, int] | None:
-        """Exact per-tensor checksums of the weights this engine computes with, where they live in
-        this process (onpolicy_guard.py); None for engines elsewhere."""
+    def weight_checksums(self) -> dict[str, torch.Tensor] | None:
+        """Exact block checksums (`weight_transfer.weight_checksums`) of the weights this engine
+        computes with, where they live in this process (onpolicy_guard.py); None for engines elsewhere."""
         return None

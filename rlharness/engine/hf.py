@@ -226,7 +226,7 @@ class HFEngine(RolloutEngine):
         if self._thread.is_alive():
             raise TimeoutError(f"hf engine thread did not stop within {self.command_timeout_s} s")
 
-    def weight_checksums(self) -> dict[str, int] | None:
+    def weight_checksums(self) -> dict[str, torch.Tensor] | None:
         # Read from the caller's thread: only a load writes the weights, and loads run between steps on
         # the engine thread, which the trainer never asks for while it has one in flight.
         return weight_checksums(self._params)

@@ -8,9 +8,9 @@ means the engine computed part of the batch on other weights or another state (w
 docs/resume_race.md describes: 1e-4 to 3e-3 per token): "on-policy" was not true for it.
 The check is a pure function of the step's batch and the backend's per-row gaps. Where the
 trainer and the engine live in this process (backend=torch, engine=hf), the warning also says
-whether the engine's weights were the trained ones: an exact checksum per tensor, taken from the
-trainer just before the step and from the engine when the warning fires, tells "other weights"
-(and which tensors) from "the same weights, another computation".
+whether the engine's weights were the trained ones: exact checksums per block of 1024 elements of
+each tensor, taken from the trainer just before the step and from the engine when the warning fires,
+tell "other weights" (which tensors, which blocks) from "the same weights, another computation".
 
 Float32 runs only: in bfloat16/float16 the engine's and the trainer's kernels round apart by
 1e-2 to 4e-2 per token on ordinary steps (SmolLM2: vLLM, or the hf engine left-padding a
@@ -23,21 +23,35 @@ from __future__ import annotations
 import torch
 
 from rlharness.types import Group
+from rlharness.weight_transfer import CHECKSUM_BLOCK
 
 # Groups named in the warning, worst first (the rest are counted).
 MAX_NAMED = 8
 
 
-def weights_verdict(trained: dict[str, int] | None, engine: dict[str, int] | None) -> str:
-    """What the engine computed with, from the checksums of the weights being trained and the engine's
-    ('' when either side cannot say: a remote or another engine, LoRA, names that do not match)."""
-    if not trained or not engine or set(trained) != set(engine):
+def weights_verdict(trained: dict[str, torch.Tensor] | None, engine: dict[str, torch.Tensor] | None) -> str:
+    """What the engine computed with, from the block checksums (`weight_transfer.weight_checksums`) of
+    the weights being trained and of the engine's ('' when either side cannot say: a remote or another
+    engine, LoRA, names or shapes that do not match). A differing tensor is named with the blocks of
+    `CHECKSUM_BLOCK` elements that differ: a stale page reads apart from a stale tensor."""
+    if not trained or not engine or set(trained) != set(engine) or any(
+            trained[k].shape != engine[k].shape for k in trained):
         return ""
-    differ = sorted(k for k in trained if trained[k] != engine[k])
+    differ = {k: (trained[k] != engine[k]).nonzero().flatten().tolist() for k in sorted(trained)}
+    differ = {k: blocks for k, blocks in differ.items() if blocks}
     if not differ:
         return "; the engine's weights are the trained ones bit for bit (another computation, not other weights)"
-    listed = ", ".join(differ[:MAX_NAMED]) + (f" and {len(differ) - MAX_NAMED} more" if len(differ) > MAX_NAMED else "")
-    return f"; the engine's weights differ from the trained ones in {len(differ)} of {len(trained)} tensors: {listed}"
+    named = [f"{k} ({_blocks(blocks, len(trained[k]))})" for k, blocks in list(differ.items())[:MAX_NAMED]]
+    more = f" and {len(differ) - MAX_NAMED} more" if len(differ) > MAX_NAMED else ""
+    return (f"; the engine's weights differ from the trained ones in {len(differ)} of {len(trained)} tensors "
+            f"(blocks of {CHECKSUM_BLOCK} elements): {', '.join(named)}{more}")
+
+
+def _blocks(blocks: list[int], total: int) -> str:
+    if len(blocks) == total:
+        return "all of it" if total == 1 else f"all {total} blocks"
+    shown = ", ".join(map(str, blocks[:MAX_NAMED])) + (", ..." if len(blocks) > MAX_NAMED else "")
+    return f"block{'s' if len(blocks) > 1 else ''} {shown} of {total}"
 
 
 def guard_on(threshold: float, dtype: str) -> bool:

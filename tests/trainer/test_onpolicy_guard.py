@@ -69,7 +69,17 @@ def test_the_verdict_tells_other_weights_from_another_computation(tiny_model_dir
         with torch.no_grad():
             norm[3] = torch.nextafter(norm[3], torch.tensor(10.0))
         verdict = weights_verdict(trained, engine.weight_checksums())
-        assert "differ from the trained ones in 1 of 20 tensors: model.norm.weight" in verdict
+        assert "differ from the trained ones in 1 of 20 tensors (blocks of 1024 elements): " \
+               "model.norm.weight (all of it)" in verdict
+        # One page of a matrix apart from a whole matrix: the blocks that differ are named.
+        gate = engine.model.model.layers[1].mlp.gate_proj.weight
+        blocks = -(-gate.numel() // 1024)
+        with torch.no_grad():
+            gate.view(-1)[7 * 1024 + 5] += 1.0
+            gate.view(-1)[9 * 1024] += 1.0
+        verdict = weights_verdict(trained, engine.weight_checksums())
+        assert f"model.layers.1.mlp.gate_proj.weight (blocks 7, 9 of {blocks})" in verdict, verdict
+        assert "in 2 of 20 tensors" in verdict
     finally:
         asyncio.run(engine.close())
     assert weights_verdict(trained, None) == "" and weights_verdict(None, trained) == ""
@@ -100,4 +110,5 @@ def test_a_run_whose_engine_lost_a_weight_says_which(tmp_path, caplog, monkeypat
                                       "batch_size=8", "sampler.prompt_repeat_k=4"])
     warnings = [r.getMessage() for r in caplog.records if "every sample is on-policy" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].startswith("step 2: "), warnings
-    assert "differ from the trained ones in 1 of 20 tensors: model.norm.weight" in warnings[0]
+    assert "differ from the trained ones in 1 of 20 tensors (blocks of 1024 elements): " \
+           "model.norm.weight (all of it)" in warnings[0]
