@@ -9,6 +9,8 @@
     checkpoints/step_XXXXXXXX/      complete checkpoints, DONE last (rlharness/checkpoint.py)
     rollouts/step_XXXXXXXX.jsonl    the ledger, and rollouts/dropped.jsonl (rlharness/logging_utils/ledger.py)
     evals/step_XXXXXXXX.jsonl       eval completions (rlharness/logging_utils/samples.py)
+    diagnostics/onpolicy_step_XXXXXXXX.pt   an on-policy step the guard warned about: its batch and both
+                                    sides' weight checksums (rlharness/trainer/onpolicy_guard.py)
     plots/*.png                     (rlharness/logging_utils/plots.py)
     wandb/                          W&B's own files
     .slurm-<job id>-run-ended       multi-node Slurm: node 0's run ended (rlharness/launch/ray_cluster.py)
@@ -37,6 +39,7 @@ DONE = "DONE"  # a checkpoint's last file: without it the directory is never loa
 ROLLOUTS = "rollouts"
 DROPPED = "dropped.jsonl"
 EVALS = "evals"
+DIAGNOSTICS = "diagnostics"
 PLOTS = "plots"
 WANDB = "wandb"
 SUMMARY_JSON = "summary.json"
@@ -129,6 +132,10 @@ class RunDir:
         """A training eval's completions (by step), or evaluate.py's (by its label)."""
         stem = step_name(step_or_label) if isinstance(step_or_label, int) else step_or_label
         return self.evals / f"{stem}.jsonl"
+
+    def onpolicy_evidence(self, step: int) -> Path:
+        """What the on-policy guard keeps of a step it warned about (rlharness/trainer/onpolicy_guard.py)."""
+        return self.path / DIAGNOSTICS / f"onpolicy_{step_name(step)}.pt"
 
     @property
     def plots(self) -> Path:

@@ -11,6 +11,9 @@ trainer and the engine live in this process (backend=torch, engine=hf), the warn
 whether the engine's weights were the trained ones: exact checksums per block of 1024 elements of
 each tensor, taken from the trainer just before the step and from the engine when the warning fires,
 tell "other weights" (which tensors, which blocks) from "the same weights, another computation".
+A warned step's batch (tokens, the engine's log-probs) and both sides' checksums are kept in the run
+directory (`diagnostics/onpolicy_step_XXXXXXXX.pt`): rescored offline with the checkpoint before the
+step, they say which tokens went wrong and by how much.
 
 Float32 runs only: in bfloat16/float16 the engine's and the trainer's kernels round apart by
 1e-2 to 4e-2 per token on ordinary steps (SmolLM2: vLLM, or the hf engine left-padding a
@@ -20,9 +23,13 @@ perturbation of the defect's size, so a threshold there would only raise false a
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
 
-from rlharness.types import Group
+from rlharness.checkpoint import save_state
+from rlharness.types import Group, TrainBatch
 from rlharness.weight_transfer import CHECKSUM_BLOCK
 
 # Groups named in the warning, worst first (the rest are counted).
@@ -52,6 +59,26 @@ def _blocks(blocks: list[int], total: int) -> str:
         return "all of it" if total == 1 else f"all {total} blocks"
     shown = ", ".join(map(str, blocks[:MAX_NAMED])) + (", ..." if len(blocks) > MAX_NAMED else "")
     return f"block{'s' if len(blocks) > 1 else ''} {shown} of {total}"
+
+
+def save_evidence(path: Path, batch: TrainBatch, row_gaps: list[float] | None,
+                  trained: dict[str, torch.Tensor] | None, engine: dict[str, torch.Tensor] | None) -> str:
+    """Keep what a warned step can be studied with offline: its tokens and the engine's log-probs (rescore
+    them with the checkpoint before the step, whose weights the engine should have held), the per-row gaps
+    and both sides' block checksums. Returns the warning's last words (where it is, or why not)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_state({
+            "train_step": batch.train_step, "temperature": batch.temperature,
+            **{k: getattr(batch, k) for k in ("input_ids", "attention_mask", "response_mask", "rollout_logprobs",
+                                              "model_steps")},
+            "row_gaps": row_gaps, "trained_checksums": trained, "engine_checksums": engine,
+        }, tmp)
+        os.replace(tmp, path)
+    except OSError as exc:  # a full disk must not stop the run over a diagnostic
+        return f"; its batch could not be kept ({exc})"
+    return f"; its batch and the checksums are in {path}"
 
 
 def guard_on(threshold: float, dtype: str) -> bool:

@@ -43,7 +43,8 @@ from rlharness.run_dir import CHECKPOINTS, RunDir, step_name
 from rlharness.sampler import DataExhausted
 from rlharness.stopping import StopController
 from rlharness.trainer.batch import build_train_batch
-from rlharness.trainer.onpolicy_guard import all_tokens_on_policy, guard_on, onpolicy_gap_warning, weights_verdict
+from rlharness.trainer.onpolicy_guard import (all_tokens_on_policy, guard_on, onpolicy_gap_warning, save_evidence,
+                                              weights_verdict)
 from rlharness.trainer.nonfinite import NonFiniteGuard, batch_problem, step_problem
 from rlharness.trainer.zero_signal import ZeroSignalWatch, warn_if_greedy
 
@@ -186,7 +187,7 @@ class Trainer:
         train_metrics.update(self.nonfinite.record(step, problem, train_metrics, batch_metrics))
         t_train = loop.time()
         if on_policy:
-            self._guard_onpolicy(step, produced.groups, train_metrics, trained_sums)
+            self._guard_onpolicy(step, produced.groups, batch, train_metrics, trained_sums)
         self.step = step
         sync_s, sync_bytes = 0.0, 0
         if step % conf.sync_weights_interval == 0:
@@ -225,8 +226,8 @@ class Trainer:
         self._rng_at_step = rng_state()
         return row
 
-    def _guard_onpolicy(self, step: int, groups, train_metrics: dict[str, Any],
-                        trained_sums: dict[str, int] | None) -> None:
+    def _guard_onpolicy(self, step: int, groups, batch, train_metrics: dict[str, Any],
+                        trained_sums: dict[str, Any] | None) -> None:
         """Warn when an on-policy step's engine log-probs are not the trainer's (rlharness/trainer/onpolicy_guard.py)."""
         gap = train_metrics.get("train/logprob_diff_rollout")
         if gap is None:
@@ -236,7 +237,10 @@ class Trainer:
                                        self.conf.model.dtype)
         if warning:
             # The engine still holds the step's weights (the sync comes after): which ones did it compute with?
-            log.warning(warning + weights_verdict(trained_sums, self.c.engine.weight_checksums()))
+            engine_sums = self.c.engine.weight_checksums()
+            kept = save_evidence(RunDir(self.run_dir).onpolicy_evidence(step), batch, row_gaps, trained_sums,
+                                 engine_sums)
+            log.warning(warning + weights_verdict(trained_sums, engine_sums) + kept)
 
     async def _sync_weights(self, version: int) -> tuple[float, int]:
         """Pause production, move the new weights to every engine, resume. Returns (seconds, bytes sent)."""

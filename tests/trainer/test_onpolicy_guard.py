@@ -112,3 +112,14 @@ def test_a_run_whose_engine_lost_a_weight_says_which(tmp_path, caplog, monkeypat
     assert len(warnings) == 1 and warnings[0].startswith("step 2: "), warnings
     assert "differ from the trained ones in 1 of 20 tensors (blocks of 1024 elements): " \
            "model.norm.weight (all of it)" in warnings[0]
+    # The step is kept for study offline: its batch, the engine's log-probs and both sides' checksums.
+    from rlharness.checkpoint import load_state
+    from rlharness.run_dir import RunDir
+
+    evidence = RunDir(tmp_path / "run").onpolicy_evidence(2)
+    assert str(evidence) in warnings[0]
+    kept = load_state(evidence)
+    assert kept["train_step"] == 2 and kept["input_ids"].shape == kept["rollout_logprobs"].shape
+    assert len(kept["row_gaps"]) == kept["input_ids"].shape[0] == 32
+    assert [k for k in kept["trained_checksums"]
+            if not torch.equal(kept["trained_checksums"][k], kept["engine_checksums"][k])] == ["model.norm.weight"]
