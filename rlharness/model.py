@@ -161,6 +161,9 @@ def load_model(conf: ModelConf, device: str = "cpu"):
     import torch
     from transformers import AutoModelForCausalLM
 
+    from rlharness.vml_warmup import warm_up_vml
+
+    warm_up_vml()  # before any forward pass of this process (rlharness/vml_warmup.py)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     model = AutoModelForCausalLM.from_pretrained(
         str(resolve_model_path(conf.path)),

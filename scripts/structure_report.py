@@ -30,7 +30,7 @@ from pathlib import Path
 # never from a layer above. Each entry names a module or a package (everything under it);
 # the longest matching name decides. Why this order:
 # 0 "base": what every part shares and that knows no part: the shared data types, small
-#   helpers, the checkpoint format (atomic folders, tensors-only loading: every part that
+#   helpers (`vml_warmup`: MKL's kernels picked before a process's first forward pass), the checkpoint format (atomic folders, tensors-only loading: every part that
 #   saves state uses it), and `weight_transfer` (tensor specs, buckets, group membership,
 #   payloads; needs only torch, so engines, training actors and the Ray layer all stand on
 #   it without knowing one another), and `run_dir` (the name of every file and folder of a
@@ -51,8 +51,8 @@ from pathlib import Path
 #   sweeps, export.
 # 5 "entry": the package itself and the command-line entry logic (`evaluation`: evaluate.py).
 LAYERS: list[tuple[str, list[str]]] = [
-    ("base", ["rlharness.types", "rlharness.safe_arith", "rlharness.gc_tuning", "rlharness.stopping",
-              "rlharness.checkpoint", "rlharness.weight_transfer", "rlharness.run_dir"]),
+    ("base", ["rlharness.types", "rlharness.safe_arith", "rlharness.gc_tuning", "rlharness.vml_warmup",
+              "rlharness.stopping", "rlharness.checkpoint", "rlharness.weight_transfer", "rlharness.run_dir"]),
     ("config", ["rlharness.config"]),
     ("parts", ["rlharness.algo", "rlharness.data", "rlharness.judger", "rlharness.model", "rlharness.lora",
                "rlharness.tiny", "rlharness.engine", "rlharness.backend", "rlharness.agent", "rlharness.sampler",

@@ -101,7 +101,11 @@ class HFEngine(RolloutEngine):
                  idle_poll_s: float = 0.05):
         from rlharness.lora import engine_serves_adapter, wrap_for_engine
         from rlharness.model import load_model, load_tokenizer
+        from rlharness.vml_warmup import warm_up_vml
 
+        # The first admission is often this process's first forward pass: MKL must have picked its
+        # kernels before that pass splits a cos/sin over two threads (rlharness/vml_warmup.py).
+        warm_up_vml()
         if model is None:
             if model_conf is None:
                 raise ValueError("HFEngine needs model_conf (to load model.path) or an explicit model")

@@ -107,8 +107,10 @@ class RewardModelScorer:
         from transformers.utils import logging as hf_logging
 
         from rlharness.model import load_tokenizer, text_codec
+        from rlharness.vml_warmup import warm_up_vml
 
         torch.set_num_threads(conf.torch_threads)
+        warm_up_vml()  # the scoring process's first forward must not be MKL's first call (rlharness/vml_warmup.py)
         hf_logging.disable_progress_bar()  # a bar per (re)start of the process would clutter the run's log
         folder = model_folder(conf.path, "judger")
         self.conf = conf
