@@ -7,8 +7,11 @@ the step after the checkpoint and ends; its `train/logprob_diff_rollout` (mean |
 log-prob per token) and `train/logprob_diff_rollout_max` are read from metrics.jsonl. Every sample
 of that step is on-policy (sync, no partial rollout, float32 on both sides), so the gap of a good
 life is rounding (about 5e-7); a life whose engine computed on another state shows 1e-4 or more.
+With `--vml-spy` every life runs under scripts/vml_spy.c, and its line says which MKL VML functions
+had their first call on two threads at once (`raced`): the window of the defect's cause
+(docs/resume_race.md), whatever the CPU (on AMD CPUs such a call still computes right).
 
-    .venv/bin/python benchmarks/resumed_lives.py --lives 200 --parallel 3
+    .venv/bin/python benchmarks/resumed_lives.py --lives 200 --parallel 2 --vml-spy
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
+import vml_spy  # noqa: E402  (scripts/vml_spy.py)
 from rlharness.checkpoint import KILL_IN_CHECKPOINT_ENV  # noqa: E402
 from rlharness.logging_utils.metrics import read_metrics  # noqa: E402
 
@@ -37,8 +42,10 @@ SYNC = ["save_every=1", "eval_every=0", "logger.mode=disabled", "batch_size=8", 
 PERTURBED_GAP = 1e-5
 
 
-def launch(run_dir: Path, overrides: list[str], env_extra: dict | None = None) -> subprocess.Popen:
+def launch(run_dir: Path, overrides: list[str], env_extra: dict | None = None, spy: Path | None = None) -> subprocess.Popen:
     env = {**os.environ, "WANDB_MODE": "disabled", **(env_extra or {})}
+    if spy is not None:  # the life's own report beside its directory
+        env = vml_spy.spy_env(spy, run_dir.with_suffix(".vml"), base=env)
     return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
                             cwd=run_dir.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -66,12 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="write one JSON line per life here")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no new life after this many seconds (a shared box: report the lives that fit)")
+    ap.add_argument("--vml-spy", action="store_true", help="run each life under scripts/vml_spy.c (needs gcc)")
     ap.add_argument("overrides", nargs="*", help="extra train.py overrides for every life")
     args = ap.parse_args(argv)
     overrides = [*SYNC, f"total_steps={args.kill_step}", *args.overrides]
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="resumed-lives-"))
     source = work / "source"
     t0 = time.monotonic()
+    spy = vml_spy.build(work) if args.vml_spy else None
     first_life(source, overrides, args.kill_step)
     print(f"first life killed inside checkpoint {args.kill_step} ({time.monotonic() - t0:.1f} s)", flush=True)
     out = open(args.out, "w") if args.out else None
@@ -85,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             while next_life < args.lives and len(running) < args.parallel:
                 life_dir = work / f"life-{next_life:04d}"
                 shutil.copytree(source, life_dir, symlinks=True)
-                running.append((next_life, life_dir, launch(life_dir, overrides)))
+                running.append((next_life, life_dir, launch(life_dir, overrides, spy=spy)))
                 next_life += 1
             time.sleep(0.2)
             for item in [r for r in running if r[2].poll() is not None]:
@@ -95,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                 gap = row.get("train/logprob_diff_rollout")
                 res = {"life": i, "rc": proc.returncode, "gap": gap, "gap_max": row.get("train/logprob_diff_rollout_max"),
                        "loss": row.get("train/loss"), "perturbed": gap is None or gap > PERTURBED_GAP}
+                if spy is not None:
+                    res["raced"] = sorted({f for calls in vml_spy.concurrent_first_calls(
+                        life_dir.with_suffix(".vml")).values() for f in calls})
                 if proc.returncode != 0:
                     res["stderr"] = proc.stderr.read().decode()[-500:]
                 results.append(res)
@@ -112,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
             out.close()
     gaps = sorted(r["gap"] for r in results if r["gap"] is not None)
     bad = [r["life"] for r in results if r["perturbed"]]
-    print(f"{len(results)} resumed lives, {len(bad)} perturbed {bad}; first-step gap median "
+    raced = [r["life"] for r in results if r.get("raced")]
+    spied = f", {len(raced)} with a two-thread first VML call {raced}" if spy is not None else ""
+    print(f"{len(results)} resumed lives, {len(bad)} perturbed {bad}{spied}; first-step gap median "
           f"{gaps[len(gaps) // 2]:.3g}, max {gaps[-1]:.3g} ({time.monotonic() - t0:.0f} s)" if gaps else "no gaps read")
     if not args.work_dir and not bad:
         shutil.rmtree(work, ignore_errors=True)
