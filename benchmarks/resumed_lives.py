@@ -42,7 +42,8 @@ SYNC = ["save_every=1", "eval_every=0", "logger.mode=disabled", "batch_size=8", 
 PERTURBED_GAP = 1e-5
 
 
-def launch(run_dir: Path, overrides: list[str], env_extra: dict | None = None, spy: Path | None = None) -> subprocess.Popen:
+def launch(run_dir: Path, overrides: list[str], env_extra: dict | None = None,
+           spy: Path | None = None) -> subprocess.Popen:
     env = {**os.environ, "WANDB_MODE": "disabled", **(env_extra or {})}
     if spy is not None:  # the life's own report beside its directory
         env = vml_spy.spy_env(spy, run_dir.with_suffix(".vml"), base=env)

@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     for pid, seen in found.items():
         print(f"process {pid}: first VML calls (elements) {seen['first']}")
         if seen["concurrent"]:
-            print(f"process {pid}: CONCURRENT first calls (MKL may have run a low-accuracy kernel) {seen['concurrent']}")
+            print(f"process {pid}: CONCURRENT first calls (MKL may have run a low-accuracy kernel) "
+                  f"{seen['concurrent']}")
     return rc or (1 if any(seen["concurrent"] for seen in found.values()) else 0)
 
 
