@@ -80,6 +80,17 @@ def _wait(what: str, ready, timeout_s: float) -> None:
         time.sleep(0.3)
 
 
+def start_requeued_job_soon(job_id: str) -> None:
+    """Slurm holds a requeued job back (BeginTime: now + the credential lifetime + 1 s) because its
+    new launch credential must be stamped after the node revoked the old one, in whole seconds
+    (slurm_cred.c: `ctime <= revoked` is refused). Once the job is pending again (the node has
+    cleaned up, so the revocation is in the past), let it start 2 s from now, not now: a launch
+    in the revocation's second is killed ("Killing non-startable batch job: Job credential revoked")
+    and the job ends FAILED, as a CI run on a loaded machine showed."""
+    _wait("job pending again", lambda: "JobState=PENDING" in _slurm("scontrol", "show", "job", job_id), 60)
+    _slurm("scontrol", "update", f"JobId={job_id}", "StartTime=now+2")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_preempted_job_is_requeued_and_resumes_from_its_checkpoint(slurm_env, tmp_path):
@@ -94,9 +105,7 @@ def test_preempted_job_is_requeued_and_resumes_from_its_checkpoint(slurm_env, tm
         # submitit catches it, calls the launcher's checkpoint() and requeues the job.
         _slurm("scancel", "--signal=USR2", job_id)
         _wait("the requeue", lambda: "Restarts=1" in _slurm("scontrol", "show", "job", job_id), 60)
-        # Slurm holds a requeued job back ~2 minutes (BeginTime); let it start now.
-        _wait("job pending again", lambda: "JobState=PENDING" in _slurm("scontrol", "show", "job", job_id), 60)
-        _slurm("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        start_requeued_job_soon(job_id)
         out, _ = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:

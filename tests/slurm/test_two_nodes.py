@@ -23,7 +23,7 @@ import pytest
 
 from rlharness.run_dir import DONE, RunDir
 
-from .test_train_on_slurm import _job_id, _slurm, _steps, _wait
+from .test_train_on_slurm import _job_id, _slurm, _steps, _wait, start_requeued_job_soon
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -137,9 +137,7 @@ def test_disagg_run_across_two_nodes_requeued_resumes_from_its_run_dir(slurm_env
         _slurm("scontrol", "requeue", job_id)
         _wait("the requeue", lambda: "Restarts=1" in _slurm("scontrol", "show", "job", job_id), 60)
         _wait("the first attempt's Ray to stop", lambda: not ray_processes(job_id), 60)
-        # Slurm holds a requeued job back ~2 minutes (BeginTime); let it start now.
-        _wait("job pending again", lambda: "JobState=PENDING" in _slurm("scontrol", "show", "job", job_id), 60)
-        _slurm("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        start_requeued_job_soon(job_id)
         out = _finish(proc)
     finally:
         _stop(proc, sweep)
