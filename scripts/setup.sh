@@ -9,11 +9,16 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# pip byte-compiles every module it installs (torch alone: 34 s of CPU here, more than unpacking
+# it). Where Python writes bytecode itself, it compiles only the modules a run imports, once, on
+# first import: skip pip's. Where PYTHONDONTWRITEBYTECODE is set, nothing would ever be cached:
+# every process would compile torch again, so pip compiles.
+NO_COMPILE=$([ -z "${PYTHONDONTWRITEBYTECODE:-}" ] && echo --no-compile || true)
 # torch first, pinned: the CPU build of 2.13.0 lies on these machines' disks; anything
 # unpinned would pull a multi-GB CUDA build (../shared/ENVIRONMENT.md).
-python -c "import torch" 2>/dev/null || pip install -q "torch==2.13.0"
-pip install -q -e ".[dev]"
+python -c "import torch" 2>/dev/null || pip install -q $NO_COMPILE "torch==2.13.0"
+pip install -q $NO_COMPILE -e ".[dev]"
 # DeepSpeed without its CUDA ops, built against the torch above (ENVIRONMENT.md).
-python -c "import deepspeed" 2>/dev/null || DS_BUILD_OPS=0 pip install -q --no-build-isolation "deepspeed>=0.16"
+python -c "import deepspeed" 2>/dev/null || DS_BUILD_OPS=0 pip install -q $NO_COMPILE --no-build-isolation "deepspeed>=0.16"
 # The embedded default model ships in the repo; rebuild it only if it is missing.
 [ -f assets/tiny-arith/config.json ] || python scripts/make_tiny_model.py --out assets/tiny-arith

