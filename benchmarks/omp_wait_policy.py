@@ -31,16 +31,18 @@ def side_by_side(runs: int, steps: int, policy: str | None, out: Path) -> tuple[
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if policy:
         env["OMP_WAIT_POLICY"] = policy
+    out.mkdir(parents=True)
+    logs = [out / f"run{i}.err" for i in range(runs)]  # a file, not a pipe: nobody reads while they run
     start = time.perf_counter()
     procs = [subprocess.Popen([sys.executable, str(ROOT / "train.py"), *RUN, f"total_steps={steps}",
                                f"seed={i}", f"hydra.run.dir={out / f'run{i}'}"], env=env, cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for i in range(runs)]
+                              stdout=subprocess.DEVNULL, stderr=logs[i].open("w")) for i in range(runs)]
     cpu_s = 0.0
-    for proc in procs:
+    for proc, log in zip(procs, logs):
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0:
-            sys.exit(f"a run failed (OMP_WAIT_POLICY={policy}): {proc.stderr.read().decode()[-2000:]}")
+            sys.exit(f"a run failed (OMP_WAIT_POLICY={policy}): {log.read_text()[-2000:]}")
         cpu_s += usage.ru_utime + usage.ru_stime
     wall_s = time.perf_counter() - start
     losses = [[json.loads(line)["train/loss"] for line in (out / f"run{i}" / "metrics.jsonl").read_text().splitlines()
