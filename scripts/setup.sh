@@ -8,12 +8,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
-export PIP_DISABLE_PIP_VERSION_CHECK=1
-# pip byte-compiles every module it installs (torch alone: 34 s of CPU here, more than unpacking
-# it). Where Python writes bytecode itself, it compiles only the modules a run imports, once, on
-# first import: skip pip's. Where PYTHONDONTWRITEBYTECODE is set, nothing would ever be cached:
-# every process would compile torch again, so pip compiles.
-NO_COMPILE=$([ -z "${PYTHONDONTWRITEBYTECODE:-}" ] && echo --no-compile || true)
+. scripts/pip_env.sh
 # torch first, pinned: the CPU build of 2.13.0 lies on these machines' disks; anything
 # unpinned would pull a multi-GB CUDA build (../shared/ENVIRONMENT.md).
 python -c "import torch" 2>/dev/null || pip install -q $NO_COMPILE "torch==2.13.0"

@@ -17,9 +17,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv-vllm
 READY=$VENV/.rlharness-vllm-ready
-export PIP_DISABLE_PIP_VERSION_CHECK=1
-# No byte-compiling at install where Python caches bytecode itself (scripts/setup.sh says why).
-NO_COMPILE=$([ -z "${PYTHONDONTWRITEBYTECODE:-}" ] && echo --no-compile || true)
+. scripts/pip_env.sh
 
 START_S=$SECONDS
 if [ -z "${VLLM_TARGET:-}" ]; then
