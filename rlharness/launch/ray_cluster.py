@@ -19,7 +19,13 @@
 
 Ray's daemons are started as our own child process groups and stopped by process
 group at exit, never with a blanket `ray stop` (which would kill other users' Ray).
-`RAY_AUTH_MODE=disabled` is set (else Ray writes a token under ~/.ray).
+Unless the user set them: `RAY_AUTH_MODE=disabled` (else Ray writes a token under ~/.ray), and
+`RAY_worker_niceness=0`: Ray starts its workers at nice +15 to spare its daemons, but
+a run's actors (engines, trainers) are the run's work, and at +15 any other busy process on the
+node starves them (a 2-step disagg run on 2 cores: 37 s alone, 648 s beside two spinning
+processes, 71 s beside them with niceness 0; benchmarks/ray_worker_niceness.py). And no
+workers are prestarted when the driver connects (`RAY_prestart_worker_first_driver=0`): none
+of them would host an actor of the run (3 CPU-s saved per start, measured).
 """
 
 from __future__ import annotations
@@ -100,6 +106,11 @@ class SlurmRayLayout:
                 *[f"--{flag}={port}" for flag, port in ports.items()]]
 
 
+# Set unless the user set them (module docstring). Ray's prestarted workers are plain ones: every
+# actor of a run carries its own environment (thread counts) and needs a worker of its own.
+RAY_ENV_DEFAULTS = {"RAY_AUTH_MODE": "disabled", "RAY_worker_niceness": "0",
+                    "RAY_prestart_worker_first_driver": "0"}
+
 # A custom resource per node: a bundle asking for one unit lands on that node.
 NODE_RESOURCE_UNITS = 1000
 AGENT_PORT_FLAGS = ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
@@ -121,7 +132,8 @@ def connect_ray(cluster: ClusterConf) -> None:
 
     On a non-head Slurm node this serves as a Ray worker and exits the process.
     """
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    for name, value in RAY_ENV_DEFAULTS.items():  # read by the daemons and workers this process starts
+        os.environ.setdefault(name, value)
     import ray
 
     # Inside a Slurm job or not is checked first: an already-connected process is no excuse.
@@ -203,7 +215,7 @@ def _ray_start(args: list[str], log_path: str) -> subprocess.Popen:
     # raylet waits for its dashboard agent (a Python process) to start; on a busy node that
     # takes longer than Ray's default allows.
     env = {"RAY_agent_register_timeout_ms": str(AGENT_REGISTER_TIMEOUT_MS),
-           "RAY_raylet_start_wait_time_s": str(AGENT_REGISTER_TIMEOUT_MS // 1000), **os.environ,
+           "RAY_raylet_start_wait_time_s": str(AGENT_REGISTER_TIMEOUT_MS // 1000), **RAY_ENV_DEFAULTS, **os.environ,
            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     with open(log_path, "ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
