@@ -34,9 +34,12 @@ def side_by_side(runs: int, steps: int, policy: str | None, out: Path) -> tuple[
     out.mkdir(parents=True)
     logs = [out / f"run{i}.err" for i in range(runs)]  # a file, not a pipe: nobody reads while they run
     start = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "train.py"), *RUN, f"total_steps={steps}",
-                               f"seed={i}", f"hydra.run.dir={out / f'run{i}'}"], env=env, cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=logs[i].open("w")) for i in range(runs)]
+    procs = []
+    for i, log in enumerate(logs):
+        with log.open("w") as err:  # the child keeps its own copy of the descriptor
+            procs.append(subprocess.Popen([sys.executable, str(ROOT / "train.py"), *RUN, f"total_steps={steps}",
+                                           f"seed={i}", f"hydra.run.dir={out / f'run{i}'}"], env=env, cwd=ROOT,
+                                          stdout=subprocess.DEVNULL, stderr=err))
     cpu_s = 0.0
     for proc, log in zip(procs, logs):
         _, status, usage = os.wait4(proc.pid, 0)
