@@ -1,18 +1,19 @@
 """`python train.py ...` (or evaluate.py) without paying the interpreter's start each time: a fork
 server for tests.
 
-A refusal by `train.py` is decided in well under a second, but each real start first imports
-Hydra, torch and transformers (about 1 s CPU before a config refusal, 6-7 s before a data or model
-refusal on this box's 2 cores). This server imports them once, then forks one child per request;
-the child runs `train.py` exactly as `python train.py ARGS` does (`runpy` as `__main__`, the
-request's argv, cwd and environment, stdin from /dev/null, its stdout and stderr captured from
-file descriptors 1 and 2, exit handlers run), and its real exit status is returned. So what a
-test checks (exit code, the one `error:` line, the directories left) is the process's own; only the
-imports are shared. The server itself never runs torch work, so no thread pool exists before a fork.
+Each `python train.py` first imports Hydra, torch and transformers: about 8 s of CPU on this box's
+2 cores before a run's first step, 1 s before a config refusal. This server imports them once, then
+forks one child per request; the child runs `train.py` exactly as `python train.py ARGS` does
+(`runpy` as `__main__`, the request's argv, cwd and environment, stdin from /dev/null, its stdout
+and stderr captured from file descriptors 1 and 2, exit handlers run), and its real exit status is
+returned. So what a test checks (exit code, the one `error:` line, the run directory) is the
+process's own; only the imports are shared. The server itself never runs torch work, so no thread
+pool exists before a fork; what its libraries read from the environment when they loaded (thread
+counts) is the server's, so `tests.helpers.run_cli` starts a fresh interpreter for a run that sets it.
 
 Protocol: one JSON request per line on stdin ({"script", "args", "cwd", "env", "timeout_s"}), one
 JSON reply per line on stdout ({"returncode", "cpu_s", "stdout", "stderr"}; cpu_s: the child's CPU
-seconds). Used by `tests.helpers.run_cli_forked`.
+seconds). Used by `tests.helpers.run_cli` and `run_cli_forked`.
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ SCRIPTS = ("train.py", "evaluate.py")  # the command lines it stands in for
 
 
 def _preimport() -> None:
-    # What train.py's refusals reach: its own imports, the launcher's build path, a tokenizer and a
-    # Llama config (transformers imports those lazily, at several seconds of CPU each).
+    # What train.py reaches: its own imports, the launcher's build path, a tokenizer and a Llama
+    # model (transformers imports those lazily, at several seconds of CPU each), the end's plots.
     import hydra  # noqa: F401
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
     import torch  # noqa: F401
     import transformers  # noqa: F401
     from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast  # noqa: F401

@@ -39,7 +39,7 @@ def write_plots(run_dir: str | Path) -> list[Path]:
         series = {k: v for k, v in series.items() if v}
         if not series:
             continue
-        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+        fig, ax = _figure(plt)
         for key, pts in series.items():
             xs, ys = zip(*pts)
             ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, markersize=3, label=key)
@@ -47,14 +47,13 @@ def write_plots(run_dir: str | Path) -> list[Path]:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
         path = out_dir / f"{name}.png"
         fig.savefig(path)
         plt.close(fig)
         written.append(path)
     hist = staleness_histogram(rows)
     if hist:
-        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+        fig, ax = _figure(plt)
         total = sum(hist.values())
         ax.bar(list(hist), [n / total for n in hist.values()])
         ax.set_title("Per-token staleness of trained tokens (whole run)")
@@ -62,12 +61,19 @@ def write_plots(run_dir: str | Path) -> list[Path]:
         ax.set_ylabel("share of trained tokens")
         ax.set_xticks(list(hist))
         ax.grid(alpha=0.3, axis="y")
-        fig.tight_layout()
         path = out_dir / "staleness_hist.png"
         fig.savefig(path)
         plt.close(fig)
         written.append(path)
     return written
+
+
+def _figure(plt):
+    # Fixed margins that fit these plots' labels: `tight_layout` measured them again for each
+    # figure (1.2 s of drawing per run instead of 0.7 s).
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    fig.subplots_adjust(left=0.14, right=0.97, bottom=0.14, top=0.91)
+    return fig, ax
 
 
 HIST_PREFIX = "staleness/tokens_at_"

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from rlharness.checkpoint import CheckpointError, check_state_files, latest_checkpoint, load_state
-from tests.helpers import ROOT, run_cli, run_cli_forked
+from tests.helpers import ROOT, run_cli
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -36,7 +36,7 @@ def refused(args: list[str], cwd: Path, expect: list[str], watch: Path | None = 
     spawn: a fresh `python train.py` instead of a process forked from the test's CLI server."""
     before_cwd = sorted(p.name for p in cwd.iterdir())
     before = snapshot(watch) if watch is not None else None
-    proc = run_cli(args, cwd=cwd, check=False, timeout_s=300) if spawn else run_cli_forked(args, cwd, timeout_s=300)
+    proc = run_cli(args, cwd=cwd, check=False, timeout_s=300, fresh_interpreter=spawn)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert lines and lines[-1].startswith("error: "), proc.stderr[-3000:]
@@ -82,7 +82,7 @@ def test_resume_with_a_changed_task_is_refused(finished_run):
 def test_resuming_a_finished_run_says_so_in_one_line(finished_run):
     before = snapshot(finished_run)
     for args in ([f"resume={finished_run}"], [*SIM, "total_steps=3", f"hydra.run.dir={finished_run}"]):
-        proc = run_cli_forked(args, cwd=finished_run.parent)
+        proc = run_cli(args, cwd=finished_run.parent, check=False)
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         assert proc.returncode == 0 and len(lines) <= 2, proc.stderr[-2000:]
         assert "already at step 4" in lines[-1] and "total_steps" in lines[-1], lines
