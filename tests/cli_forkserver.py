@@ -13,7 +13,7 @@ counts) is the server's, so `tests.helpers.run_cli` starts a fresh interpreter f
 
 Protocol: one JSON request per line on stdin ({"script", "args", "cwd", "env", "timeout_s"}), one
 JSON reply per line on stdout ({"returncode", "cpu_s", "stdout", "stderr"}; cpu_s: the child's CPU
-seconds). Used by `tests.helpers.run_cli` and `run_cli_forked`.
+seconds). Used by `tests.helpers.run_cli`.
 """
 
 from __future__ import annotations

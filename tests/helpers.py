@@ -41,23 +41,28 @@ def run_in_process(run_dir: str | Path, overrides: list[str]) -> dict:
 
 
 def run_cli(args: list[str], cwd: str | Path, timeout_s: float = 600, check: bool = True,
-            env: dict | None = None, fresh_interpreter: bool = False) -> subprocess.CompletedProcess:
-    """The real command line, `python train.py ARGS`: its exit status, stdout and stderr.
+            env: dict | None = None, fresh_interpreter: bool = False,
+            script: str = "train.py") -> subprocess.CompletedProcess:
+    """The real command line, `python train.py ARGS` (or `script`: evaluate.py): its exit status,
+    stdout and stderr.
 
-    The process is forked from `tests/cli_forkserver.py`, which has imported train.py's
-    dependencies once (about 8 s of CPU per start on a 2-core box), unless `fresh_interpreter` or
-    the environment sets something the server's libraries read when they loaded (thread counts,
-    the allocator): then it is a fresh interpreter."""
-    full_env = _cli_env(env)
-    server_env = _forkserver_env()
+    The process is forked from `tests/cli_forkserver.py`, which has imported their dependencies
+    once (about 8 s of CPU per start on a 2-core box), unless `fresh_interpreter` or the
+    environment sets something the server's libraries read when they loaded (thread counts, the
+    allocator): then it is a fresh interpreter."""
+    import os
+
+    full_env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0", **(env or {})}
+    server_env = _FORKSERVER_ENV if _forkserver_alive() else os.environ
     if fresh_interpreter or any(full_env.get(k) != server_env.get(k) for k in {*full_env, *server_env}
                                 if k.startswith(LOAD_TIME_ENV)):
-        proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, capture_output=True,
+        proc = subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=cwd, capture_output=True,
                               text=True, timeout=timeout_s, env=full_env)
     else:
-        proc = run_cli_forked(args, cwd, timeout_s, env)
+        proc = _run_forked(script, args, cwd, timeout_s, full_env)
     if check and proc.returncode != 0:
-        raise AssertionError(f"train.py {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise AssertionError(f"{script} {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                             f"{proc.stderr[-3000:]}")
     return proc
 
 
@@ -65,43 +70,30 @@ def run_cli(args: list[str], cwd: str | Path, timeout_s: float = 600, check: boo
 # read once, when they load: a child forked from it would not see a changed value.
 LOAD_TIME_ENV = ("OMP_", "GOMP_", "KMP_", "MKL_", "MALLOC_", "LD_", "PYTHON")
 
-
-def _cli_env(env: dict | None) -> dict:
-    import os
-
-    return {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0", **(env or {})}
-
-
 _FORKSERVER: subprocess.Popen | None = None
-_FORKSERVER_ENV: dict | None = None
+_FORKSERVER_ENV: dict | None = None  # the environment it started with
 
 
-def _forkserver_env() -> dict:
-    """The environment the fork server started (or will start) with."""
-    import os
-
-    return _FORKSERVER_ENV if _FORKSERVER is not None and _FORKSERVER.poll() is None else dict(os.environ)
+def _forkserver_alive() -> bool:
+    return _FORKSERVER is not None and _FORKSERVER.poll() is None
 
 
-def run_cli_forked(args: list[str], cwd: str | Path, timeout_s: float = 600, env: dict | None = None,
-                   script: str = "train.py") -> subprocess.CompletedProcess:
-    """`python train.py ARGS` (or `script`: evaluate.py) as a process forked from a server that has
-    imported their dependencies once (tests/cli_forkserver.py): the exit status, stdout and stderr
-    are the process's own, the interpreter's start and imports are shared. `run_cli` decides when
-    a run needs an interpreter of its own."""
+def _run_forked(script: str, args: list, cwd: str | Path, timeout_s: float, env: dict) -> subprocess.CompletedProcess:
+    """One request to this worker's fork server (started on first use): the child's exit status,
+    stdout and stderr; the interpreter's start and imports are shared."""
     import atexit
     import json
     import os
 
     global _FORKSERVER, _FORKSERVER_ENV
-    if _FORKSERVER is None or _FORKSERVER.poll() is not None:
+    if not _forkserver_alive():
         _FORKSERVER_ENV = dict(os.environ)
         _FORKSERVER = subprocess.Popen([sys.executable, "-m", "tests.cli_forkserver"], cwd=ROOT, text=True,
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         atexit.register(_FORKSERVER.kill)
         assert json.loads(_FORKSERVER.stdout.readline()) == {"ready": True}
     _FORKSERVER.stdin.write(json.dumps({"script": script, "args": [str(a) for a in args], "cwd": str(cwd),
-                                        "env": _cli_env(env), "timeout_s": timeout_s}) + "\n")
+                                        "env": env, "timeout_s": timeout_s}) + "\n")
     _FORKSERVER.stdin.flush()
     reply = json.loads(_FORKSERVER.stdout.readline())
     if reply["returncode"] is None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from rlharness.checkpoint import complete_checkpoints
 from rlharness.run_dir import RunDir
 from tests.faults.test_refused_input import snapshot
-from tests.helpers import ROOT, run_cli, run_cli_forked
+from tests.helpers import run_cli
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -25,12 +24,7 @@ EVAL = ["eval.num_prompts=12", "eval.num_samples=3", "eval.pass_k=2", "eval.temp
 
 
 def evaluate(args: list, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=300, env={**__import__("os").environ,
-                                                                             "HYDRA_FULL_ERROR": "0"})
-    if check:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+    return run_cli(args, cwd, timeout_s=300, check=check, fresh_interpreter=True, script="evaluate.py")
 
 
 def only_dir(root: Path) -> Path:
@@ -98,8 +92,7 @@ def refused(args: list, cwd: Path, expect: list[str], spawn: bool = False) -> No
     """evaluate.py refuses in one line, exit 2, nothing written. Forked from the tests' CLI server
     (tests/cli_forkserver.py: the process's own status and stderr) unless `spawn`."""
     before = sorted(p.name for p in cwd.iterdir())
-    proc = (evaluate(args, cwd, check=False) if spawn else
-            run_cli_forked(args, cwd, timeout_s=300, env={"HYDRA_FULL_ERROR": "0"}, script="evaluate.py"))
+    proc = run_cli(args, cwd, timeout_s=300, check=False, fresh_interpreter=spawn, script="evaluate.py")
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert lines and lines[-1].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr[-3000:]
