@@ -11,23 +11,27 @@ process's own; only the imports are shared. The server itself never runs torch w
 pool exists before a fork; what its libraries read from the environment when they loaded (thread
 counts) is the server's, so `tests.helpers.run_cli` starts a fresh interpreter for a run that sets it.
 
-Protocol: one JSON request per line on stdin ({"script", "args", "cwd", "env", "timeout_s"}), one
-JSON reply per line on stdout ({"returncode", "cpu_s", "stdout", "stderr"}; cpu_s: the child's CPU
-seconds). Used by `tests.helpers.run_cli`.
+Protocol: one JSON request per line on stdin, one JSON reply per line on stdout:
+- {"op": "start", "script", "args", "cwd", "env", "stdout", "stderr", "new_session"}: fork the
+  child (its stdout and stderr into the named files, stderr into stdout's when null; a session of
+  its own if new_session, as `Popen(start_new_session=True)`) -> {"pid"};
+- {"op": "wait", "pid", "timeout_s"}: wait up to timeout_s (null: no limit; 0: a poll) for that
+  child to end -> {"returncode": its exit status or null if still running, "cpu_s": its CPU seconds}.
+The server reaps a child only when asked, so its pid stays its own until then (a signal sent after
+a poll that saw it running reaches that child). Used by `tests.helpers.start_cli` and `run_cli`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
+import select
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ("train.py", "evaluate.py")  # the command lines it stands in for
+SCRIPTS = ("train.py", "evaluate.py")  # the command lines it stands in for: `python SCRIPT ARGS`
+MODULES = ("rlharness.export",)  # and `python -m MODULE ARGS`
 
 
 def _preimport() -> None:
@@ -49,7 +53,7 @@ def _preimport() -> None:
     import rlharness.trainer.trainer  # noqa: F401
 
 
-def _child(request: dict, out_path: str, err_path: str) -> None:
+def _child(request: dict) -> None:
     """In the forked child: become `python SCRIPT ARGS` and exit with its status."""
     import atexit
     import runpy
@@ -63,16 +67,27 @@ def _child(request: dict, out_path: str, err_path: str) -> None:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
-        for fd, path in ((1, out_path), (2, err_path)):
-            f = os.open(path, os.O_WRONLY | os.O_TRUNC)
-            os.dup2(f, fd)
-            os.close(f)
-        if request["script"] not in SCRIPTS:
-            raise ValueError(f"not one of {SCRIPTS}: {request['script']!r}")
-        script = str(ROOT / request["script"])
-        sys.argv = [script, *request["args"]]
-        sys.path[0] = str(ROOT)  # as for `python train.py`
-        runpy.run_path(script, run_name="__main__")
+        for fd in [*_CHILDREN.values(), _REPLIES.fileno()]:  # the server's, not the child's
+            os.close(fd)
+        if request.get("new_session"):
+            os.setsid()
+        out = os.open(request["stdout"], os.O_WRONLY | os.O_TRUNC)
+        err = os.open(request["stderr"], os.O_WRONLY | os.O_TRUNC) if request["stderr"] else out
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        for fd in {out, err}:
+            os.close(fd)
+        name, args = request["script"], request["args"]
+        if name in SCRIPTS:
+            sys.argv = [str(ROOT / name), *args]
+            sys.path[0] = str(ROOT)  # as for `python train.py`
+            runpy.run_path(sys.argv[0], run_name="__main__")
+        elif name in MODULES:
+            sys.argv = [name, *args]  # argv[0]: the module's file, once runpy has found it
+            sys.path[0] = os.getcwd()  # as for `python -m`
+            runpy.run_module(name, run_name="__main__", alter_sys=True)
+        else:
+            raise ValueError(f"not one of {SCRIPTS + MODULES}: {name!r}")
     except SystemExit as exc:  # the interpreter's own rules for an exit code
         code = exc.code
     except BaseException:  # noqa: BLE001 - an uncaught exception: traceback, status 1
@@ -91,41 +106,42 @@ def _child(request: dict, out_path: str, err_path: str) -> None:
         os._exit(code & 0xFF)
 
 
-def _serve_one(request: dict) -> dict:
-    with tempfile.NamedTemporaryFile(delete=False) as out, tempfile.NamedTemporaryFile(delete=False) as err:
-        out_path, err_path = out.name, err.name
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _child(request, out_path, err_path)
-        deadline = time.monotonic() + float(request.get("timeout_s", 600))
-        while True:
-            done, status, usage = os.wait4(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                return {"returncode": None, "stdout": "", "stderr": f"timed out after {request['timeout_s']} s"}
-            time.sleep(0.01)
-        rc = os.waitstatus_to_exitcode(status)
-        read = lambda path: Path(path).read_text(errors="replace")  # noqa: E731
-        return {"returncode": rc, "cpu_s": usage.ru_utime + usage.ru_stime, "stdout": read(out_path),
-                "stderr": read(err_path)}
-    finally:
-        os.unlink(out_path)
-        os.unlink(err_path)
+_CHILDREN: dict[int, int] = {}  # pid -> its pidfd (readable once the child has ended)
+_REPLIES = sys.stdout  # replaced in main() by a file of its own, so that a child's prints never mix in
+
+
+def _start(request: dict) -> dict:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _child(request)
+    _CHILDREN[pid] = os.pidfd_open(pid)
+    return {"pid": pid}
+
+
+def _wait(request: dict) -> dict:
+    pid, timeout_s = request["pid"], request["timeout_s"]
+    if pid not in _CHILDREN:
+        return {"error": f"no child {pid} of this server"}
+    select.select([_CHILDREN[pid]], [], [], timeout_s)
+    done, status, usage = os.wait4(pid, os.WNOHANG)
+    if not done:
+        return {"returncode": None}
+    os.close(_CHILDREN.pop(pid))
+    return {"returncode": os.waitstatus_to_exitcode(status), "cpu_s": usage.ru_utime + usage.ru_stime}
 
 
 def main() -> None:
+    global _REPLIES
     _preimport()
-    replies = os.fdopen(os.dup(1), "w")
-    print(json.dumps({"ready": True}), file=replies, flush=True)
+    _REPLIES = os.fdopen(os.dup(1), "w")
+    print(json.dumps({"ready": True}), file=_REPLIES, flush=True)
     for line in sys.stdin:
         if line.strip():
-            print(json.dumps(_serve_one(json.loads(line))), file=replies, flush=True)
+            request = json.loads(line)
+            reply = {"start": _start, "wait": _wait}[request["op"]](request)
+            print(json.dumps(reply), file=_REPLIES, flush=True)
 
 
 if __name__ == "__main__":

@@ -43,27 +43,106 @@ def run_in_process(run_dir: str | Path, overrides: list[str]) -> dict:
 def run_cli(args: list[str], cwd: str | Path, timeout_s: float = 600, check: bool = True,
             env: dict | None = None, fresh_interpreter: bool = False,
             script: str = "train.py") -> subprocess.CompletedProcess:
-    """The real command line, `python train.py ARGS` (or `script`: evaluate.py): its exit status,
-    stdout and stderr.
+    """The real command line, `python train.py ARGS` (or `script`: evaluate.py, or a module run as
+    `python -m`: rlharness.export), run to its end:
+    its exit status, stdout and stderr (started as by `start_cli`)."""
+    proc = start_cli(args, cwd, env=env, fresh_interpreter=fresh_interpreter, script=script)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise subprocess.TimeoutExpired(proc.args, timeout_s, proc.stdout_text(), proc.stderr_text()) from None
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout_text(), proc.stderr_text())
+    done.cpu_s = proc.cpu_s  # the child's own CPU seconds (a measure of what the start saved), if forked
+    if check and done.returncode != 0:
+        raise AssertionError(f"{script} {' '.join(map(str, args))} failed ({done.returncode}):\n"
+                             f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done
 
-    The process is forked from `tests/cli_forkserver.py`, which has imported their dependencies
-    once (about 8 s of CPU per start on a 2-core box), unless `fresh_interpreter` or the
-    environment sets something the server's libraries read when they loaded (thread counts, the
-    allocator): then it is a fresh interpreter."""
+
+def start_cli(args: list, cwd: str | Path, env: dict | None = None, fresh_interpreter: bool = False,
+              script: str = "train.py", merge_stderr: bool = False, new_session: bool = False) -> "CliProcess":
+    """Start the real command line, `python train.py ARGS` (or `script`), and return at once: a
+    handle with what tests use of `subprocess.Popen` (pid, poll, wait, send_signal, kill, and the
+    output once it has ended). `env` adds to this process's environment (W&B offline, Hydra's short
+    errors); `merge_stderr` writes stderr into stdout, `new_session` gives it a session (process
+    group) of its own, as Popen's `stderr=STDOUT` and `start_new_session=True`.
+
+    The process is forked from `tests/cli_forkserver.py`, which has imported its dependencies once
+    (about 8 s of CPU per start on a 2-core box), unless `fresh_interpreter` or the environment
+    sets something the server's libraries read when they loaded (thread counts, the allocator):
+    then it is a fresh interpreter."""
     import os
+    import tempfile
 
     full_env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0", **(env or {})}
+    argv = [*(["-m", script] if not script.endswith(".py") else [str(ROOT / script)]), *map(str, args)]
+    out_path = tempfile.mkstemp(prefix="cli-out-", dir=_output_dir())[1]
+    err_path = None if merge_stderr else tempfile.mkstemp(prefix="cli-err-", dir=_output_dir())[1]
     server_env = _FORKSERVER_ENV if _forkserver_alive() else os.environ
     if fresh_interpreter or any(full_env.get(k) != server_env.get(k) for k in {*full_env, *server_env}
                                 if k.startswith(LOAD_TIME_ENV)):
-        proc = subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=cwd, capture_output=True,
-                              text=True, timeout=timeout_s, env=full_env)
-    else:
-        proc = _run_forked(script, args, cwd, timeout_s, full_env)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{script} {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                             f"{proc.stderr[-3000:]}")
-    return proc
+        with open(out_path, "wb") as out, open(err_path or os.devnull, "wb") as err:
+            popen = subprocess.Popen([sys.executable, *argv], cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
+                                     stdout=out, stderr=subprocess.STDOUT if merge_stderr else err,
+                                     start_new_session=new_session)
+        return CliProcess([sys.executable, *argv], popen.pid, out_path, err_path, popen)
+    reply = _ask_forkserver({"op": "start", "script": script, "args": list(map(str, args)), "cwd": str(cwd), "env": full_env,
+                             "stdout": out_path, "stderr": err_path, "new_session": new_session})
+    return CliProcess([sys.executable, *argv], reply["pid"], out_path, err_path)
+
+
+class CliProcess:
+    """A command line started by `start_cli`: forked by the CLI server (which waits on it, when
+    asked) or, `popen` given, a fresh interpreter."""
+
+    def __init__(self, args: list[str], pid: int, out_path: str, err_path: str | None,
+                 popen: subprocess.Popen | None = None):
+        self.args, self.pid, self.returncode, self.cpu_s = args, pid, None, None
+        self._out_path, self._err_path, self._popen = out_path, err_path, popen
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self._wait(timeout) is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self._wait(0)
+
+    def _wait(self, timeout_s: float | None) -> int | None:
+        if self.returncode is None and self._popen is not None:
+            try:
+                self.returncode = self._popen.wait(timeout_s) if timeout_s != 0 else self._popen.poll()
+            except subprocess.TimeoutExpired:
+                pass
+        elif self.returncode is None:
+            reply = _ask_forkserver({"op": "wait", "pid": self.pid, "timeout_s": timeout_s})
+            self.returncode, self.cpu_s = reply["returncode"], reply.get("cpu_s")
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        import os
+
+        if self.poll() is None:  # not yet reaped: the pid is still this process's
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+    def stdout_text(self) -> str:
+        return Path(self._out_path).read_text(errors="replace")
+
+    def stderr_text(self) -> str:
+        """Its stderr (with merge_stderr: its stdout, where stderr went)."""
+        return Path(self._err_path or self._out_path).read_text(errors="replace")
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
+        """As Popen's with text=True: (stdout, stderr; None with merge_stderr) once it has ended."""
+        self.wait(timeout)
+        return self.stdout_text(), (None if self._err_path is None else self.stderr_text())
 
 
 # Environment variables that libraries in the fork server (OpenMP, MKL, glibc's allocator, Python)
@@ -72,15 +151,29 @@ LOAD_TIME_ENV = ("OMP_", "GOMP_", "KMP_", "MKL_", "MALLOC_", "LD_", "PYTHON")
 
 _FORKSERVER: subprocess.Popen | None = None
 _FORKSERVER_ENV: dict | None = None  # the environment it started with
+_OUTPUT_DIR: str | None = None  # the started command lines' stdout and stderr files, removed at exit
 
 
 def _forkserver_alive() -> bool:
     return _FORKSERVER is not None and _FORKSERVER.poll() is None
 
 
-def _run_forked(script: str, args: list, cwd: str | Path, timeout_s: float, env: dict) -> subprocess.CompletedProcess:
-    """One request to this worker's fork server (started on first use): the child's exit status,
-    stdout and stderr; the interpreter's start and imports are shared."""
+def _output_dir() -> str:
+    global _OUTPUT_DIR
+    if _OUTPUT_DIR is None:
+        import atexit
+        import shutil
+        import tempfile
+
+        _OUTPUT_DIR = tempfile.mkdtemp(prefix="rlh-cli-")
+        atexit.register(shutil.rmtree, _OUTPUT_DIR, True)
+    return _OUTPUT_DIR
+
+
+def _ask_forkserver(request: dict) -> dict:
+    """One request to this worker's fork server (started on first use) and its reply. A request
+    interrupted before its reply (a test's timeout) leaves the conversation out of step: that
+    server is stopped, and the next request starts another."""
     import atexit
     import json
     import os
@@ -92,15 +185,16 @@ def _run_forked(script: str, args: list, cwd: str | Path, timeout_s: float, env:
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         atexit.register(_FORKSERVER.kill)
         assert json.loads(_FORKSERVER.stdout.readline()) == {"ready": True}
-    _FORKSERVER.stdin.write(json.dumps({"script": script, "args": [str(a) for a in args], "cwd": str(cwd),
-                                        "env": env, "timeout_s": timeout_s}) + "\n")
-    _FORKSERVER.stdin.flush()
-    reply = json.loads(_FORKSERVER.stdout.readline())
-    if reply["returncode"] is None:
-        raise subprocess.TimeoutExpired([script, *args], timeout_s, reply["stdout"], reply["stderr"])
-    proc = subprocess.CompletedProcess([script, *args], reply["returncode"], reply["stdout"], reply["stderr"])
-    proc.cpu_s = reply["cpu_s"]  # the child's own CPU seconds (a measure of what the start saved)
-    return proc
+    try:
+        _FORKSERVER.stdin.write(json.dumps(request) + "\n")
+        _FORKSERVER.stdin.flush()
+        reply = json.loads(_FORKSERVER.stdout.readline())
+    except BaseException:
+        _FORKSERVER.kill()
+        raise
+    if "error" in reply:
+        raise RuntimeError(f"tests/cli_forkserver.py: {reply['error']}")
+    return reply
 
 
 def load_script(path: str | Path, name: str):

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlharness.run_dir import DONE, RunDir
+from tests.helpers import run_cli, start_cli
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -27,12 +27,20 @@ ARGS = ["mode=disagg", "cluster=local_ray", "strategy=async", f"max_staleness={M
         "timeout_s=120"]
 
 
+ENV = {"RAY_AUTH_MODE": "disabled", "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def train_args(run_dir: Path, *extra: str) -> list[str]:
+    return [*ARGS, f"hydra.run.dir={run_dir}", *extra]
+
+
 def train_cmd(run_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, str(ROOT / "train.py"), *ARGS, f"hydra.run.dir={run_dir}", *extra]
+    """The whole command line (the vLLM venv's test starts it with subprocess)."""
+    return [sys.executable, str(ROOT / "train.py"), *train_args(run_dir, *extra)]
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
+    return {**os.environ, **ENV}
 
 
 def ledger(run_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -61,8 +69,7 @@ def check_ledger(run_dir: Path, total_steps: int) -> None:
 @pytest.mark.timeout(240)
 def test_disagg_async_run_holds_the_staleness_bound_and_loses_no_prompt(tmp_path):
     run_dir = tmp_path / "run"
-    out = subprocess.run(train_cmd(run_dir, "total_steps=6"), cwd=tmp_path, env=env(), capture_output=True,
-                         text=True, timeout=220)
+    out = run_cli(train_args(run_dir, "total_steps=6"), cwd=tmp_path, env=ENV, check=False, timeout_s=220)
     assert out.returncode == 0, out.stderr[-4000:]
     check_ledger(run_dir, 6)
     rows = [json.loads(line) for line in RunDir(run_dir).metrics.read_text().splitlines()]
@@ -78,8 +85,7 @@ def test_disagg_async_run_holds_the_staleness_bound_and_loses_no_prompt(tmp_path
 @pytest.mark.timeout(300)
 def test_disagg_run_killed_mid_step_resumes_and_continues(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(train_cmd(run_dir, "total_steps=400"), cwd=tmp_path, env=env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = start_cli(train_args(run_dir, "total_steps=400"), cwd=tmp_path, env=ENV, new_session=True)
     try:
         deadline = time.monotonic() + 200
         while not (RunDir(run_dir).checkpoint(4) / DONE).exists():
@@ -93,8 +99,7 @@ def test_disagg_run_killed_mid_step_resumes_and_continues(tmp_path):
                    if (p / "DONE").exists())
     last = saved[-1]
     total = last + 3
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), f"resume={run_dir}", f"total_steps={total}"],
-                         cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=220)
+    out = run_cli([f"resume={run_dir}", f"total_steps={total}"], cwd=tmp_path, env=ENV, check=False, timeout_s=220)
     assert out.returncode == 0, out.stderr[-4000:]
     log_text = RunDir(run_dir).log().read_text()
     assert re.search(rf"resum\w* from {re.escape(str(run_dir))}/checkpoints/step_{last:08d}", log_text)
@@ -121,8 +126,8 @@ def test_disagg_async_ppo_trains_the_critic_in_the_training_actor_and_resumes_it
     second life continues it (the AdamW step count carries on: a fresh critic would restart at 1)."""
     run_dir = tmp_path / "run"
     for total in (2, 4):
-        out = subprocess.run(train_cmd(run_dir, "algo=ppo", f"total_steps={total}"), cwd=tmp_path, env=env(),
-                             capture_output=True, text=True, timeout=300)
+        out = run_cli(train_args(run_dir, "algo=ppo", f"total_steps={total}"), cwd=tmp_path, env=ENV, check=False,
+                      timeout_s=300)
         assert out.returncode == 0, out.stderr[-4000:]
         ckpt = run_dir / "checkpoints" / f"step_{total:08d}"
         assert (ckpt / "backend" / "critic" / "critic.safetensors").is_file()

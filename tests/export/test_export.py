@@ -6,7 +6,6 @@ the checkpoint's model generates; torch and DeepSpeed checkpoints; refusals in o
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,8 +24,7 @@ HF_FILES = {"config.json", "generation_config.json", "model.safetensors", "token
 
 
 def export(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "rlharness.export", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    proc = run_cli(args, cwd=ROOT, timeout_s=300, check=False, script="rlharness.export")
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
@@ -129,6 +127,5 @@ def test_a_lora_run_exports_its_merged_model(tmp_path):
         want, got = peft(input_ids=ids).logits, merged(input_ids=ids).logits
         plain = AutoModelForCausalLM.from_pretrained(str(ROOT / "assets" / "tiny-chat"))(input_ids=ids).logits
     assert torch.allclose(got, want, atol=1e-5) and not torch.allclose(got, plain, atol=1e-4)
-    proc = subprocess.run([sys.executable, "evaluate.py", f"resume={run_dir}"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    proc = run_cli([f"resume={run_dir}"], cwd=ROOT, timeout_s=300, check=False, script="evaluate.py")
     assert proc.returncode == 2 and "holds a LoRA adapter: export the merged model first" in proc.stderr

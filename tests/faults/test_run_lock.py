@@ -17,7 +17,7 @@ from rlharness import run_lock
 from rlharness.checkpoint import latest_checkpoint
 from rlharness.run_dir import DONE, RunDir
 from tests.faults.test_refused_input import SIM
-from tests.helpers import ROOT, run_cli, run_in_process
+from tests.helpers import ROOT, run_cli, run_in_process, start_cli
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -55,9 +55,7 @@ def test_a_held_directory_is_refused_naming_the_pid_and_a_killed_holder_leaves_n
 def test_two_real_starts_into_one_directory(tmp_path):
     run_dir = tmp_path / "run"
     slow = [*SIM, "engine.time_per_token_s=0.02", "save_every=1", "total_steps=1000", f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
-    first = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *slow], cwd=tmp_path, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = start_cli(slow, cwd=tmp_path)
     try:
         _wait_for(lambda: (RunDir(run_dir).checkpoint(1) / DONE).is_file())
         assert RunDir(run_dir).lock.read_text() == f"{first.pid}\n"

@@ -19,6 +19,7 @@ import pytest
 from rlharness.checkpoint import latest_checkpoint
 from rlharness.logging_utils.metrics import read_metrics
 from rlharness.run_dir import RunDir
+from tests.helpers import start_cli
 from tests.resume.test_kill_resume import (ASYNC, SYNC, assert_nothing_lost_or_duplicated, assert_trains_like, launch,
                                            step_rows)
 
@@ -53,7 +54,7 @@ def stop_and_resume_until_done(run_dir: Path, overrides: list[str], signals: lis
                 if proc.poll() is None:
                     proc.send_signal(sig)
             rc = proc.wait(timeout=600)
-            err = proc.stderr.read().decode()
+            err = proc.stderr_text()
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -122,17 +123,11 @@ def test_second_signal_exits_at_once_and_stop_timeout_bounds_the_stop():
 def test_submitit_preemption_signal_checkpoints_then_requeues(tmp_path):
     """submitit_local delivers its preemption signal (USR2) like Slurm; the job stops cleanly, submitit
     requeues it, and the requeued job resumes from the stop's checkpoint to the end."""
-    import subprocess
-    import sys
-
-    from tests.helpers import ROOT
-
     sweep = tmp_path / "multirun"
     overrides = [o for o in ASYNC if not o.startswith(("total_steps=", "save_every="))] + ["total_steps=30",
                                                                                             "save_every=10"]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_local",
-                             *overrides, f"hydra.sweep.dir={sweep}"], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env={**os.environ, "WANDB_MODE": "disabled"})
+    proc = start_cli(["-m", "hydra/launcher=submitit_local", *overrides, f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
+                     env={"WANDB_MODE": "disabled"})
     run_dir = sweep / "0"
     try:
         deadline = time.monotonic() + 300
@@ -141,7 +136,7 @@ def test_submitit_preemption_signal_checkpoints_then_requeues(tmp_path):
         jobs = [p for p in descendants(proc.pid) if "submitit.core._submit" in cmdline(p)]
         assert len(jobs) == 1 and trained_steps(run_dir) < 30, "the job should be running"
         os.kill(jobs[0], signal.SIGUSR2)
-        assert proc.wait(timeout=400) == 0, proc.stderr.read().decode()[-3000:]
+        assert proc.wait(timeout=400) == 0, proc.stderr_text()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -7,11 +7,8 @@ checkpoint's buffer account for every prompt drawn).
 
 from __future__ import annotations
 
-import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -22,7 +19,7 @@ from rlharness.checkpoint import KILL_IN_CHECKPOINT_ENV, latest_checkpoint, load
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import read_metrics
 from rlharness.run_dir import RunDir
-from tests.helpers import ROOT
+from tests.helpers import CliProcess, start_cli
 
 pytestmark = [pytest.mark.slow]
 
@@ -34,10 +31,9 @@ ASYNC = ["engine=sim", "backend=sim", "strategy=async", "max_staleness=1", "stra
          "engine.cv=1.5", "engine.mean_response_len=4"]
 
 
-def launch(run_dir: Path, overrides: list[str], env_extra: dict | None = None) -> subprocess.Popen:
-    env = {**os.environ, "WANDB_MODE": "disabled", **(env_extra or {})}
-    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
-                            cwd=run_dir.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def launch(run_dir: Path, overrides: list[str], env_extra: dict | None = None) -> CliProcess:
+    return start_cli([*overrides, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent,
+                     env={"WANDB_MODE": "disabled", **(env_extra or {})})
 
 
 def kill_and_resume_until_done(run_dir: Path, overrides: list[str], kills: int, seed: int,
@@ -47,7 +43,7 @@ def kill_and_resume_until_done(run_dir: Path, overrides: list[str], kills: int, 
     killed = 0
     # First life: die inside the write of an early checkpoint (before its DONE marker).
     proc = launch(run_dir, overrides, {KILL_IN_CHECKPOINT_ENV: str(kill_in_checkpoint_step)})
-    assert proc.wait(timeout=300) == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert proc.wait(timeout=300) == -signal.SIGKILL, proc.stderr_text()[-2000:]
     tmp_dirs = list(RunDir(run_dir).checkpoints.glob(".tmp-*"))
     assert tmp_dirs, "the kill should leave a half-written checkpoint behind"
     killed += 1
@@ -65,7 +61,7 @@ def kill_and_resume_until_done(run_dir: Path, overrides: list[str], kills: int, 
                 killed += 1
                 continue
         rc = proc.wait(timeout=600)
-        assert rc == 0, proc.stderr.read().decode()[-3000:]
+        assert rc == 0, proc.stderr_text()[-3000:]
         return killed
 
 
@@ -73,7 +69,7 @@ def run_to_the_end(run_dir: Path, overrides: list[str]) -> None:
     """The run left alone, as a process of its own like the interrupted one's lives."""
     run_dir.mkdir()
     proc = launch(run_dir, overrides)
-    assert proc.wait(timeout=600) == 0, proc.stderr.read().decode()[-3000:]
+    assert proc.wait(timeout=600) == 0, proc.stderr_text()[-3000:]
 
 
 def trained_samples(run_dir: Path) -> dict[int, list[tuple]]:

@@ -14,6 +14,7 @@ import cloudpickle
 import pytest
 
 from rlharness.run_dir import RunDir
+from tests.helpers import run_cli
 
 pytestmark = [pytest.mark.slurm]
 
@@ -153,9 +154,8 @@ def test_requests_larger_than_the_partition_are_refused_before_submitting(slurm_
                               ("cluster.gpus_per_node=3", "cluster.gpus_per_node=3 is not allowed: at most 2 in "
                                                           "Slurm partition 'debug', whose nodes are rlh-node1"))):
         sweep = tmp_path / f"sweep{i}"
-        out = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "cluster=slurm", "cluster.nodes=2",
-                              "mode=disagg", "logger=none", override, f"hydra.sweep.dir={sweep}"],
-                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        out = run_cli(["-m", "cluster=slurm", "cluster.nodes=2", "mode=disagg", "logger=none", override,
+                       f"hydra.sweep.dir={sweep}"], cwd=tmp_path, timeout_s=120, check=False)
         assert out.returncode == 2, out.stderr[-3000:]
         assert out.stderr.strip().splitlines()[-1].startswith(f"error: {message}"), out.stderr[-3000:]
         assert not sweep.exists()

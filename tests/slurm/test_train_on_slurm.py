@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,19 +13,18 @@ import pytest
 import yaml
 
 from rlharness.run_dir import RunDir
+from tests.helpers import CliProcess, start_cli
 
 pytestmark = [pytest.mark.slurm]
 
-ROOT = Path(__file__).resolve().parents[2]
 # Small and quick: simulated engine and trainer, tiny batches, no W&B.
 SMALL = ["engine=sim", "backend=sim", "batch_size=2", "sampler.prompt_repeat_k=2", "eval.num_prompts=8",
          "logger=none", "cluster.cpus_per_task=1", "cluster.mem_gb=2"]
 
 
-def _train(sweep: Path, *overrides: str, timeout_s: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), "-m", "cluster=slurm", *SMALL, *overrides,
-                             f"hydra.sweep.dir={sweep}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=sweep.parent)
+def _train(sweep: Path, *overrides: str, timeout_s: float) -> CliProcess:
+    return start_cli(["-m", "cluster=slurm", *SMALL, *overrides, f"hydra.sweep.dir={sweep}"], cwd=sweep.parent,
+                     merge_stderr=True)
 
 
 def _steps(run_dir: Path) -> list[int]:

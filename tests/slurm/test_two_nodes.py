@@ -11,23 +11,21 @@ two real cores (cluster.engine_cpus / trainer_cpus)."""
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import re
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from rlharness.run_dir import DONE, RunDir
+from tests.helpers import CliProcess, run_cli, start_cli
 
 from .test_train_on_slurm import _job_id, _slurm, _steps, _wait, start_requeued_job_soon
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 MAX_STALENESS = 1
 BATCH, K = 4, 4
 TWO_NODE_CLUSTER = ["cluster=slurm", "cluster.nodes=2", "cluster.gpus_per_node=1", "cluster.cpus_per_task=1",
@@ -41,13 +39,11 @@ RUN_TIMEOUT_S = 600
 START_TIMEOUT_S = 420  # to the first checkpoints: Slurm, two Ray nodes, actors (minutes on a busy 2-core box)
 
 
-def _train(sweep: Path, *overrides: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), "-m", *TWO_NODES, *overrides,
-                             f"hydra.sweep.dir={sweep}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=sweep.parent)
+def _train(sweep: Path, *overrides: str) -> CliProcess:
+    return start_cli(["-m", *TWO_NODES, *overrides, f"hydra.sweep.dir={sweep}"], cwd=sweep.parent, merge_stderr=True)
 
 
-def _finish(proc: subprocess.Popen, timeout_s: float = RUN_TIMEOUT_S) -> str:
+def _finish(proc: CliProcess, timeout_s: float = RUN_TIMEOUT_S) -> str:
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     finally:
@@ -55,7 +51,7 @@ def _finish(proc: subprocess.Popen, timeout_s: float = RUN_TIMEOUT_S) -> str:
     return out
 
 
-def _stop(proc: subprocess.Popen, sweep: Path | None = None) -> None:
+def _stop(proc: CliProcess, sweep: Path | None = None) -> None:
     """The submitting process, and (a test that failed early) its Slurm job, which would go on without it."""
     if proc.poll() is None:
         proc.kill()
@@ -231,14 +227,12 @@ def test_two_node_run_trains_exactly_as_the_one_node_run(slurm_env, tmp_path):
     weights, per-sample seeds): two nodes and one node give the same losses, rewards and
     gradient norms, bit for bit, so the weights that cross nodes are the trainer's exactly."""
     one = tmp_path / "one_node"
-    local = subprocess.run([sys.executable, str(ROOT / "train.py"), "cluster=local_ray", *SAME_RUN,
-                            f"hydra.run.dir={one}"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                           env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    local = run_cli(["cluster=local_ray", *SAME_RUN, f"hydra.run.dir={one}"], cwd=tmp_path, timeout_s=300,
+                    check=False, env={"RAY_AUTH_MODE": "disabled"})
     assert local.returncode == 0, local.stderr[-4000:]
     sweep = tmp_path / "sweep"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "-m", *TWO_NODE_CLUSTER, *SAME_RUN,
-                             f"hydra.sweep.dir={sweep}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=tmp_path)
+    proc = start_cli(["-m", *TWO_NODE_CLUSTER, *SAME_RUN, f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
+                     merge_stderr=True)
     try:
         out = _finish(proc)
     finally:

@@ -4,23 +4,20 @@ submitit_local; each ends with the sweep summary."""
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from rlharness.run_dir import RunDir
+from tests.helpers import run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["engine=sim", "backend=sim", "total_steps=3", "batch_size=2", "sampler.prompt_repeat_k=2",
          "eval.num_prompts=8", "logger=none"]
 
 
 def _sweep(tmp_path: Path, *overrides: str) -> tuple[Path, str]:
     sweep = tmp_path / "multirun"
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", *SMALL, *overrides,
-                          f"hydra.sweep.dir={sweep}"], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    out = run_cli(["-m", *SMALL, *overrides, f"hydra.sweep.dir={sweep}"], cwd=tmp_path, timeout_s=240, check=False)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return sweep, out.stdout + out.stderr
 
