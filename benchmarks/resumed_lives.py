@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import vml_spy  # noqa: E402  (scripts/vml_spy.py)
-from rlharness.checkpoint import KILL_IN_CHECKPOINT_ENV  # noqa: E402
+from rlharness.fault_points import signal_at  # noqa: E402
 from rlharness.logging_utils.metrics import read_metrics  # noqa: E402
 
 # The kill test's sync run (tests/resume/test_kill_resume.py), ending after the step it resumes into.
@@ -53,7 +53,7 @@ def launch(run_dir: Path, overrides: list[str], env_extra: dict | None = None,
 
 def first_life(run_dir: Path, overrides: list[str], kill_step: int) -> None:
     run_dir.mkdir(parents=True)
-    proc = launch(run_dir, overrides, {KILL_IN_CHECKPOINT_ENV: str(kill_step)})
+    proc = launch(run_dir, overrides, signal_at("SIGKILL", "checkpoint", kill_step))
     rc = proc.wait(timeout=600)
     if rc != -signal.SIGKILL:
         raise SystemExit(f"the first life should die inside checkpoint {kill_step}; rc {rc}:\n"

@@ -19,16 +19,14 @@ import os
 import pickle
 import re
 import shutil
-import signal
 from pathlib import Path
 from typing import Any
 
+from rlharness import fault_points
 from rlharness.run_dir import DONE, RunDir, step_name
 
 log = logging.getLogger(__name__)
 
-# Tests set this to a step number to SIGKILL the process in the middle of that checkpoint's write.
-KILL_IN_CHECKPOINT_ENV = "RLHARNESS_TEST_KILL_IN_CHECKPOINT"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
@@ -95,8 +93,7 @@ def commit_checkpoint(run_dir: str | Path, step: int, tmp: Path, keep: int,
         (tmp / "meta.json").write_text(json.dumps({"step": step, **(meta or {})}, indent=1))
     with writing(tmp):
         _fsync_tree(tmp)
-    if os.environ.get(KILL_IN_CHECKPOINT_ENV) == str(step):  # fault injection for the resume tests
-        os.kill(os.getpid(), signal.SIGKILL)
+    fault_points.reach("checkpoint", step)  # the resume tests' kill inside a write
     with writing(tmp / DONE):
         (tmp / DONE).write_text("ok\n")
     if final.exists():  # same step saved again (e.g. final save right after a periodic one)

@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
+from rlharness import fault_points
 from rlharness.agent.base import AgentLoop
 from rlharness.producer.filters import GroupFilter
 from rlharness.producer.pending import Claimed, Started, _PendingTasks
@@ -333,6 +334,7 @@ class ProduceContext:
             self.drop_causes[cause] += 1
             self.last_drop_reason[cause] = reason
         self.on_put()
+        fault_points.reach("group_put")
         return stored
 
 

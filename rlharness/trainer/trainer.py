@@ -28,6 +28,7 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from rlharness import fault_points
 from rlharness.build import Components
 from rlharness.checkpoint import (CheckpointError, CheckpointWriteError, begin_checkpoint, commit_checkpoint,
                                   latest_checkpoint, load_state, read_meta, save_state, writing)
@@ -189,6 +190,7 @@ class Trainer:
         if on_policy:
             self._guard_onpolicy(step, produced.groups, batch, train_metrics, trained_sums)
         self.step = step
+        fault_points.reach("step_trained", step)
         sync_s, sync_bytes = 0.0, 0
         if step % conf.sync_weights_interval == 0:
             sync_s, sync_bytes = await self._sync_weights(step)

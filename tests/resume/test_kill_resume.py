@@ -1,4 +1,5 @@
-"""SIGKILL at random moments (and inside a checkpoint write), resume each time.
+"""SIGKILL at named points drawn from a seed (inside a checkpoint write, mid-production, after an
+optimizer step), resume each time.
 
 sync: the same prompts in the same order with the same losses as the run left alone.
 async: nothing lost, nothing trained twice (the rollouts/ ledger and the final
@@ -9,13 +10,13 @@ from __future__ import annotations
 
 import random
 import signal
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from rlharness.checkpoint import KILL_IN_CHECKPOINT_ENV, latest_checkpoint, load_state
+from rlharness.checkpoint import latest_checkpoint, load_state
+from rlharness.fault_points import signal_at
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import read_metrics
 from rlharness.run_dir import RunDir
@@ -36,33 +37,35 @@ def launch(run_dir: Path, overrides: list[str], env_extra: dict | None = None) -
                      env={"WANDB_MODE": "disabled", **(env_extra or {})})
 
 
+def setting(overrides: list[str], key: str) -> int:
+    return int(next(o.split("=", 1)[1] for o in overrides if o.startswith(key + "=")))
+
+
+def pick_point(rng: random.Random, overrides: list[str], done_steps: int) -> tuple[str, int]:
+    """A named point (rlharness/fault_points.py) that a life resumed after `done_steps` reaches before
+    it ends: a group put in the middle of its production, or one of its next steps trained. Where a
+    life dies is drawn from the seed; that it dies there does not depend on the machine's speed."""
+    left = min(2, setting(overrides, "total_steps") - done_steps)  # every step trained puts a batch first
+    if rng.random() < 0.5:
+        return "group_put", rng.randint(1, left * setting(overrides, "batch_size"))
+    return "step_trained", done_steps + rng.randint(1, left)
+
+
 def kill_and_resume_until_done(run_dir: Path, overrides: list[str], kills: int, seed: int,
-                               kill_in_checkpoint_step: int) -> int:
-    """Run to completion, SIGKILLing it `kills` times at random moments after progress."""
+                               kill_in_checkpoint_step: int) -> None:
+    """Run to completion: SIGKILLed first inside a checkpoint's write, then `kills` more times at named
+    points drawn from the seed, each life resuming the last; every life dies where it was told to."""
     rng = random.Random(seed)
-    killed = 0
-    # First life: die inside the write of an early checkpoint (before its DONE marker).
-    proc = launch(run_dir, overrides, {KILL_IN_CHECKPOINT_ENV: str(kill_in_checkpoint_step)})
-    assert proc.wait(timeout=300) == -signal.SIGKILL, proc.stderr_text()[-2000:]
-    tmp_dirs = list(RunDir(run_dir).checkpoints.glob(".tmp-*"))
-    assert tmp_dirs, "the kill should leave a half-written checkpoint behind"
-    killed += 1
-    while True:
-        before = latest_checkpoint(run_dir)
-        proc = launch(run_dir, overrides)
-        if killed <= kills:
-            deadline = time.monotonic() + 240
-            while latest_checkpoint(run_dir) == before and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)  # wait for progress, then kill at a random moment
-            time.sleep(rng.uniform(0.0, 1.5))
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(timeout=60)
-                killed += 1
-                continue
-        rc = proc.wait(timeout=600)
-        assert rc == 0, proc.stderr_text()[-3000:]
-        return killed
+    for life in range(kills + 1):
+        done = latest_checkpoint(run_dir)
+        point, number = (("checkpoint", kill_in_checkpoint_step) if life == 0
+                         else pick_point(rng, overrides, done[0] if done else 0))
+        proc = launch(run_dir, overrides, signal_at(signal.SIGKILL, point, number))
+        assert proc.wait(timeout=600) == -signal.SIGKILL, (life, point, number, proc.stderr_text()[-2000:])
+        if point == "checkpoint":
+            assert list(RunDir(run_dir).checkpoints.glob(".tmp-*")), "the kill should leave a half-written checkpoint"
+    proc = launch(run_dir, overrides)
+    assert proc.wait(timeout=600) == 0, proc.stderr_text()[-3000:]
 
 
 def run_to_the_end(run_dir: Path, overrides: list[str]) -> None:
@@ -107,8 +110,7 @@ def assert_trains_like(run_dir: Path, reference: Path, total_steps: int) -> None
 def test_sync_killed_run_trains_exactly_like_the_uninterrupted_one(tmp_path, sync_reference_run):
     killed_dir = tmp_path / "killed"
     killed_dir.mkdir()
-    kills = kill_and_resume_until_done(killed_dir, SYNC, kills=3, seed=0, kill_in_checkpoint_step=2)
-    assert kills >= 2
+    kill_and_resume_until_done(killed_dir, SYNC, kills=3, seed=0, kill_in_checkpoint_step=2)
     assert_trains_like(killed_dir, sync_reference_run, total_steps=8)
 
 
@@ -116,7 +118,7 @@ def test_sync_killed_run_trains_exactly_like_the_uninterrupted_one(tmp_path, syn
 def test_async_killed_run_loses_and_duplicates_nothing(tmp_path):
     run_dir = tmp_path / "async"
     run_dir.mkdir()
-    assert kill_and_resume_until_done(run_dir, ASYNC, kills=3, seed=1, kill_in_checkpoint_step=3) >= 2
+    kill_and_resume_until_done(run_dir, ASYNC, kills=3, seed=1, kill_in_checkpoint_step=3)
     assert_nothing_lost_or_duplicated(run_dir, total_steps=40, max_staleness=1)
 
 
