@@ -685,9 +685,22 @@ class SimBackendConf(BackendConf):
 
 
 # ----------------------------------------------------------------------------- algo
-# Names registered in rlharness.algo (checked against the registries by tests/algo).
-ADVANTAGES = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gae")
-POLICY_LOSSES = ("ppo", "dual_clip", "gspo", "cispo")
+# The algorithms by name: what algo.advantage and algo.policy_loss accept, and the pure function each
+# names ("module:function", imported by rlharness.algo when used: this layer loads no torch). gae needs
+# the critic's values: the backend computes it (rlharness/algo/gae.py).
+ADVANTAGES: dict[str, str | None] = {
+    "grpo": "rlharness.algo.advantages:grpo_advantages",
+    "drgrpo": "rlharness.algo.advantages:drgrpo_advantages",
+    "rloo": "rlharness.algo.advantages:rloo_advantages",
+    "reinforce_pp": "rlharness.algo.advantages:reinforce_pp_advantages",
+    "gae": None,
+}
+POLICY_LOSSES: dict[str, str] = {
+    "ppo": "rlharness.algo.losses:ppo_loss",
+    "dual_clip": "rlharness.algo.losses:dual_clip_loss",
+    "gspo": "rlharness.algo.losses:gspo_loss",
+    "cispo": "rlharness.algo.losses:cispo_loss",
+}
 
 
 @dataclass
@@ -787,8 +800,8 @@ class AlgoConf:
     micro_batch_size: int = 512  # samples per forward/backward (gradient accumulation)
 
     def __post_init__(self) -> None:
-        _one_of("algo.advantage", self.advantage, ADVANTAGES)
-        _one_of("algo.policy_loss", self.policy_loss, POLICY_LOSSES)
+        _one_of("algo.advantage", self.advantage, tuple(ADVANTAGES))
+        _one_of("algo.policy_loss", self.policy_loss, tuple(POLICY_LOSSES))
         _one_of("algo.loss_agg", self.loss_agg,
                 ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"))
         if self.policy_loss == "gspo" and self.loss_agg != "seq_mean_token_mean":
@@ -1129,18 +1142,3 @@ class TrainerConf:
         _check(self.max_nonfinite_steps >= 1, "trainer.max_nonfinite_steps", self.max_nonfinite_steps, ">= 1")
         _check(self.zero_signal_warn_steps >= 0, "trainer.zero_signal_warn_steps", self.zero_signal_warn_steps,
                ">= 0 (0 = never)")
-
-
-# Judger schemas by name: Hydra's `judger=<name>` (config/store.py) and a task's default judger
-# (`TaskEntryConf.judger` left at auto, config/tasks.py).
-JUDGER_SCHEMAS: dict[str, type] = {
-    "auto": AutoJudgerConf,
-    "math": MathJudgerConf,
-    "countdown": CountdownJudgerConf,
-    "format": FormatJudgerConf,
-    "reasoning_gym": ReasoningGymJudgerConf,
-    "router": RouterJudgerConf,
-    "remote": RemoteJudgerConf,
-    "reward_model": RewardModelJudgerConf,
-    "llm": LLMJudgerConf,
-}
