@@ -1,4 +1,4 @@
-"""docs/architecture.md names only what exists: every repository path in it, and every
+"""docs/concepts/architecture.md names only what exists: every repository path in it, and every
 backticked name (a function, class, constant or config key) somewhere in the sources.
 
 The page is where a newcomer looks for the place to change; a renamed module or function
@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGE = ROOT / "docs" / "architecture.md"
+PAGE = ROOT / "docs" / "concepts" / "architecture.md"
 # A repository path: starts at one of the top-level folders (or is train.py); `<name>` placeholders end it.
 PATH = re.compile(r"(?<![\w/.])((?:rlharness|scripts|tests|conf|docs|benchmarks|examples)/[\w./-]*|train\.py)")
 CODE = re.compile(r"`([^`\n]+)`")
