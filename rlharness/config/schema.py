@@ -616,7 +616,7 @@ class VLLMEngineConf(EngineConf):
     # vLLM's CPU build, `weight_sync=collective`: `onednn` keeps vLLM's packed linear weights (re-packed
     # on every sync: the sync costs ~5x a broadcast); `torch` puts the linear layers on torch's F.linear
     # over plain weights at the first sync, each sync then loads in place (~1.3x a broadcast) but
-    # decoding is ~2x slower (docs/benchmarks.md, "Issue 25: vLLM collective sync on the CPU build").
+    # decoding is ~2x slower (docs/benchmarks.md, "Trainer and weight-sync throughput").
     cpu_linear: str = "onednn"
 
     def weight_sync_routes(self) -> tuple[str, ...]:
