@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import functools
 import html
+import os
 import re
 import shutil
 import subprocess
@@ -52,7 +53,8 @@ def expected_sections(config: dict) -> list[str]:
 def build(site_dir: Path) -> None:
     """`mkdocs build --strict`; raises with mkdocs' output when it fails."""
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site_dir)],
-                          cwd=ROOT, capture_output=True, text=True)
+                          cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})  # Material's banner about its future
     if done.returncode != 0:
         raise RuntimeError(f"mkdocs build --strict failed:\n{done.stdout}{done.stderr}")
 
