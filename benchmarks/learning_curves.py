@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from rlharness.logging_utils.metrics import read_metrics
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "learning_curves.csv"

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-from rlharness.types import TrainBatch
+from rlharness.core.types import TrainBatch
 
 
 class TrainingBackend(abc.ABC):

@@ -19,9 +19,10 @@ from typing import Any
 
 from rlharness.config.run import RunConf
 from rlharness.config.schema import LocalRayClusterConf
+from rlharness.distributed.train_actor import start_deepspeed_backend
 from rlharness.distributed.weight_routes import setup_weight_group
-from rlharness.placement_plan import actor_resources, plan_nodes, spread
-from rlharness.weight_transfer import OBJECT_STORE, choose_route
+from rlharness.distributed.placement_plan import actor_resources, plan_nodes, spread
+from rlharness.weights.transfer import OBJECT_STORE, choose_route
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ ENGINE_MAX_RESTARTS = 3
 
 
 def build_remote_components(conf: RunConf) -> tuple[Any, Any]:
-    from rlharness.launch import connect_ray
+    from rlharness.cluster import connect_ray
 
     connect_ray(conf.cluster)
     (engine_cpus, engine_gpus), (trainer_cpus, trainer_gpus) = actor_resources(conf)
@@ -45,8 +46,6 @@ def build_remote_components(conf: RunConf) -> tuple[Any, Any]:
     engine = backend = None
     try:
         if conf.backend.name == "deepspeed":
-            from rlharness.backend.deepspeed_backend import start_deepspeed_backend
-
             backend = start_deepspeed_backend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed,
                                               cpus_per_worker=trainer_cpus, timeout_s=conf.timeout_s,
                                               node_ranks=trainer_at)

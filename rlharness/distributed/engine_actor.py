@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator
 
 from rlharness.config.schema import EngineConf, ModelConf
 from rlharness.engine.base import GenerateRequest, GenerateResult
-from rlharness.weight_transfer import unpacked
+from rlharness.weights.transfer import unpacked
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class EngineActor:
         self.needs_weights = False
 
     def info(self) -> dict[str, Any]:
-        from rlharness.distributed.placement import node_info
+        from rlharness.cluster.placement import node_info
 
         return {"instance_id": self.instance_id, "version": self.engine.version,
                 "needs_weights": self.needs_weights, "versions_loaded": list(self.versions_loaded),

@@ -28,12 +28,12 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from rlharness.distributed.engine_actor import EngineNeedsWeights
-from rlharness.distributed.placement import describe_node
+from rlharness.cluster.placement import describe_node
 from rlharness.distributed.request_batcher import RequestBatcher, result_or_abort
 from rlharness.distributed.weight_routes import OBJECT_STORE_ROUTE
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
 from rlharness.engine.router import EngineRouter
-from rlharness.weight_transfer import RemoteWeights, WeightSyncTimeout
+from rlharness.weights.transfer import RemoteWeights, WeightSyncTimeout
 
 log = logging.getLogger(__name__)
 

@@ -24,11 +24,12 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from rlharness.backend.base import TrainingBackend
-from rlharness.distributed.placement import (describe_node, in_bundle, make_placement_group, node_info, thread_env,
+from rlharness.cluster.placement import (describe_node, in_bundle, make_placement_group, node_info, thread_env,
                                              threads_for, wait_all)
-from rlharness.launch.ray_cluster import free_port
-from rlharness.types import TrainBatch
-from rlharness.weight_transfer import CollectiveWeights, RemoteWeights, WeightGroupMember, for_object_store
+from rlharness.cluster.ray_cluster import free_port
+from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, ModelConf
+from rlharness.core.types import TrainBatch
+from rlharness.weights.transfer import CollectiveWeights, RemoteWeights, WeightGroupMember, for_object_store
 
 log = logging.getLogger(__name__)
 
@@ -230,3 +231,31 @@ def _kill_all(actors: list[Any], pg: Any) -> None:
     for actor in actors:
         ray.kill(actor, no_restart=True)
     ray.util.remove_placement_group(pg)
+
+
+def start_deepspeed_backend(conf: DeepSpeedBackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int,
+                            seed: int, *, cpus_per_worker: float = 1.0, timeout_s: float = 600.0,
+                            node_ranks: list[int] | None = None):
+    """`conf.num_workers` `DeepSpeedWorker` ranks on Ray actors in one placement group.
+
+    Returns a `rlharness.distributed.RemoteBackend` (the `TrainingBackend` interface).
+    Needs a running Ray (`rlharness.cluster.connect_ray`, which the launcher calls).
+    """
+    import functools
+
+    import ray
+
+    from rlharness.backend.deepspeed_backend import DeepSpeedWorker, worker_env
+
+    if not ray.is_initialized():
+        raise RuntimeError("backend=deepspeed runs its ranks as Ray actors, but Ray is not running: use "
+                           "cluster=local_ray or cluster=slurm (or call rlharness.cluster.connect_ray first)")
+
+    def factory(rank: int, addr: str, port: int):
+        return functools.partial(DeepSpeedWorker, conf, model_conf, algo, total_steps, seed, rank=rank,
+                                 world_size=conf.num_workers, master_addr=addr, master_port=port,
+                                 timeout_s=timeout_s)
+
+    gpus = 0.0 if conf.device == "cpu" else 1.0
+    return spawn_train_workers(factory, conf.num_workers, cpus_per_worker, gpus, worker_env(conf.device),
+                               timeout_s, name="deepspeed", node_ranks=node_ranks)

@@ -14,7 +14,7 @@ then holds one route object and calls it, whatever the payload:
   raises `EngineLost`: resume from a checkpoint).
 
 The pieces both share (specs, buckets, group members, payloads) are in
-`rlharness.weight_transfer`; both routes are bounded by a timeout.
+`rlharness.weights.transfer`; both routes are bounded by a timeout.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any
 
 import ray
 
-from rlharness.distributed.placement import wait_all
-from rlharness.weight_transfer import (OBJECT_STORE, CollectiveWeights, RemoteWeights, WeightGroup, WeightGroupError,
+from rlharness.cluster.placement import wait_all
+from rlharness.weights.transfer import (OBJECT_STORE, CollectiveWeights, RemoteWeights, WeightGroup, WeightGroupError,
                                        for_object_store)
 
 log = logging.getLogger(__name__)

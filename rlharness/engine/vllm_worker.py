@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from rlharness.weight_transfer import WeightGroupError, WeightGroupMember, specs_from_rows
+from rlharness.weights.transfer import WeightGroupError, WeightGroupMember, specs_from_rows
 
 log = logging.getLogger(__name__)
 

@@ -53,7 +53,8 @@ METRICS: tuple[Metric, ...] = (
     # ------------------------------------------------------------------ train: the optimizer step
     _M("train/loss", "-", EVERY_STEP, "The total loss the optimizer minimised (policy loss + KL and entropy terms), "
        "mean over the step's optimizer updates."),
-    _M("train/pg_loss", "-", EVERY_STEP, "The policy-gradient part of the loss (`algo.policy_loss`), mean over updates."),
+    _M("train/pg_loss",
+       "-", EVERY_STEP, "The policy-gradient part of the loss (`algo.policy_loss`), mean over updates."),
     _M("train/kl", "nats", EVERY_STEP, "KL to the reference policy per response token (`algo.kl_estimator`); 0 "
        "without a reference (`algo.kl_coef=0`)."),
     _M("train/entropy", "nats", EVERY_STEP, "Entropy of the policy per response token."),
@@ -75,7 +76,8 @@ METRICS: tuple[Metric, ...] = (
        "`algo.mini_batches`, less any skipped)."),
     _M("train/skipped_updates", "count", EVERY_STEP, "Optimizer updates skipped this step because their loss or "
        "gradient was not finite."),
-    _M("train/weights_finite", "-", EVERY_STEP, "1 when every weight is finite after the step, else 0 (the run stops)."),
+    _M("train/weights_finite",
+       "-", EVERY_STEP, "1 when every weight is finite after the step, else 0 (the run stops)."),
     _M("train/response_tokens", "tokens", EVERY_STEP, "Response tokens trained (loss-masked tokens excluded)."),
     _M("train/tokens", "tokens", "every step, `backend=sim`", "Tokens the simulated trainer was charged for."),
     _M("train/nonfinite_steps", "count", EVERY_STEP, "Steps skipped as non-finite since the run started "
@@ -117,7 +119,8 @@ METRICS: tuple[Metric, ...] = (
     _M("rollout/num_samples", "count", EVERY_STEP, "Samples trained (groups x `sampler.prompt_repeat_k`)."),
     _M("rollout/num_response_tokens", "tokens", EVERY_STEP, "Response tokens in the trained batch."),
     # ------------------------------------------------------------------ rollout: production since the last batch
-    _M("rollout/groups_filtered", "count", EVERY_STEP, "Groups dropped by `strategy.group_filter` since the last batch."),
+    _M("rollout/groups_filtered",
+       "count", EVERY_STEP, "Groups dropped by `strategy.group_filter` since the last batch."),
     _M("rollout/groups_failed", "count", EVERY_STEP, "Groups that failed (judging, agent loop) since the last batch; "
        "reasons in `rollouts/dropped.jsonl`."),
     _M("rollout/groups_aborted", "count", EVERY_STEP, "Groups interrupted by a pause (weight sync) since the last "
@@ -139,7 +142,8 @@ METRICS: tuple[Metric, ...] = (
     # ------------------------------------------------------------------ rollout: per task
     _M("rollout/<task>/num_groups", "count", MULTI_TASK, "Groups of this task in the trained batch."),
     _M("rollout/<task>/reward_mean", "reward", MULTI_TASK, "Mean reward of this task's trained samples."),
-    _M("rollout/<task>/response_len_mean", "tokens", MULTI_TASK, "Mean response length of this task's trained samples."),
+    _M("rollout/<task>/response_len_mean",
+       "tokens", MULTI_TASK, "Mean response length of this task's trained samples."),
     _M("rollout/<task>/raw_reward_mean", "reward", MULTI_TASK, "Mean reward of this task's samples judged since the "
        "last batch, before filtering."),
     _M("rollout/<task>/groups_generated", "count", MULTI_TASK, "This task's groups that came back from generation "
@@ -158,11 +162,13 @@ METRICS: tuple[Metric, ...] = (
     _M("staleness/tokens_at_<k>", "tokens", EVERY_STEP, "Trained tokens whose staleness is k (the histogram of "
        "`plots/staleness_hist.png`)."),
     _M("staleness/<task>/max", "versions", MULTI_TASK, "Staleness of this task's oldest trained token."),
-    _M("staleness/<task>/admission_max", "versions", MULTI_TASK, "Largest staleness at admission among this task's groups."),
+    _M("staleness/<task>/admission_max",
+       "versions", MULTI_TASK, "Largest staleness at admission among this task's groups."),
     # ------------------------------------------------------------------ eval
     _M("eval/accuracy", "fraction", EVAL, "Greedy pass@1 on the held-out split (`eval.num_prompts` prompts); a "
        "multi-task run: the mean over tasks weighted by their mix weights. Absent when nothing could be judged."),
-    _M("eval/avg@n", "fraction", "eval steps, `eval.num_samples` or `eval.pass_k` > 1", "Mean accuracy of the n samples "
+    _M("eval/avg@n", "fraction", "eval steps, `eval.num_samples` or `eval.pass_k` > 1",
+       "Mean accuracy of the n samples "
        "per prompt drawn at `eval.temperature`."),
     _M("eval/pass@k", "fraction", "eval steps, `eval.num_samples` or `eval.pass_k` > 1", "Unbiased pass@k (Chen et "
        "al. 2021) from the n >= k samples per prompt."),
@@ -179,7 +185,8 @@ METRICS: tuple[Metric, ...] = (
     _M("eval/<task>/tool_answer_frac", "fraction", MULTI_TASK_EVAL, "This task's share of answers whose tool output "
        "was the gold answer."),
     # ------------------------------------------------------------------ judge: counts since the previous row
-    _M("judge/groups_failed", "count", EVERY_STEP, "Groups whose judging failed since the previous row (eval included)."),
+    _M("judge/groups_failed",
+       "count", EVERY_STEP, "Groups whose judging failed since the previous row (eval included)."),
     _M("judge/timeouts", "count", EVERY_STEP, "Judgements past `agent.judge_timeout_s` (or the remote judger's "
        "request timeout) since the previous row."),
     _M("judge/memory_or_crash", "count", "every step, rule and learned judgers", "Judging processes that hit "
@@ -198,7 +205,8 @@ METRICS: tuple[Metric, ...] = (
        "nested, or held no numeric score."),
     _M("judge/scoring_calls", "count", "every step, `judger=reward_model`", "Calls to the reward model's scoring "
        "process (waiting groups go together in one call)."),
-    _M("judge/unparseable", "count", "every step, `judger=llm`", "Judge answers `judger.score_pattern` could not read."),
+    _M("judge/unparseable", "count", "every step, `judger=llm`",
+       "Judge answers `judger.score_pattern` could not read."),
     _M("judge/judge_requests", "count", "every step, `judger=llm`", "Prompts sent to the LLM judge's engine."),
     _M("judge/<task>/<count>", "count", "every step, multi-task runs", "One task's judger count (any `judge/<count>` "
        "above); `judge/<count>` is their sum over tasks."),
@@ -214,7 +222,8 @@ METRICS: tuple[Metric, ...] = (
     _M("perf/rollout_s", "s", EVERY_STEP, "Time the step waited for its batch (colocated: generated it)."),
     _M("perf/train_s", "s", EVERY_STEP, "Time of the training call."),
     _M("perf/weight_sync_s", "s", EVERY_STEP, "Time of the weight sync to the engines (0 without one)."),
-    _M("perf/weight_sync_bytes", "bytes", EVERY_STEP, "Bytes the weight sync sent (LoRA `adapter`: the adapters only)."),
+    _M("perf/weight_sync_bytes",
+       "bytes", EVERY_STEP, "Bytes the weight sync sent (LoRA `adapter`: the adapters only)."),
     _M("perf/eval_s", "s", EVAL, "Wall time of the evaluation."),
     _M("perf/produce_s", "s", EVERY_STEP, "Time the producer's strategies ran since the last batch."),
     _M("perf/tokens_per_s", "tokens/s", EVERY_STEP, "Trained response tokens per second of the step."),
@@ -226,9 +235,11 @@ METRICS: tuple[Metric, ...] = (
     _M("perf/rank_token_imbalance", "-", "every step, `backend=deepspeed`", "Max over mean tokens per rank "
        "(`backend.balance_ranks`; 1 = balanced)."),
     # ------------------------------------------------------------------ perf: the engines' counters
-    _M("perf/engine_busy_frac", "fraction", "every step (not colocated `engine=vllm`)", "Share of time the engines were generating (the mean over "
+    _M("perf/engine_busy_frac", "fraction", "every step (not colocated `engine=vllm`)",
+       "Share of time the engines were generating (the mean over "
        "engines)."),
-    _M("perf/engine_busy_s", "s", "every step, `engine=sim`", "Seconds with at least one request running, since start."),
+    _M("perf/engine_busy_s", "s", "every step, `engine=sim`",
+       "Seconds with at least one request running, since start."),
     _M("perf/engine_busy_slot_s", "s", "every step, `engine=sim`", "Slot-seconds spent generating, since start."),
     _M("perf/engine_elapsed_s", "s", "every step, `engine=sim`", "Seconds since the engine's first request."),
     _M("perf/engine_tokens", "tokens", "every step, `engine=hf|sim`", "Tokens generated (hf: since the previous row; "
@@ -237,13 +248,15 @@ METRICS: tuple[Metric, ...] = (
        "previous row."),
     _M("perf/engine_tokens_total", "tokens", "every step, `engine=vllm`", "Tokens vLLM generated since start."),
     _M("perf/engine_requests", "count", "every step, `engine=sim`", "Requests received since start."),
-    _M("perf/engine_requests_finished", "count", "every step, `engine=hf`", "Requests finished since the previous row."),
+    _M("perf/engine_requests_finished", "count", "every step, `engine=hf`",
+       "Requests finished since the previous row."),
     _M("perf/engine_aborted", "count", "every step, `engine=sim`", "Requests aborted since start."),
     _M("perf/engine_in_flight", "count", "every step, `engine=sim` or `mode=disagg`", "Requests running or queued."),
     _M("perf/engine_running", "count", "every step", "Requests being decoded."),
     _M("perf/engine_waiting", "count", "every step, `engine=hf`", "Requests queued for a free row of the batch."),
     _M("perf/engine_max_active", "count", "every step, `engine=sim`", "Most requests ever running at once."),
-    _M("perf/engine_mean_batch_size", "-", "every step, `engine=hf`", "Mean rows per decode step since the previous row."),
+    _M("perf/engine_mean_batch_size", "-", "every step, `engine=hf`",
+       "Mean rows per decode step since the previous row."),
     _M("perf/engine_mean_batch_occupancy", "fraction", "every step, `engine=hf`", "Mean rows per decode step over "
        "`engine.max_batch_size`."),
     _M("perf/engine_weight_syncs", "count", "every step, `engine=vllm`", "Weight syncs vLLM received since start."),

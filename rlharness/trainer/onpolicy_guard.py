@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from rlharness.checkpoint import save_state
-from rlharness.types import Group, TrainBatch
-from rlharness.weight_transfer import CHECKSUM_BLOCK
+from rlharness.core.checkpoint import save_state
+from rlharness.core.types import Group, TrainBatch
+from rlharness.weights.transfer import CHECKSUM_BLOCK
 
 # Groups named in the warning, worst first (the rest are counted).
 MAX_NAMED = 8

@@ -28,21 +28,21 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from rlharness import fault_points
-from rlharness.build import Components
-from rlharness.checkpoint import (CheckpointError, CheckpointWriteError, begin_checkpoint, commit_checkpoint,
+from rlharness.core import fault_points
+from rlharness.trainer.components import Components
+from rlharness.core.checkpoint import (CheckpointError, CheckpointWriteError, begin_checkpoint, commit_checkpoint,
                                   latest_checkpoint, load_state, read_meta, save_state, writing)
 from rlharness.config.run import RunConf
-from rlharness.lora import state_bytes
+from rlharness.model.lora import state_bytes
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, format_step_line
 from rlharness.logging_utils.plots import write_plots
 from rlharness.logging_utils.progress import phase
 from rlharness.logging_utils.samples import forget_evals_after, write_eval_rows
 from rlharness.logging_utils.wandb_logger import WandbLogger
-from rlharness.run_dir import CHECKPOINTS, RunDir, step_name
-from rlharness.sampler import DataExhausted
-from rlharness.stopping import StopController
+from rlharness.core.run_dir import CHECKPOINTS, RunDir, step_name
+from rlharness.producer.sampler import DataExhausted
+from rlharness.core.stopping import StopController
 from rlharness.trainer.batch import build_train_batch
 from rlharness.trainer.onpolicy_guard import (all_tokens_on_policy, guard_on, onpolicy_gap_warning, save_evidence,
                                               weights_verdict)

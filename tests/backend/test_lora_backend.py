@@ -9,10 +9,10 @@ import logging
 import pytest
 import torch
 
-from rlharness import lora
+from rlharness.model import lora
 from rlharness.algo.losses import token_logprobs
 from rlharness.backend.torch_backend import TorchBackend
-from rlharness.checkpoint import CheckpointError
+from rlharness.core.checkpoint import CheckpointError
 from rlharness.config.schema import AlgoConf, ConfigError, HFEngineConf, LoraConf, ModelConf, TorchBackendConf
 from rlharness.engine import GenerateRequest, SamplingParams, build_engine
 from tests.backend.test_torch_backend import make_batch, step
@@ -34,7 +34,7 @@ def base_weights(model_dir: str) -> dict[str, torch.Tensor]:
 
 
 def test_only_adapters_train_and_counts_are_logged(tiny_model_dir, caplog):
-    with caplog.at_level(logging.INFO, logger="rlharness.lora"):
+    with caplog.at_level(logging.INFO, logger="rlharness.model.lora"):
         b = lora_backend(tiny_model_dir)
     trainable, total = lora.parameter_counts(b.model)
     assert 0 < trainable < total / 4

@@ -1,4 +1,4 @@
-"""Weight transfer by broadcast group (rlharness.weight_transfer, rlharness.distributed.weight_routes).
+"""Weight transfer by broadcast group (rlharness.weights.transfer, rlharness.distributed.weight_routes).
 
 The GPU path is NCCL; here the same code path runs with gloo between real Ray actors
 (a training actor hosting a TorchBackend, engine actors), which tests the mechanism:
@@ -23,7 +23,7 @@ from rlharness.distributed.engine_actor import EngineActor
 from rlharness.distributed.spawn import spawn_engines
 from rlharness.distributed.train_actor import spawn_train_workers
 from rlharness.distributed.weight_routes import setup_weight_group
-from rlharness.weight_transfer import CollectiveWeights, TensorSpec, WeightGroupError, choose_route, plan_buckets
+from rlharness.weights.transfer import CollectiveWeights, TensorSpec, WeightGroupError, choose_route, plan_buckets
 
 SIM = SimEngineConf(mean_response_len=4, cv=0.5, time_per_token_s=0.001, slots=8)
 
@@ -171,7 +171,7 @@ def test_object_store_weights_are_copied_once_and_read_in_place(ray_session):
     import ray
 
     from rlharness.distributed.weight_routes import to_object_ref
-    from rlharness.weight_transfer import PackedWeights, RemoteWeights, unpacked
+    from rlharness.weights.transfer import PackedWeights, RemoteWeights, unpacked
 
     g = torch.Generator().manual_seed(0)
     state = {"w": torch.randn(64, 32, generator=g), "b": torch.randn(7, generator=g).to(torch.bfloat16),

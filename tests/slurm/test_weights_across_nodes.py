@@ -1,6 +1,6 @@
-"""The weight broadcast group (rlharness.weight_transfer) between two Slurm nodes:
+"""The weight broadcast group (rlharness.weights.transfer) between two Slurm nodes:
 training rank 0 pinned to node 1, an engine actor pinned to node 2, inside one two-node
-Slurm job whose Ray spans both (rlharness.launch.connect_ray).
+Slurm job whose Ray spans both (rlharness.cluster.connect_ray).
 
 On GPU nodes the group is NCCL (`gpu` test; it cannot run on this machine). Its CPU twin,
 gloo, is the same code path (rendezvous at rank 0's node address, specs through the
@@ -57,9 +57,9 @@ def _broadcast_between_nodes(model_dir: str, backend_name: str, gpus: int) -> di
     from rlharness.distributed.weight_routes import setup_weight_group
     from rlharness.distributed.spawn import spawn_engines
     from rlharness.distributed.train_actor import spawn_train_workers
-    from rlharness.launch import connect_ray
-    from rlharness.launch.ray_cluster import serve_worker_node
-    from rlharness.weight_transfer import CollectiveWeights
+    from rlharness.cluster import connect_ray
+    from rlharness.cluster.ray_cluster import serve_worker_node
+    from rlharness.weights.transfer import CollectiveWeights
 
     rank = int(os.environ["SLURM_NODEID"])
     if gpus:

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import torch
 
 from rlharness.config.schema import ConfigError, LoraConf, ModelConf
-from rlharness.weight_transfer import tied_once
+from rlharness.weights.transfer import tied_once
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def targets_for(model_conf: ModelConf) -> list[str]:
     """`resolve_targets` on the layout of `model.path` (a weightless copy on the meta device)."""
     from transformers import AutoModelForCausalLM
 
-    from rlharness.model import load_model_config
+    from rlharness.model.load import load_model_config
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(load_model_config(model_conf),
@@ -233,7 +233,7 @@ def saved_lora(directory: str | Path) -> dict[str, Any] | None:
 
 def check_resume(directory: str | Path, conf: LoraConf, targets: list[str] | None) -> None:
     """Refuse resuming a LoRA checkpoint without LoRA (or the reverse), or with another rank or targets."""
-    from rlharness.checkpoint import CheckpointError
+    from rlharness.core.checkpoint import CheckpointError
 
     saved = saved_lora(directory)
     now = None if not conf.enabled else {"rank": conf.rank, "target_modules": sorted(targets or [])}
