@@ -30,9 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DPI = 100
 
-# Headline runs in the order drawn, with the label the docs use.
-CURVE_LABELS = {"default": "python train.py", "async1": "strategy=async max_staleness=1",
-                "chat_tools": "experiment=chat_tools"}
+# Headline runs in the order drawn, with the label the docs use: the default task's runs share two
+# panels (400 steps), the chat model's run (30 steps) has its own.
+ARITH_RUNS = {"default": "python train.py", "async1": "strategy=async max_staleness=1"}
+CHAT_RUN = ("chat_tools", "experiment=chat_tools")
 
 # The producer benchmark's modes drawn, in order: (label, csv, mode). Token-rule rows from the full
 # run, admission rows from the admission run (benchmarks/results/admission/).
@@ -61,20 +62,25 @@ COLOURS = {"generate": "#4c72b0", "train": "#dd8452", "sync": "#55a868", "idle":
 
 def learning_curves(out: Path) -> Path:
     rows = list(csv.DictReader(open(RESULTS / "learning_curves.csv")))
-    fig, (acc, rew) = plt.subplots(1, 2, figsize=(11, 4), dpi=DPI)
-    for run, label in CURVE_LABELS.items():
-        mine = [r for r in rows if r["run"] == run]
-        if not mine:
-            continue
-        evals = [(int(r["step"]), 100 * float(r["eval_accuracy"])) for r in mine if r["eval_accuracy"]]
-        line, = acc.plot(*zip(*evals), marker="o", label=label)
-        steps = [(int(r["step"]), float(r["reward_mean"])) for r in mine if r["reward_mean"]]
-        rew.plot(*zip(*_smooth(steps, 10)), color=line.get_color(), label=label)
-    acc.set(xlabel="training step", ylabel="greedy eval accuracy (%)", title="Held-out accuracy (200 problems)")
-    rew.set(xlabel="training step", ylabel="mean reward (10-step mean)", title="Training reward (sampled, T=1)")
-    for ax in (acc, rew):
+
+    def series(run: str, key: str, scale: float = 1.0) -> list[tuple[int, float]]:
+        return [(int(r["step"]), scale * float(r[key])) for r in rows if r["run"] == run and r[key]]
+
+    fig, (acc, rew, chat) = plt.subplots(1, 3, figsize=(14, 4), dpi=DPI, gridspec_kw={"width_ratios": [3, 3, 2]})
+    for run, label in ARITH_RUNS.items():
+        line, = acc.plot(*zip(*series(run, "eval_accuracy", 100)), marker="o", label=label)
+        rew.plot(*zip(*_smooth(series(run, "reward_mean"), 10)), color=line.get_color(), label=label)
+    acc.set(xlabel="training step", ylabel="greedy eval accuracy (%)",
+            title="3-digit addition: held-out accuracy")
+    rew.set(xlabel="training step", ylabel="mean reward (10-step mean)", title="3-digit addition: training reward")
+    run, label = CHAT_RUN
+    chat.plot(*zip(*series(run, "eval_accuracy", 100)), marker="o", color="tab:green", label="eval accuracy (%)")
+    chat.plot(*zip(*series(run, "reward_mean", 100)), color="tab:olive", label="training reward (x100)")
+    chat.set(xlabel="training step", ylim=(0, 105), title=f"{label} (calculator tool)")
+    for ax in (acc, rew, chat):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="lower right")
+        ax.title.set_fontsize(11)
     fig.tight_layout()
     return _save(fig, out / "learning_curves.png")
 
