@@ -256,12 +256,15 @@ def config_page() -> str:
             path = option_file(group, option)
             comment, sets = option_notes(path) if path.exists() else ("", [])
             what = "; ".join(f"`{s}`" for s in sets) or "(the schema's defaults)"
-            out.append(f"| `{group}={option}` | `{cls.__name__}` | {_cell(what)}{_cell(' — ' + comment if comment else '')} |")
+            about = f" — {comment}" if comment else ""
+            out.append(f"| `{group}={option}` | `{cls.__name__}` | {_cell(what + about)} |")
         out.append("")
         link = {c: f"`{group}={o}`" for o, c in options.items()}
         for cls in dict.fromkeys(options.values()):
             names = ", ".join(f"`{o}`" for o, c in options.items() if c is cls)
-            doc = inspect.cleandoc(cls.__doc__) if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "(") else ""
+            # A dataclass without a docstring gets its signature as one: not worth showing.
+            own_doc = cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "(")
+            doc = inspect.cleandoc(cls.__doc__) if own_doc else ""
             out += [f"### `{cls.__name__}` ({names})", ""]
             if doc:
                 out += [" ".join(doc.split()), ""]

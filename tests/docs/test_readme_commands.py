@@ -29,7 +29,8 @@ EXAMPLE_RUNS = ("outputs/2026-11-22/10-31-07", "outputs/arith80")
 # What a line needs that this test does not run, and the test file that runs it for real.
 ELSEWHERE = {
     "slurm": ("tests/slurm/test_train_on_slurm.py", lambda argv: "cluster=slurm" in argv),
-    "vllm": ("tests/engine/test_vllm_engine.py", lambda argv: argv[0].startswith(".venv-vllm") or "engine=vllm" in argv),
+    "vllm": ("tests/engine/test_vllm_engine.py",
+             lambda argv: argv[0].startswith(".venv-vllm") or "engine=vllm" in argv),
     "a fetched model": ("tests/integration/test_real_model.py",
                         lambda argv: any(a in argv for a in ("experiment=smollm2_arith", "model=smollm2"))),
     "a GPU and your own checkpoint": ("tests/integration/test_real_model.py",

@@ -76,8 +76,9 @@ def _covered(name: str) -> bool:
     """A literal name is in the catalog; a prefix ("judge/") or a pattern with `{...}` or `*` matches an entry."""
     if "{" not in name and "*" not in name and not name.endswith(("/", "_")):
         return find_metric(name) is not None
-    pattern = re.compile("".join(".+" if p.startswith("{") or p == "*" else re.escape(p)
-                                 for p in re.split(r"(\{[^}]*\}|\*)", name)) + (".*" if name.endswith(("/", "_")) else ""))
+    parts = re.split(r"(\{[^}]*\}|\*)", name)
+    body = "".join(".+" if p.startswith("{") or p == "*" else re.escape(p) for p in parts)
+    pattern = re.compile(body + (".*" if name.endswith(("/", "_")) else ""))
     return any(pattern.fullmatch(m.name) for m in METRICS)
 
 
