@@ -183,7 +183,7 @@ def load_model_config(conf: ModelConf):
 
 def load_model(conf: ModelConf, device: str = "cpu"):
     # torch here, not at the top: train.py imports this module, and a start refused for its
-    # config should not pay for importing torch (most of its CPU time; docs/benchmarks.md, issue 21 CI).
+    # config should not pay for importing torch (most of its CPU time; docs/notes/benchmarks-log.md, issue 21 CI).
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -208,7 +208,7 @@ def own_memory(model):
     is going (a re-fetched or regenerated model, a hard-linked copy written through another link)
     would change the weights a frozen model (the KL reference, the engine before its first
     weight sync) computes with, and a truncated one kills the process with SIGBUS. Copied once here,
-    the run computes with what it loaded, whatever happens to the file (docs/resume_race.md).
+    the run computes with what it loaded, whatever happens to the file (docs/notes/resume_race.md).
     """
     import torch  # not at the top: see load_model
 
