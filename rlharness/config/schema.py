@@ -188,6 +188,46 @@ class SamplingConf:
         _check(self.max_tokens >= 1, "agent.sampling.max_tokens", self.max_tokens, ">= 1")
 
 
+SANDBOX_ISOLATIONS = ("namespaces", "rlimits")
+
+
+@dataclass
+class SandboxConf:
+    """Limits and isolation of one sandboxed Python call (rlharness/sandbox, docs/sandbox.md); the
+    defaults are the safe ones."""
+
+    # namespaces: bubblewrap (user, pid, net, ipc, uts, mount namespaces) + rlimits + seccomp; refused at
+    # start where namespaces cannot be created. rlimits: the documented weaker mode for such machines (a
+    # process with rlimits and seccomp, no child processes, no network sockets, but it sees the file system).
+    isolation: str = "namespaces"
+    # The interpreter the code runs with. The sandbox user (nobody when the run is root) must be able
+    # to read it; Debian's /usr/bin/python3 has the standard library only.
+    python: str = "/usr/bin/python3"
+    cpu_s: float = 5.0  # CPU time (RLIMIT_CPU, whole seconds, rounded up)
+    wall_s: float = 10.0  # wall time, from the process's start
+    memory_mb: int = 512  # address space (RLIMIT_AS)
+    max_processes: int = 8  # processes and threads, the code's own included (RLIMIT_NPROC)
+    max_open_files: int = 64  # RLIMIT_NOFILE
+    max_file_mb: int = 16  # the largest file the code may write (RLIMIT_FSIZE)
+    tmp_mb: int = 64  # size of the private /tmp, the only writable place
+    max_output_bytes: int = 65536  # stdout and stderr each; the call is stopped when one passes it
+
+    def __post_init__(self) -> None:
+        _one_of("agent.sandbox.isolation", self.isolation, SANDBOX_ISOLATIONS)
+        _check(bool(self.python), "agent.sandbox.python", self.python, "the path of a Python interpreter")
+        for key in ("cpu_s", "wall_s"):
+            value = getattr(self, key)
+            _check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
+                   f"agent.sandbox.{key}", value, "a number of seconds > 0")
+        for key in ("memory_mb", "max_processes", "max_open_files", "max_file_mb", "tmp_mb", "max_output_bytes"):
+            value = getattr(self, key)
+            _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"agent.sandbox.{key}", value,
+                   "an integer >= 1")
+        # Below these, Python itself cannot start: every call would fail for no fault of the code.
+        _check(self.memory_mb >= 64, "agent.sandbox.memory_mb", self.memory_mb, ">= 64 (the interpreter needs ~30 MB)")
+        _check(self.max_open_files >= 8, "agent.sandbox.max_open_files", self.max_open_files, ">= 8")
+
+
 @dataclass
 class AgentConf:
     name: str = MISSING
