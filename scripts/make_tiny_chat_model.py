@@ -226,9 +226,11 @@ def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[st
 
 
 # ----------------------------------------------------------------------------- evaluation
-def measure(model, tok, eval_rows: dict[str, list[dict]], num_prompts: int) -> dict[str, float]:
+def measure(model, tok, eval_rows: dict[str, list[dict]], num_prompts: int,
+            agents: dict | None = None) -> dict[str, float]:
     """Greedy accuracy (and tool use) on the eval splits with rlharness's own loops and evaluator:
-    the figures `python train.py experiment=chat_math / chat_tools` starts from."""
+    the figures `python train.py experiment=chat_math / chat_tools` starts from. `agents`: split name ->
+    agent config (default: `math` single-turn, `tools` with the calculator)."""
     from rlharness.agent import build_agent_loop
     from rlharness.build import text_codec
     from rlharness.config.schema import (EvalConf, JsonlTaskConf, MathJudgerConf, MultiTurnToolAgentConf,
@@ -240,8 +242,9 @@ def measure(model, tok, eval_rows: dict[str, list[dict]], num_prompts: int) -> d
 
     encode, decode = text_codec(tok)
     insert = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
-    agents = {"math": SingleTurnAgentConf(sampling=SamplingConf(temperature=0.0, max_tokens=96)),
-              "tools": MultiTurnToolAgentConf(sampling=SamplingConf(temperature=0.0, max_tokens=48), max_turns=2)}
+    agents = agents or {"math": SingleTurnAgentConf(sampling=SamplingConf(temperature=0.0, max_tokens=96)),
+                        "tools": MultiTurnToolAgentConf(sampling=SamplingConf(temperature=0.0, max_tokens=48),
+                                                        max_turns=2)}
 
     async def run() -> dict[str, float]:
         engine = HFEngine.from_model(model, tok)

@@ -260,7 +260,14 @@ class MultiTurnToolAgentConf(AgentConf):
     tool_output_start: str = "<output>"
     tool_output_end: str = "</output>"
     max_tool_output_chars: int = 256
+    # Wall time of one call (a python call is stopped then; see also sandbox.wall_s, the smaller wins).
     tool_timeout_s: float = 5.0
+    # Per sample: at most max_turns - 1 calls, and this many seconds of tool time in all; a call past
+    # the budget is not run (the model is shown "error: ...").
+    tool_budget_s: float = 30.0
+    tool_workers: int = 2  # tool calls run at once (threads; a python call is a sandboxed process)
+    # The python tool's sandbox (`tools: [python]`; rlharness/sandbox, docs/sandbox.md).
+    sandbox: SandboxConf = field(default_factory=SandboxConf)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -273,6 +280,8 @@ class MultiTurnToolAgentConf(AgentConf):
         _check(bool(self.tool_output_start), "agent.tool_output_start", self.tool_output_start, "a non-empty string")
         _check(self.max_tool_output_chars >= 1, "agent.max_tool_output_chars", self.max_tool_output_chars, ">= 1")
         _check(self.tool_timeout_s > 0, "agent.tool_timeout_s", self.tool_timeout_s, "> 0")
+        _check(self.tool_budget_s > 0, "agent.tool_budget_s", self.tool_budget_s, "> 0")
+        _check(self.tool_workers >= 1, "agent.tool_workers", self.tool_workers, ">= 1")
 
 
 @dataclass

@@ -55,8 +55,10 @@ def bwrap_argv(bwrap: str, conf: SandboxConf, seccomp_fd: int, status_fd: int) -
             argv += ["--ro-bind", link, link]
     for root in read_only_roots(conf.python):
         argv += ["--ro-bind", root, root]
+    # The new root (bubblewrap's own tmpfs, holding the mount points) is made read-only last: /tmp stays
+    # the only writable place.
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(conf.tmp_mb << 20), "--perms", "1777",
-             "--tmpfs", "/tmp", "--chdir", "/tmp", "--clearenv"]
+             "--tmpfs", "/tmp", "--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
     for key, value in ENV.items():
         argv += ["--setenv", key, value]
     return argv + ["--seccomp", str(seccomp_fd), "--json-status-fd", str(status_fd), "--"]
