@@ -98,6 +98,7 @@ class MultiTurnToolAgentLoop(SingleTurnAgentLoop):
             self.stop_strings.append(conf.tool_call_end)
         self.tools = build_tools(list(conf.tools), conf.sandbox)
         self._tool_pool = ThreadPoolExecutor(conf.tool_workers, thread_name_prefix="tool")
+        self._tool_slots = asyncio.Semaphore(conf.tool_workers)
         # Bumped by pause(): a member started before it issues no further engine request.
         self._pause_epoch = 0
         self.tool_calls = 0  # counters for logs/tests
@@ -219,12 +220,14 @@ class MultiTurnToolAgentLoop(SingleTurnAgentLoop):
             return ToolOutput(f"error: this sample's tool time ({self.conf.tool_budget_s:g} s) is spent", "budget")
         self.tool_calls += 1
         tool, timeout = self.tools[name], min(self.conf.tool_timeout_s, budget_left_s)
-        started = asyncio.get_running_loop().time()
-        call_ = asyncio.get_running_loop().run_in_executor(self._tool_pool, tool, argument, timeout)
-        try:
-            return await asyncio.wait_for(call_, timeout + getattr(tool, "grace_s", 0.0))
-        except ToolError as exc:
-            return ToolOutput(f"error: {exc}", "error", asyncio.get_running_loop().time() - started)
-        except asyncio.TimeoutError:
-            log.warning("tool %s timed out after %.1f s on %r", name, timeout, argument[:80])
-            return ToolOutput(f"error: timed out after {timeout:g} s", "timeout", timeout)
+        loop = asyncio.get_running_loop()
+        async with self._tool_slots:  # waiting for a free worker does not count against the call's time
+            started = loop.time()
+            try:
+                return await asyncio.wait_for(loop.run_in_executor(self._tool_pool, tool, argument, timeout),
+                                              timeout + getattr(tool, "grace_s", 0.0))
+            except ToolError as exc:
+                return ToolOutput(f"error: {exc}", "error", loop.time() - started)
+            except asyncio.TimeoutError:
+                log.warning("tool %s timed out after %.1f s on %r", name, timeout, argument[:80])
+                return ToolOutput(f"error: timed out after {timeout:g} s", "timeout", timeout)

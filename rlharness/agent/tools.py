@@ -65,8 +65,9 @@ def calculator_tool(expression: str, timeout_s: float) -> ToolOutput:
 
 
 def sandbox_output(result) -> str:
-    """What the model sees of a sandboxed run: its stdout (trailing whitespace dropped), then, unless it
-    ended well, one line `error: ...` (the exception's last line, or why the sandbox stopped it)."""
+    """What the model sees of a sandboxed run: its stdout (trailing whitespace dropped), after one line
+    `error: ...` unless it ended well (the exception's last line, or why the sandbox stopped it; first,
+    so that cutting a long output to agent.max_tool_output_chars keeps it)."""
     text = result.stdout.rstrip()
     if result.ok:
         return text
@@ -75,7 +76,7 @@ def sandbox_output(result) -> str:
         why = last  # the exception, as Python names it
     else:
         why = f"{result.reason} ({code_sandbox.REASONS[result.reason]})"
-    return (text + "\n" if text else "") + f"error: {why}"
+    return f"error: {why}" + ("\n" + text if text else "")
 
 
 class PythonTool:
