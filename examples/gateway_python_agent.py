@@ -1,0 +1,73 @@
+"""An agent program with a Python tool, written against the OpenAI API and trained as it is by `agent=openai_gateway`.
+
+It asks the model the task's question, offering a `python` function (one argument, `code`); when
+the model calls it, the agent runs the code in rlharness's sandbox (`rlharness.sandbox.run`: a
+process of its own in bubblewrap namespaces, with CPU, memory, process and output limits; see
+docs/sandbox.md) and sends back what it printed, or an error line, as the tool message; the
+model's last answer is returned for the run's judger to score. The tool output the model sees is
+the same as `agent=multi_turn_tool agent.tools=[python]` shows (`sandbox_output`), so
+`experiment=gateway_code` and `experiment=code_tools` see the same tool outputs.
+
+Per sample it makes at most MAX_CALLS model calls (one tool call, then the answer, as
+experiment=code_tools's agent.max_turns=2) and spends at most BUDGET_S seconds in the sandbox.
+A sandbox that cannot run on this machine is refused when this module is imported (the run
+checks agent programs before it starts).
+
+    python train.py experiment=gateway_code          # agent.entrypoint=examples.gateway_python_agent:run
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+
+from openai import AsyncOpenAI
+
+from rlharness.agent.tools import sandbox_output
+from rlharness.config.schema import SandboxConf
+from rlharness.sandbox import check_available, run as run_sandboxed
+
+TOOLS = [{
+    "type": "function",
+    "function": {
+        "name": "python",
+        "description": "Run a Python program and return what it prints (standard library only, no network).",
+        "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+    },
+}]
+MAX_CALLS = 2
+BUDGET_S = 30.0
+LIMITS = SandboxConf()
+check_available(LIMITS)
+
+
+async def run_tool(arguments: str, budget_s: float) -> tuple[str, float]:
+    """(the tool message, the seconds it took); the sandbox call runs in a thread (it blocks)."""
+    try:
+        code = json.loads(arguments)["code"]
+        if not isinstance(code, str):
+            raise TypeError("code must be a string")
+    except (KeyError, TypeError, json.JSONDecodeError) as exc:
+        return f"error: {exc}", 0.0
+    if budget_s <= 0:
+        return f"error: this sample's tool time ({BUDGET_S:g} s) is spent", 0.0
+    result = await asyncio.to_thread(run_sandboxed, code, "", replace(LIMITS, wall_s=min(LIMITS.wall_s, budget_s)))
+    return sandbox_output(result), result.wall_s
+
+
+async def run(row: dict, client: AsyncOpenAI) -> str:
+    messages: list[dict] = [{"role": "user", "content": row["prompt"]}]
+    content, budget_s = "", BUDGET_S
+    for _ in range(MAX_CALLS):
+        response = await client.chat.completions.create(model=row["model"], messages=messages, tools=TOOLS)
+        message = response.choices[0].message
+        content = message.content or ""
+        if not message.tool_calls:
+            break
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            text, seconds = await run_tool(call.function.arguments, budget_s)
+            budget_s -= seconds
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": text})
+    return content
