@@ -7,6 +7,9 @@ refuses the system calls it has no use for, and rlimits bound its CPU time, memo
 open files and file size; the caller bounds its wall time and output. What isolates what, and
 what it does not protect against: docs/sandbox.md.
 
+Sandboxes are started ahead (`limits.warm` of them per set of limits, each for one call only:
+warm.py), so a call's wall time is mostly its program's.
+
 `check_available(limits)` says, once per process and limits, whether this machine can run the
 sandbox at all (bubblewrap installed, namespaces allowed, the interpreter readable): callers
 ask it at start and refuse to run without it.
@@ -19,8 +22,19 @@ import shutil
 from dataclasses import astuple
 
 from rlharness.config.schema import SandboxConf
-from rlharness.sandbox import seccomp_filter
-from rlharness.sandbox.call import REASONS, Result, run
+from rlharness.sandbox import seccomp_filter, warm
+from rlharness.sandbox.call import REASONS, Result, finish, refused, start
+
+
+def run(code: str, stdin: str = "", limits: SandboxConf | None = None) -> Result:
+    """Run `code` with the Python of `limits.python` in a sandbox of its own (a warm one if one waits);
+    never raises for anything the code does: the Result says why it stopped."""
+    conf = limits if limits is not None else SandboxConf()
+    refusal = refused(code)
+    if refusal is not None:
+        return refusal
+    started = warm.take(conf) or start(conf)
+    return finish(started, code, stdin, conf.wall_s, conf.max_output_bytes)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -38,7 +52,7 @@ def _probe(key: tuple) -> str | None:
     problem = seccomp_filter.missing()
     if problem:
         return problem
-    result = run(PROBE, limits=conf)
+    result = finish(start(conf), PROBE, "", conf.wall_s, conf.max_output_bytes)  # a cold start, not the pool's
     if result.reason == "ok" and result.stdout.split() == ["45", "3"]:
         return None
     detail = (result.stderr.strip().splitlines() or [result.reason])[-1]

@@ -22,15 +22,14 @@ from rlharness.sandbox.stub import STUB
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 MERGED_USR_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-# A Python call's code travels as one argument: Linux takes at most 128 KiB per argument.
-MAX_CODE_BYTES = 100_000
+MAX_CODE_BYTES = 100_000  # a tool call's program; anything longer is refused unrun
 
 
-def stub_argv(conf: SandboxConf, python: str, code: str, bpf_fd: int, in_namespace: bool) -> list[str]:
-    """`python -I -c STUB <limits> <code>`; in a namespace RLIMIT_NPROC also counts bubblewrap's init."""
+def stub_argv(conf: SandboxConf, code_fd: int, bpf_fd: int, in_namespace: bool) -> list[str]:
+    """`python -I -c STUB <limits> <fds>`; in a namespace RLIMIT_NPROC also counts bubblewrap's init."""
     nproc = conf.max_processes + 1 if in_namespace else 0  # 0: not set (the rlimits mode forks nothing)
-    limits = [math.ceil(conf.cpu_s), conf.memory_mb << 20, nproc, conf.max_open_files, conf.max_file_mb << 20, bpf_fd]
-    return [python, "-I", "-c", STUB, *map(str, limits), code]
+    limits = [math.ceil(conf.cpu_s), conf.memory_mb << 20, nproc, conf.max_open_files, conf.max_file_mb << 20]
+    return [conf.python, "-I", "-c", STUB, *map(str, limits), str(bpf_fd), str(code_fd)]
 
 
 def read_only_roots(python: str) -> list[str]:

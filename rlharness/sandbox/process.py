@@ -28,17 +28,21 @@ class Finished:
     stopped_for: str | None  # "wall_time" | "output_limit" when this module stopped it, else None
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), lambda: os.kill(proc.pid, signal.SIGKILL)):
+def kill(proc: subprocess.Popen) -> None:
+    """SIGKILL to its process group and to itself, unless it has been reaped (its pid may be another's now)."""
+    if proc.returncode is not None:
+        return
+    for send in (lambda: os.killpg(proc.pid, signal.SIGKILL), lambda: os.kill(proc.pid, signal.SIGKILL)):
         try:
-            kill()
+            send()
         except (ProcessLookupError, PermissionError):
             pass
 
 
 def collect(proc: subprocess.Popen, stdin: bytes, wall_s: float, max_output_bytes: int,
             started: float) -> Finished:
-    """Drive `proc` (stdin, stdout, stderr are pipes) to its end; `started`: time.monotonic() at spawn."""
+    """Drive `proc` (stdin, stdout, stderr are pipes) to its end; `started`: time.monotonic() when its
+    program was handed over, from which `wall_s` counts."""
     deadline = started + wall_s
     sel = selectors.DefaultSelector()
     buffers = {proc.stdout: bytearray(), proc.stderr: bytearray()}
@@ -86,7 +90,7 @@ def collect(proc: subprocess.Popen, stdin: bytes, wall_s: float, max_output_byte
             except subprocess.TimeoutExpired:
                 stopped_for = "wall_time"
     finally:
-        _kill(proc)
+        kill(proc)
         sel.close()
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             stream.close()

@@ -3,7 +3,9 @@ rlimits, loads the seccomp filter where bubblewrap did not (the rlimits mode), t
 
 It runs under the sandbox's interpreter (by default Debian's /usr/bin/python3), not the run's: the
 standard library only, Python 3.8 or newer. Arguments: CPU seconds, address-space bytes, processes
-(0 = not set), open files, file bytes, the fd of the BPF program (-1 = none), the code.
+(0 = not set), open files, file bytes, the fd of the BPF program (-1 = none), the fd the program
+comes on (its length as 8 bytes, then its UTF-8 text). A sandbox started ahead (warm.py) waits
+there, its interpreter loaded, until it is given its program.
 
 The rlimits are set here, inside, after bubblewrap built the namespaces: RLIMIT_NPROC counts the
 processes of the sandbox's own user namespace only when it is set by a process already in it (set
@@ -15,18 +17,20 @@ MEMORY_EXIT = 86
 
 STUB = r"""
 import os, resource, sys
-cpu, memory, nproc, nofile, fsize, bpf_fd = (int(a) for a in sys.argv[1:7])
-code = sys.argv[7]
-if bpf_fd >= 0:
-    import ctypes
+cpu, memory, nproc, nofile, fsize, bpf_fd, code_fd = (int(a) for a in sys.argv[1:8])
+def read(fd, size):
     chunks = []
-    while True:
-        chunk = os.read(bpf_fd, 65536)
+    while size is None or size > 0:
+        chunk = os.read(fd, 65536 if size is None else min(size, 65536))
         if not chunk:
             break
         chunks.append(chunk)
+        size = None if size is None else size - len(chunk)
+    return b"".join(chunks)
+if bpf_fd >= 0:
+    import ctypes
+    program = read(bpf_fd, None)
     os.close(bpf_fd)
-    program = b"".join(chunks)
     class SockFprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
     buffer = ctypes.create_string_buffer(program, len(program))
@@ -45,6 +49,11 @@ if nproc:
 for which, soft in limits:
     # CPU: SIGXCPU at the soft limit, SIGKILL a second later (the hard one) if it is caught.
     resource.setrlimit(which, (soft, soft + 1 if which == resource.RLIMIT_CPU else soft))
+header = read(code_fd, 8)
+if len(header) != 8:
+    os._exit(0)  # never given a program: discarded unused
+code = read(code_fd, int.from_bytes(header, "little")).decode("utf-8", "surrogatepass")
+os.close(code_fd)
 sys.argv = ["<code>"]
 try:
     exec(compile(code, "<code>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
