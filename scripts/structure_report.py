@@ -38,7 +38,8 @@ from pathlib import Path
 # 1 "config": the typed, validated run configuration; it describes parts, it builds none and
 #   imports none (config validity must not depend on which packages are installed).
 # 2 "parts": the components, each built from its own sub-config: the algorithms (pure
-#   functions of their `AlgoConf`), data, judgers, the model and LoRA, engines, training
+#   functions of their `AlgoConf`), data, judgers, the sandbox for untrusted code (the python
+#   tool's), the model and LoRA, engines, training
 #   backends, agent loops, the sampler, the replay buffer and the staleness policy it and the
 #   producer ask (`producer.staleness`), logging, the Ray cluster
 #   connection, and the low Ray pieces (placement, request batching, the training actor
@@ -55,7 +56,8 @@ LAYERS: list[tuple[str, list[str]]] = [
               "rlharness.stopping", "rlharness.checkpoint", "rlharness.weight_transfer", "rlharness.run_dir"]),
     ("config", ["rlharness.config"]),
     ("parts", ["rlharness.algo", "rlharness.data", "rlharness.judger", "rlharness.model", "rlharness.lora",
-               "rlharness.tiny", "rlharness.engine", "rlharness.backend", "rlharness.agent", "rlharness.sampler",
+               "rlharness.tiny", "rlharness.sandbox", "rlharness.engine", "rlharness.backend", "rlharness.agent",
+               "rlharness.sampler",
                "rlharness.replay_buffer", "rlharness.producer.staleness", "rlharness.logging_utils", "rlharness.launch", "rlharness.run_lock",
                "rlharness.distributed.placement", "rlharness.distributed.request_batcher",
                "rlharness.distributed.train_actor"]),
