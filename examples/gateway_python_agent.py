@@ -24,6 +24,7 @@ from dataclasses import replace
 
 from openai import AsyncOpenAI
 
+from examples.gateway_calculator_agent import chat_with_tools
 from rlharness.agent.tools import sandbox_output
 from rlharness.config.schema import SandboxConf
 from rlharness.sandbox import check_available, run as run_sandboxed
@@ -57,17 +58,13 @@ async def run_tool(arguments: str, budget_s: float) -> tuple[str, float]:
 
 
 async def run(row: dict, client: AsyncOpenAI) -> str:
-    messages: list[dict] = [{"role": "user", "content": row["prompt"]}]
-    content, budget_s = "", BUDGET_S
-    for _ in range(MAX_CALLS):
-        response = await client.chat.completions.create(model=row["model"], messages=messages, tools=TOOLS)
-        message = response.choices[0].message
-        content = message.content or ""
-        if not message.tool_calls:
-            break
-        messages.append(message.model_dump(exclude_none=True))
-        for call in message.tool_calls:
-            text, seconds = await run_tool(call.function.arguments, budget_s)
-            budget_s -= seconds
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": text})
-    return content
+    """The conversation loop of examples/gateway_calculator_agent.py, with the python tool and its budget."""
+    spent = 0.0
+
+    async def answer(arguments: str) -> str:
+        nonlocal spent
+        text, seconds = await run_tool(arguments, BUDGET_S - spent)
+        spent += seconds
+        return text
+
+    return await chat_with_tools(row, client, TOOLS, answer, max_calls=MAX_CALLS)

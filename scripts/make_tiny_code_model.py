@@ -23,13 +23,9 @@ sandbox (rlharness/sandbox), and its evaluator.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
-import shutil
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -122,79 +118,31 @@ def build(args) -> tuple:
     train, evals = [with_answer(r) for r in train], [with_answer(r) for r in evals]
     tok = chat.train_tokenizer(corpus(train), args.vocab_size)
     model = chat.build_model(tok, args)
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    curve, loss, started = [], float("nan"), time.perf_counter()
-    for step in range(1, args.steps + 1):
-        batch = []
-        for _ in range(args.batch_size):
-            row = rng.choice(train)
-            batch.append(chat.encode_example(tok, row["question"], response_segments(row, rng.random() < args.tool_frac)))
-        for group in opt.param_groups:
-            group["lr"] = args.lr * min(1.0, step / 50)  # short linear warm-up
-        loss_t = model(**chat.collate(batch, tok.pad_token_id)).loss
-        opt.zero_grad(set_to_none=True)
-        loss_t.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        loss = loss_t.item()
-        if step % 50 == 0:
-            log.info("step %d loss %.4f (%.1f s)", step, loss, time.perf_counter() - started)
-        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
-            figures = measure(model, tok, evals, args.num_eval)
-            curve.append({"step": step, "loss": loss, **figures})
-            log.info("step %d %s", step, figures)
-    figures = measure(model, tok, evals, args.num_eval)
-    curve.append({"step": args.steps, "loss": loss, **figures})
-    log.info("final %s", figures)
+
+    def draw() -> tuple[str, list[tuple[str, bool]]]:
+        row = rng.choice(train)
+        return row["question"], response_segments(row, rng.random() < args.tool_frac)
+
+    loss, figures, curve = chat.warm_up(model, tok, args, draw, lambda: measure(model, tok, evals, args.num_eval))
     return model, tok, {"code_train": train, "code_eval": evals}, loss, figures, curve
 
 
 def write(out: Path, model, tok, splits, loss, figures, curve, args) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-code-", dir=out.parent))
-    tmp.chmod(0o755)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp, save_jinja_files=False)
-    (tmp / "data").mkdir()
-    for name, rows in splits.items():
-        with open(tmp / "data" / f"{name}.jsonl", "w") as fh:
-            for row in rows:
-                fh.write(json.dumps({"question": row["question"], "answer": row["answer"]}) + "\n")
-    (tmp / "README.md").write_text(README.format(
+    readme = README.format(
         threads=args.threads, vocab=len(tok), layers=args.layers, hidden=args.hidden,
         params=sum(p.numel() for p in model.parameters()), steps=args.steps, batch=args.batch_size, lr=args.lr,
         seed=args.seed, tool_frac=args.tool_frac, loss=loss, num_eval=args.num_eval, acc=figures["code/accuracy"],
-        tool_use=figures["code/tool_use_frac"], tool_ok=figures["code/tool_answer_frac"]))
-    (tmp / "warmup.json").write_text(json.dumps(
-        {"final": figures, "train_loss": loss, "curve": curve,
-         **{k: v for k, v in vars(args).items() if k != "out"}}, indent=2) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+        tool_use=figures["code/tool_use_frac"], tool_ok=figures["code/tool_answer_frac"])
+    chat.save(out, model, tok, splits, readme, chat.warmup_record(loss, figures, curve, args))
 
 
 def parse_args(argv=None):
     parser = chat.argparse.ArgumentParser(description=__doc__,
                                           formatter_class=chat.argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "assets" / "tiny-code"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--vocab-size", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--max-positions", type=int, default=256)
-    parser.add_argument("--num-train", type=int, default=4000)
-    parser.add_argument("--num-eval", type=int, default=200)
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=2e-3)
+    chat.add_model_args(parser, "tiny-code", num_train=4000, steps=600, eval_every=200)
     parser.add_argument("--tool-frac", type=float, default=0.3, help="share of targets that run a program")
-    parser.add_argument("--eval-every", type=int, default=200, help="0 = only at the end")
     args = parser.parse_args(argv)
-    if not 0 <= args.tool_frac <= 1:
-        parser.error(f"--tool-frac={args.tool_frac}: expected 0..1")
-    if args.steps < 1 or args.batch_size < 1 or args.num_train < 1 or args.num_eval < 1:
-        parser.error("--steps, --batch-size, --num-train and --num-eval must be >= 1")
+    chat.check_args(parser, args, ("tool_frac",))
     return args
 
 

@@ -1,14 +1,11 @@
 """The embedded code model `assets/tiny-code` through `train.py experiment=code_tools`: the python tool
-runs its programs in the sandbox, the ledger keeps each call's outcome, and its build script is
-deterministic."""
+runs its programs in the sandbox and the ledger keeps each call's outcome (its build script's
+determinism: tests/agent/test_tiny_chat.py)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from rlharness.model import PROJECT_ROOT
 from rlharness.run_dir import RunDir
 from rlharness.sandbox import SandboxUnavailable, check_available
 
@@ -37,22 +34,5 @@ def test_train_py_experiment_code_tools_records_each_call_in_the_ledger(tmp_path
     for row in called:
         tools = [t for t in row["turns"] if t["role"] == "tool"]
         assert len(tools) == row["tool_calls"] and all("stop" in t and "seconds" in t for t in tools)
-        assert tools[0]["text"] == "" or tools[0]["stop"] == "ok" or tools[0]["text"].startswith("error: ")
-
-
-@pytest.mark.slow
-def test_make_tiny_code_model_is_deterministic_on_a_reduced_size(tmp_path):
-    import subprocess
-    import sys
-
-    from tests.helpers import load_script
-
-    script = PROJECT_ROOT / "scripts" / "make_tiny_code_model.py"
-    small = ["--steps", "4", "--num-train", "40", "--num-eval", "4", "--vocab-size", "300", "--batch-size", "8"]
-    for name in ("a", "b"):
-        subprocess.run([sys.executable, str(script), "--out", str(tmp_path / name), *small], check=True,
-                       capture_output=True, timeout=300)
-    chat = load_script(PROJECT_ROOT / "scripts" / "make_tiny_chat_model.py", "make_tiny_chat_model")
-    assert chat.digest(tmp_path / "a") == chat.digest(tmp_path / "b")
-    assert json.loads((tmp_path / "a" / "warmup.json").read_text())["final"] == \
-        json.loads((tmp_path / "b" / "warmup.json").read_text())["final"]
+        for tool in tools:
+            assert tool["stop"] == "ok" or tool["text"].startswith("error: "), tool
