@@ -38,22 +38,28 @@ def step_summary(trained: list[dict], step: int) -> tuple[dict, str]:
     return rows[0], f"{used}/{len(rows)} samples called the tool, mean reward {reward:.3f}"
 
 
-def plot(points: list[dict], path: str, title: str) -> None:
+def plot(rows: list[dict], path: str, title: str) -> None:
+    """Eval figures at each eval step; the train reward and tool calls per sample at every step."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    steps = [p["step"] for p in points]
+    fig, ax = plt.subplots(figsize=(7.0, 4.0))
+    points = curve(rows)
     for key, label in (("accuracy", "eval accuracy (greedy)"), ("tool_use", "eval: tool called"),
-                       ("tool_answer", "eval: tool output = answer"), ("reward", "train reward (sampled)")):
-        values = [(s, p[key]) for s, p in zip(steps, points) if p[key] is not None]
+                       ("tool_answer", "eval: tool output = answer")):
+        values = [(p["step"], p[key]) for p in points if p[key] is not None]
         if values:
             ax.plot(*zip(*values), marker="o", label=label)
+    for key, label in (("rollout/reward_mean", "train reward (sampled, T=1)"),
+                       ("agent/tool_calls_per_sample", "train: tool calls per sample")):
+        values = [(r["step"], r[key]) for r in rows if key in r and "train/loss" in r]
+        if values:
+            ax.plot(*zip(*values), linewidth=1, alpha=0.8, label=label)
     ax.set_xlabel("training step")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
@@ -82,7 +88,7 @@ def main(argv=None) -> None:
         print(f"| {c['step']} | {c['elapsed_s'] / 60:.1f} min | {pct(c['accuracy'])} | {pct(c['tool_use'])} | "
               f"{pct(c['tool_answer'])} | {reward} |")
     if args.plot:
-        plot(curve(rows), args.plot, args.title or str(run))
+        plot(rows, args.plot, args.title or str(run))
     if steps:
         print(f"\n{len(steps)} steps, mean {sum(steps) / len(steps):.2f} s/step "
               f"(median {sorted(steps)[len(steps) // 2]:.2f} s)")
