@@ -44,7 +44,7 @@ from rlharness.agent.tools import ToolError, ToolOutput, build_tools
 from rlharness.config.schema import MultiTurnToolAgentConf
 from rlharness.engine.base import GenerateRequest, RolloutEngine, new_request_id
 from rlharness.judger.base import Judger
-from rlharness.types import Group, RolloutState, Status
+from rlharness.core.types import Group, RolloutState, Status
 
 log = logging.getLogger(__name__)
 

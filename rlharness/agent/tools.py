@@ -4,7 +4,7 @@ A tool raises `ToolError` for bad input; the loop shows the model "error: <messa
 instead of an output (a model learns from that), while any other exception is a bug
 and propagates. `calculator` evaluates + - * / with parentheses, unary signs, integer
 and decimal literals, exactly (Fraction), by walking the tree from
-`ast.parse(mode="eval")` — never `eval` (`rlharness.safe_arith`, shared with the
+`ast.parse(mode="eval")` — never `eval` (`rlharness.core.safe_arith`, shared with the
 countdown judger). `python` runs the argument as a Python program in the sandbox
 (`rlharness.sandbox`, a process of its own per call): the model sees what it printed,
 or an error line; `ToolOutput.stop` says why the call ended (the ledger keeps it).
@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Callable
 
-from rlharness import safe_arith
 from rlharness import sandbox as code_sandbox
 from rlharness.config.schema import SandboxConf
+from rlharness.core import safe_arith
 
 log = logging.getLogger(__name__)
 

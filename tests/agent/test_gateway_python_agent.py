@@ -10,14 +10,14 @@ import json
 import pytest
 
 from rlharness.agent import build_agent_loop
-from rlharness.build import text_codec
+from rlharness.model.load import text_codec
 from rlharness.config.schema import (MathJudgerConf, ModelConf, MultiTurnToolAgentConf, OpenAIGatewayAgentConf,
                                      SamplingConf)
 from rlharness.engine.hf import HFEngine
 from rlharness.judger.math import MathJudger
-from rlharness.model import PROJECT_ROOT, load_model, load_tokenizer
+from rlharness.model.load import PROJECT_ROOT, load_model, load_tokenizer
 from rlharness.sandbox import SandboxUnavailable, check_available
-from rlharness.types import Status, group_status, make_group
+from rlharness.core.types import Status, group_status, make_group
 
 pytestmark = pytest.mark.timeout(300)
 try:

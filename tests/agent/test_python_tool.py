@@ -24,8 +24,8 @@ from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
 from rlharness.judger.math import MathJudger
 from rlharness.logging_utils.ledger import RolloutLedger, read_ledger
 from rlharness.sandbox import SandboxUnavailable, check_available
-from rlharness.tiny import build_char_tokenizer
-from rlharness.types import Status, make_group
+from rlharness.model.tiny import build_char_tokenizer
+from rlharness.core.types import Status, make_group
 
 pytestmark = pytest.mark.timeout(300)
 try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from rlharness.sandbox import SandboxUnavailable, check_available
 
 pytestmark = pytest.mark.timeout(600)
