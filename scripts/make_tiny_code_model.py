@@ -35,7 +35,8 @@ import make_tiny_chat_model as chat  # noqa: E402  (the shared recipe)
 
 log = logging.getLogger("make_tiny_code_model")
 
-PRODUCT = ["What is {a} * {b}?", "Compute {a} times {b}.", "Multiply {a} by {b}.", "What is the product of {a} and {b}?"]
+PRODUCT = ["What is {a} * {b}?", "Compute {a} times {b}.", "Multiply {a} by {b}.",
+           "What is the product of {a} and {b}?"]
 
 
 def code_problem(rng: random.Random) -> dict:

@@ -204,7 +204,7 @@ class SandboxConf:
     # to read it; Debian's /usr/bin/python3 has the standard library only.
     python: str = "/usr/bin/python3"
     cpu_s: float = 5.0  # CPU time (RLIMIT_CPU, whole seconds, rounded up)
-    wall_s: float = 10.0  # wall time, from the process's start
+    wall_s: float = 10.0  # wall time, from the program's hand-over to the sandbox
     memory_mb: int = 512  # address space (RLIMIT_AS)
     max_processes: int = 8  # processes and threads, the code's own included (RLIMIT_NPROC)
     max_open_files: int = 64  # RLIMIT_NOFILE
@@ -224,8 +224,8 @@ class SandboxConf:
                    f"agent.sandbox.{key}", value, "a number of seconds > 0")
         for key in ("memory_mb", "max_processes", "max_open_files", "max_file_mb", "tmp_mb", "max_output_bytes"):
             value = getattr(self, key)
-            _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"agent.sandbox.{key}", value,
-                   "an integer >= 1")
+            _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"agent.sandbox.{key}",
+                   value, "an integer >= 1")
         # Below these, Python itself cannot start: every call would fail for no fault of the code.
         _check(self.memory_mb >= 64, "agent.sandbox.memory_mb", self.memory_mb, ">= 64 (the interpreter needs ~30 MB)")
         _check(self.max_open_files >= 8, "agent.sandbox.max_open_files", self.max_open_files, ">= 8")

@@ -447,9 +447,9 @@ def check_agent_entrypoints(conf, with_model: bool = True) -> None:
                                   f"its tokenizer has no chat template to render the agent's messages")
         if agent.name == "multi_turn_tool" and "python" in agent.tools and with_model:  # (on this machine)
             if not getattr(load_tokenizer(conf.model), "chat_template", None):
-                raise ConfigError(f"{key}.tools={list(agent.tools)} is not allowed with model.path={conf.model.path!r}: "
-                                  f"its tokenizer has no chat template (the python tool is for chat models that "
-                                  f"write programs in their turn; e.g. model=tiny_code)")
+                raise ConfigError(f"{key}.tools={list(agent.tools)} is not allowed with "
+                                  f"model.path={conf.model.path!r}: its tokenizer has no chat template (the python "
+                                  f"tool is for chat models that write programs in their turn; e.g. model=tiny_code)")
             try:
                 check_available(agent.sandbox)
             except SandboxUnavailable as exc:

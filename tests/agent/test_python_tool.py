@@ -123,7 +123,8 @@ def test_hostile_calls_fail_alone_with_their_reason_in_the_ledger():
         loop = build_agent_loop(conf(), Scripted(plans), MathJudger(), decode, encode=encode)
 
         async def main():
-            return await asyncio.gather(*(loop.generate_group(g, enable_partial_rollout=True) for g in groups_for(plans)))
+            groups = groups_for(plans)
+            return await asyncio.gather(*(loop.generate_group(g, enable_partial_rollout=True) for g in groups))
 
         groups = asyncio.run(main())
         assert tree(run_dir) == before

@@ -201,7 +201,8 @@ def test_writing_into_the_checkpoint_folder_and_anywhere_else_fails(run_dir):
                "/usr/evil", "/evil"]
     code = ("import os\nfor p in %r:\n    try:\n        os.makedirs(os.path.dirname(p), exist_ok=True)\n"
             "        open(p, 'w').write('x')\n        print(p, 'WROTE')\n    except OSError as e:\n"
-            "        print(p, type(e).__name__)\nopen('/tmp/scratch', 'w').write('ok')\nprint(open('/tmp/scratch').read())\n"
+            "        print(p, type(e).__name__)\n"
+            "open('/tmp/scratch', 'w').write('ok')\nprint(open('/tmp/scratch').read())\n"
             % (targets,))
     result = run(code, limits=LIMITS)
     assert result.reason == "ok", result
