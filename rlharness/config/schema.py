@@ -195,6 +195,51 @@ class SamplingConf:
         _check(self.max_tokens >= 1, "agent.sampling.max_tokens", self.max_tokens, ">= 1")
 
 
+SANDBOX_ISOLATIONS = ("namespaces", "rlimits")
+
+
+@dataclass
+class SandboxConf:
+    """Limits and isolation of one sandboxed Python call (rlharness/sandbox, docs/sandbox.md); the
+    defaults are the safe ones."""
+
+    # namespaces: bubblewrap (user, pid, net, ipc, uts, mount namespaces) + rlimits + seccomp; refused at
+    # start where namespaces cannot be created. rlimits: the documented weaker mode for such machines (a
+    # process with rlimits and seccomp, no child processes, no network sockets, but it sees the file system).
+    isolation: str = "namespaces"
+    # The interpreter the code runs with. The sandbox user (nobody when the run is root) must be able
+    # to read it; Debian's /usr/bin/python3 has the standard library only.
+    python: str = "/usr/bin/python3"
+    cpu_s: float = 5.0  # CPU time (RLIMIT_CPU, whole seconds, rounded up)
+    wall_s: float = 10.0  # wall time, from the program's hand-over to the sandbox
+    memory_mb: int = 512  # address space (RLIMIT_AS)
+    max_processes: int = 8  # processes and threads, the code's own included (RLIMIT_NPROC)
+    max_open_files: int = 64  # RLIMIT_NOFILE
+    max_file_mb: int = 16  # the largest file the code may write (RLIMIT_FSIZE)
+    tmp_mb: int = 64  # size of the private /tmp, the only writable place
+    max_output_bytes: int = 65536  # stdout and stderr each; the call is stopped when one passes it
+    # Sandboxes started ahead and waiting for their program (each still runs one call only): a call
+    # then skips the sandbox's start (~2/3 of a short call). 0 = start each on demand.
+    warm: int = 2
+
+    def __post_init__(self) -> None:
+        _one_of("agent.sandbox.isolation", self.isolation, SANDBOX_ISOLATIONS)
+        _check(bool(self.python), "agent.sandbox.python", self.python, "the path of a Python interpreter")
+        for key in ("cpu_s", "wall_s"):
+            value = getattr(self, key)
+            _check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
+                   f"agent.sandbox.{key}", value, "a number of seconds > 0")
+        for key in ("memory_mb", "max_processes", "max_open_files", "max_file_mb", "tmp_mb", "max_output_bytes"):
+            value = getattr(self, key)
+            _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"agent.sandbox.{key}",
+                   value, "an integer >= 1")
+        # Below these, Python itself cannot start: every call would fail for no fault of the code.
+        _check(self.memory_mb >= 64, "agent.sandbox.memory_mb", self.memory_mb, ">= 64 (the interpreter needs ~30 MB)")
+        _check(self.max_open_files >= 8, "agent.sandbox.max_open_files", self.max_open_files, ">= 8")
+        _check(isinstance(self.warm, int) and 0 <= self.warm <= 64, "agent.sandbox.warm", self.warm,
+               "an integer from 0 (start each call's sandbox on demand) to 64")
+
+
 @dataclass
 class AgentConf:
     name: str = MISSING
@@ -231,8 +276,14 @@ class MultiTurnToolAgentConf(AgentConf):
     tool_output_end: str = "</output>"
     # A tool output is cut to this many characters.
     max_tool_output_chars: int = 256
-    # Seconds a tool call may take; past it the tool output is an error message.
+    # Wall time of one call (a python call is stopped then; see also sandbox.wall_s, the smaller wins).
     tool_timeout_s: float = 5.0
+    # Per sample: at most max_turns - 1 calls, and this many seconds of tool time in all; a call past
+    # the budget is not run (the model is shown "error: ...").
+    tool_budget_s: float = 30.0
+    tool_workers: int = 2  # tool calls run at once (threads; a python call is a sandboxed process)
+    # The python tool's sandbox (`tools: [python]`; rlharness/sandbox, docs/sandbox.md).
+    sandbox: SandboxConf = field(default_factory=SandboxConf)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -245,6 +296,8 @@ class MultiTurnToolAgentConf(AgentConf):
         _check(bool(self.tool_output_start), "agent.tool_output_start", self.tool_output_start, "a non-empty string")
         _check(self.max_tool_output_chars >= 1, "agent.max_tool_output_chars", self.max_tool_output_chars, ">= 1")
         _check(self.tool_timeout_s > 0, "agent.tool_timeout_s", self.tool_timeout_s, "> 0")
+        _check(self.tool_budget_s > 0, "agent.tool_budget_s", self.tool_budget_s, "> 0")
+        _check(self.tool_workers >= 1, "agent.tool_workers", self.tool_workers, ">= 1")
 
 
 @dataclass

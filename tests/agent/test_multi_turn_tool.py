@@ -17,7 +17,7 @@ import pytest
 
 from rlharness.agent import build_agent_loop
 from rlharness.agent.multi_turn_tool import current_turn, find_tool_call
-from rlharness.agent.tools import ToolError, build_tools, calculator
+from rlharness.agent.tools import ToolError, ToolOutput, build_tools, calculator, calculator_tool
 from rlharness.config.schema import AlgoConf, ConfigError, MultiTurnToolAgentConf, SamplingConf
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
 from rlharness.judger.base import Judger
@@ -324,10 +324,10 @@ def test_a_pause_during_a_tool_call_stops_the_member_before_its_next_engine_call
     engine, loop, group = setup(TURNS, k=1, answer="35")
     started, release = threading.Event(), threading.Event()
 
-    def slow_calculator(argument: str) -> str:
+    def slow_calculator(argument: str, timeout_s: float) -> ToolOutput:
         started.set()
         release.wait(timeout=10)
-        return calculator(argument)
+        return calculator_tool(argument, timeout_s)
 
     loop.tools["calculator"] = slow_calculator
 
@@ -337,7 +337,7 @@ def test_a_pause_during_a_tool_call_stops_the_member_before_its_next_engine_call
         await loop.pause()
         release.set()
         first = await task
-        loop.tools["calculator"] = calculator
+        loop.tools["calculator"] = calculator_tool
         # A copy of the interrupted group: the continuation works on `first` in place.
         return [s.clone() for s in first], await loop.generate_group(first, enable_partial_rollout=True)
 
@@ -409,7 +409,7 @@ def test_end_to_end_on_the_hf_engine_with_a_tiny_random_model():
             assert turn.endswith(")")
             call = find_tool_call(turn, "(", ")")
             try:
-                expected = tools["calculator"](call)
+                expected = tools["calculator"](call, 1.0).text
             except ToolError as exc:
                 expected = f"error: {exc}"
             assert s.response_ids[start:end] == enc("=" + expected + ",")[: max_tokens - start]
