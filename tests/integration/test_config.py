@@ -148,6 +148,7 @@ def test_a_run_loads_its_tokenizer_once(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", counting)
+    monkeypatch.setattr("rlharness.model.load._TOKENIZERS", {})  # as a fresh process: none loaded yet
     conf, _ = compose_conf(["logger=none", "eval.num_prompts=4"])
     check_model(conf)
     components = build_components(conf)
