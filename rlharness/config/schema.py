@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Optional
 
 from omegaconf import II, MISSING
@@ -567,6 +567,7 @@ class RemoteJudgerConf(JudgerConf):
 
 # ----------------------------------------------------------------------------- model
 LORA_SYNCS = ("merged", "adapter")
+DTYPES = ("float32", "bfloat16", "float16")
 VLLM_MAX_LORA_RANK = 512  # the largest of vLLM's max_lora_rank values (vllm.config.lora.MaxLoRARanks)
 
 
@@ -603,8 +604,12 @@ class LoraConf:
 class ModelConf:
     # Any Hugging Face causal-LM directory; relative paths resolve against the project.
     path: str = "assets/tiny-arith"
-    # Weights' dtype on the engine and the trainer (the on-policy guard checks float32 runs only).
+    # Weights' dtype on the trainer, and on the engine unless engine_dtype says otherwise (the
+    # on-policy guard checks runs whose trainer and engine are both float32).
     dtype: str = "float32"
+    # The engine's weights' dtype when it differs from the trainer's (a float32 trainer feeding a
+    # bfloat16 engine, as verl's FSDP+vLLM does); None = model.dtype. Syncs send this dtype.
+    engine_dtype: Optional[str] = None
     # transformers' attention (eager, sdpa, ...) for the hf engine and the trainer.
     attn_implementation: str = "eager"
     # Allow a model whose config maps to code of its own (auto_map); refused otherwise.
@@ -612,7 +617,22 @@ class ModelConf:
     lora: LoraConf = field(default_factory=LoraConf)
 
     def __post_init__(self) -> None:
-        _one_of("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        _one_of("model.dtype", self.dtype, DTYPES)
+        if self.engine_dtype is not None:
+            _one_of("model.engine_dtype", self.engine_dtype, DTYPES)
+
+    @property
+    def engine_weights_dtype(self) -> str:
+        return self.engine_dtype or self.dtype
+
+    @property
+    def narrowest_dtype(self) -> str:
+        """The less precise of the trainer's and the engine's dtypes: float32 only when both are."""
+        return self.dtype if self.engine_weights_dtype == "float32" else self.engine_weights_dtype
+
+    def for_engine(self) -> "ModelConf":
+        """This model as an engine loads it (in the engine's dtype)."""
+        return replace(self, dtype=self.engine_weights_dtype, engine_dtype=None)
 
 
 # ----------------------------------------------------------------------------- engine
@@ -626,6 +646,10 @@ class EngineConf:
     # object store, or an NCCL group when engines and trainers both hold GPUs), `collective`
     # (a broadcast group: NCCL between GPUs, gloo otherwise), `disk` (vllm only).
     weight_sync: str = "auto"
+    # Delta syncs (rlharness/weights/delta.py): each sync sends only the values that changed since the
+    # last one, in the engine's dtype. `auto`: when the engine's weights are narrower than float32
+    # (there a step changes a few percent of them) and not with model.lora.sync=adapter; `on`; `off`.
+    weight_delta: str = "auto"
 
     def weight_sync_routes(self) -> tuple[str, ...]:
         """The `weight_sync` values this engine can serve."""
@@ -634,6 +658,13 @@ class EngineConf:
     def __post_init__(self) -> None:
         _check(self.num_engines >= 1, "engine.num_engines", self.num_engines, ">= 1")
         _one_of("engine.weight_sync", self.weight_sync, self.weight_sync_routes())
+        _one_of("engine.weight_delta", self.weight_delta, ("auto", "on", "off"))
+
+    def sends_deltas(self, model: ModelConf) -> bool:
+        """Whether syncs to this engine send differences (`weight_delta`, for these model settings)."""
+        if self.weight_delta == "off" or (model.lora.enabled and model.lora.sync == "adapter"):
+            return False
+        return self.weight_delta == "on" or model.engine_weights_dtype != "float32"
 
 
 @dataclass

@@ -85,7 +85,7 @@ def tied_once(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tens
 
 
 # Integer views of a float's bits, by element size: a checksum that any changed bit changes.
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+BITS_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 # Elements per checksum block: 4 KiB of float32, a memory page, so a verdict can tell one stale page
@@ -100,7 +100,7 @@ def weight_checksums(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tenso
     out = {}
     for name, t in tied_once(state.items()).items():
         flat = t.detach().contiguous().view(-1)
-        bits = flat.view(_BITS[flat.element_size()])
+        bits = flat.view(BITS_OF_SIZE[flat.element_size()])
         whole = bits.numel() // CHECKSUM_BLOCK * CHECKSUM_BLOCK
         sums = [bits[:whole].view(-1, CHECKSUM_BLOCK).sum(1, dtype=torch.int64)]
         if whole < bits.numel():
