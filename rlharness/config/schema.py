@@ -647,8 +647,10 @@ class EngineConf:
     # (a broadcast group: NCCL between GPUs, gloo otherwise), `disk` (vllm only).
     weight_sync: str = "auto"
     # Delta syncs (rlharness/weights/delta.py): each sync sends only the values that changed since the
-    # last one, in the engine's dtype. `auto`: when the engine's weights are narrower than float32
-    # (there a step changes a few percent of them) and not with model.lora.sync=adapter; `on`; `off`.
+    # last one, in the engine's dtype. `auto` (resolved when the run's config is checked): on where the
+    # engine's weights are narrower than float32 (a step changes a few percent of them) and the trainer's
+    # are on a GPU (the difference is computed there; on a CPU computing it costs more time than the
+    # bytes it saves: docs/benchmarks.md), never with model.lora.sync=adapter; `on`; `off`.
     weight_delta: str = "auto"
 
     def weight_sync_routes(self) -> tuple[str, ...]:
@@ -660,11 +662,11 @@ class EngineConf:
         _one_of("engine.weight_sync", self.weight_sync, self.weight_sync_routes())
         _one_of("engine.weight_delta", self.weight_delta, ("auto", "on", "off"))
 
-    def sends_deltas(self, model: ModelConf) -> bool:
+    def sends_deltas(self, model: ModelConf, trainer_on_gpu: bool = False) -> bool:
         """Whether syncs to this engine send differences (`weight_delta`, for these model settings)."""
         if self.weight_delta == "off" or (model.lora.enabled and model.lora.sync == "adapter"):
             return False
-        return self.weight_delta == "on" or model.engine_weights_dtype != "float32"
+        return self.weight_delta == "on" or (model.engine_weights_dtype != "float32" and trainer_on_gpu)
 
 
 @dataclass
@@ -753,6 +755,11 @@ class BackendConf:
         """Training processes (ranks): one, except where the backend runs several (deepspeed)."""
         return 1
 
+    @property
+    def on_gpu(self) -> bool:
+        """The trainer's weights live on a GPU (backends with a `device` say so)."""
+        return False
+
 
 @dataclass
 class TorchBackendConf(BackendConf):
@@ -767,6 +774,10 @@ class TorchBackendConf(BackendConf):
     # Token-budget micro-batches: rows grouped longest first so each micro-batch holds at most
     # this many tokens including padding (rlharness/backend/micro_batches.py); null: algo.micro_batch_size rows.
     micro_batch_tokens: Optional[int] = None
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device != "cpu"
 
     def __post_init__(self) -> None:
         _check(self.logprob_chunk_tokens >= 1, "backend.logprob_chunk_tokens", self.logprob_chunk_tokens, ">= 1")
@@ -790,6 +801,8 @@ class DeepSpeedBackendConf(BackendConf):
     # Rows split across ranks by Karmarkar-Karp on their lengths, equal row counts
     # (rlharness/backend/rank_balance.py); false: rank r trains rows r, r + W, ...
     balance_ranks: bool = True
+
+    on_gpu = TorchBackendConf.on_gpu
 
     def __post_init__(self) -> None:
         _check(self.logprob_chunk_tokens >= 1, "backend.logprob_chunk_tokens", self.logprob_chunk_tokens, ">= 1")

@@ -30,6 +30,7 @@ from rlharness.cluster.ray_cluster import free_port
 from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, ModelConf
 from rlharness.core.types import TrainBatch
 from rlharness.distributed.object_store_weights import RemoteWeights, for_object_store
+from rlharness.distributed.weight_channel import weights_to_send
 from rlharness.weights.delta import DeltaEncoder, WeightEncoding
 from rlharness.weights.transfer import WeightGroupMember, state_bytes
 
@@ -86,7 +87,7 @@ class TrainWorkerActor:
     async def weight_group_send(self, version: int, full: bool = False) -> int:
         """Every rank takes the weights (ZeRO-3 gathers collectively); the group member (rank 0)
         broadcasts them, encoded (`full`: no differences). Returns the bytes sent (0 on the other ranks)."""
-        state = await self.call("get_weights")
+        state = await weights_to_send(self.backend)  # this actor runs one call at a time: nothing trains meanwhile
         if self.weight_member is None:
             return 0
         state = self.weight_encoder.encode(state, full)
@@ -97,10 +98,8 @@ class TrainWorkerActor:
         """`get_weights`, encoded, into the object store (a state dict as `PackedWeights`: one copy); [ref],
         [] for none.
 
-        A backend with `weights_to_copy_now` hands its live tensors: `ray.put` (or the encoder's cast) is
-        that copy."""
-        live = getattr(self.backend, "weights_to_copy_now", None)
-        state = live() if live is not None else await self.call("get_weights")
+        From the live tensors where the backend offers them: `ray.put` (or the encoder's cast) is the copy."""
+        state = await weights_to_send(self.backend)
         return [] if state is None else [ray.put(for_object_store(self.weight_encoder.encode(state, full)))]
 
     def commit_weights(self, version: int) -> None:

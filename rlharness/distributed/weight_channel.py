@@ -79,10 +79,18 @@ class LocalSender:
         self.backend, self.encoder = backend, encoding.encoder()
 
     async def get_weights(self, full: bool = False) -> Any:
-        return self.encoder.encode(await self.backend.get_weights(), full)
+        return self.encoder.encode(await weights_to_send(self.backend), full)
 
     async def commit_weights(self, version: int) -> None:
         self.encoder.commit(version)
+
+
+async def weights_to_send(backend: Any) -> Any:
+    """A local backend's weights for a sync: its live tensors where it offers them (`weights_to_copy_now`:
+    no snapshot; the encoder copies what it keeps, on the weights' device, and the sync is through before
+    the backend trains again), else `get_weights`."""
+    live = getattr(backend, "weights_to_copy_now", None)
+    return live() if live is not None else await backend.get_weights()
 
 
 def weight_sender(backend: Any, encoding: WeightEncoding) -> Any:

@@ -160,8 +160,7 @@ class VLLMEngine(RolloutEngine):
         self._tokens_total = 0
         self._sender: Any = None  # our rank-0 member of a colocated weight group
         self._deltas = conf.sends_deltas(model_conf)  # versions may hold only differences
-        # The disk route's whole version (delta syncs): vLLM reloads a folder of whole tensors.
-        self._shadow = WeightShadow() if self._deltas and conf.weight_sync == "disk" else None
+        self._shadow: WeightShadow | None = None  # the disk route's whole version (delta syncs)
         self._joined = False  # the workers are in a weight group
         self._asleep = False
         self._wake_lock: asyncio.Lock | None = None
@@ -312,7 +311,8 @@ class VLLMEngine(RolloutEngine):
 
     async def _load_from_folder(self, state: Mapping[str, Any], version: int) -> None:
         """The fallback route: safetensors in a temporary folder, read by vLLM's `reload_weights`."""
-        if self._shadow is not None:
+        if self._deltas:  # vLLM reloads a folder of whole tensors
+            self._shadow = self._shadow or WeightShadow()
             await asyncio.to_thread(self._shadow.receive, state.items())
             state = self._shadow.tensors
         folder = tempfile.mkdtemp(prefix=f"rlharness-vllm-v{version}-")

@@ -213,7 +213,7 @@ def build_components(conf: RunConf, remote=None) -> Components:
             backend = build_backend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed)
     weights = build_weight_channel(backend, engine, remote.weight_route if remote is not None else IN_PROCESS,
                                    conf.timeout_s, WeightEncoding(conf.model.engine_weights_dtype,
-                                                                  conf.engine.sends_deltas(conf.model)))
+                                                                  conf.engine.sends_deltas(conf.model)))  # resolved
 
     staleness = staleness_policy(conf)
     replay_buffer = ReplayBuffer(staleness)

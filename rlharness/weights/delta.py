@@ -75,13 +75,16 @@ def _padded(flat: torch.Tensor, block: int) -> torch.Tensor:
     return torch.cat([flat, flat.new_zeros(pad)]) if pad else flat
 
 
-def changed_blocks(old: torch.Tensor, new: torch.Tensor, block: int) -> torch.Tensor:
-    """Indices of the blocks of `block` elements (of the flattened tensors) in which any bit differs."""
+def changed_blocks(old: torch.Tensor, new: torch.Tensor, block: int, most: int | None = None) -> torch.Tensor | None:
+    """Indices of the blocks of `block` elements (of the flattened tensors) in which any bit differs;
+    None when more than `most` blocks do (the tensor goes whole: no index is made)."""
     differ = _bits(old) != _bits(new)
     if block > 1:
         differ = _padded(differ, block).view(-1, block).any(1)
-    index_dtype = torch.int32 if differ.numel() < 2**31 else torch.int64
-    return differ.nonzero().flatten().to(index_dtype)
+    index = differ.nonzero().flatten()  # (counting first costs as much again as this)
+    if most is not None and index.numel() > most:
+        return None
+    return index.to(torch.int32 if differ.numel() < 2**31 else torch.int64)
 
 
 def block_values(t: torch.Tensor, blocks: torch.Tensor, block: int) -> torch.Tensor:
@@ -166,14 +169,14 @@ class DeltaEncoder:
             if old is None or old.shape != new.shape or old.dtype != new.dtype:
                 out[name] = new
                 continue
-            blocks = changed_blocks(old, new, self.block)
-            if blocks.numel() == 0:
-                continue
-            values = block_values(new, blocks, self.block)
-            if blocks.nbytes + values.nbytes >= new.nbytes:
+            # A difference of n blocks costs n indices and n * block values: above `most` it is not smaller.
+            blocks_total = -(-new.numel() // self.block)
+            block_bytes = (4 if blocks_total < 2**31 else 8) + self.block * new.element_size()
+            blocks = changed_blocks(old, new, self.block, most=(new.nbytes - 1) // block_bytes)
+            if blocks is None:
                 out[name] = new
-            else:
-                out[name + BLOCKS], out[name + VALUES] = blocks, values
+            elif blocks.numel():
+                out[name + BLOCKS], out[name + VALUES] = blocks, block_values(new, blocks, self.block)
         self._pending = out
         return out
 

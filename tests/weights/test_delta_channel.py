@@ -81,17 +81,29 @@ def test_engine_dtype_and_weight_delta_settings():
     assert ModelConf(dtype="bfloat16", engine_dtype="float32").narrowest_dtype == "bfloat16"
     assert ModelConf().narrowest_dtype == "float32"
     assert ModelConf(engine_dtype="bfloat16").for_engine().dtype == "bfloat16"
-    hf = HFEngineConf()
-    assert hf.sends_deltas(ModelConf(dtype="bfloat16")) and hf.sends_deltas(ModelConf(engine_dtype="float16"))
-    assert not hf.sends_deltas(ModelConf())  # float32 engines: a step changes nearly every value
+    hf = HFEngineConf()  # weight_delta=auto: narrower than float32 and the trainer on a GPU
+    assert hf.sends_deltas(ModelConf(dtype="bfloat16"), trainer_on_gpu=True)
+    assert hf.sends_deltas(ModelConf(engine_dtype="float16"), trainer_on_gpu=True)
+    assert not hf.sends_deltas(ModelConf(dtype="bfloat16"))  # a CPU trainer: encoding costs more than it saves
+    assert not hf.sends_deltas(ModelConf(), trainer_on_gpu=True)  # float32: a step changes nearly every value
     assert HFEngineConf(weight_delta="on").sends_deltas(ModelConf())
-    assert not HFEngineConf(weight_delta="off").sends_deltas(ModelConf(dtype="bfloat16"))
+    assert not HFEngineConf(weight_delta="off").sends_deltas(ModelConf(dtype="bfloat16"), trainer_on_gpu=True)
     lora_adapter = ModelConf(dtype="bfloat16", lora=LoraConf(rank=4, sync="adapter"))
-    assert not hf.sends_deltas(lora_adapter)  # the adapter is the small thing already
+    assert not hf.sends_deltas(lora_adapter, trainer_on_gpu=True)  # the adapter is the small thing already
     with pytest.raises(ConfigError, match=r"model.engine_dtype='int8'.*float32, bfloat16, float16"):
         ModelConf(engine_dtype="int8")
     with pytest.raises(ConfigError, match=r"engine.weight_delta='yes'.*auto, on, off"):
         HFEngineConf(weight_delta="yes")
+
+
+def test_the_run_resolves_weight_delta_once_and_refuses_deltas_of_an_adapter():
+    from tests.helpers import compose_conf
+
+    assert compose_conf(["model.dtype=bfloat16"])[0].engine.weight_delta == "off"  # a CPU trainer
+    assert compose_conf(["model.dtype=bfloat16", "backend.device=cuda"])[0].engine.weight_delta == "on"
+    assert compose_conf(["engine.weight_delta=on"])[0].engine.weight_delta == "on"
+    with pytest.raises(ConfigError, match="engine.weight_delta=on with model.lora.sync=adapter"):
+        compose_conf(["engine.weight_delta=on", "model.lora.rank=4", "model.lora.sync=adapter"])
 
 
 def test_the_onpolicy_guard_is_off_when_the_engine_is_narrower_than_the_trainer():
