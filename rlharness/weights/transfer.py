@@ -251,9 +251,9 @@ class WeightGroupMember:
                 only = tensors[bucket[0]].detach()
                 if len(bucket) == 1 and only.is_contiguous() and only.device == self.device:
                     flat = only.reshape(-1)  # a bucket of one tensor goes as it is: no copy (e.g. the embedding)
-                else:
+                else:  # (tensors elsewhere, e.g. a trainer's on a GPU into a gloo group, are copied here)
                     flat = self._bucket_buffer(k, specs, bucket)  # bucket k - 2 is through: its buffer is free
-                    torch.cat([tensors[i].detach().reshape(-1) for i in bucket], out=flat)
+                    torch.cat([tensors[i].detach().reshape(-1).to(self.device) for i in bucket], out=flat)
                 if in_flight is not None:
                     self._finish(in_flight[0])
                 in_flight = (self._start_broadcast(flat), flat)
