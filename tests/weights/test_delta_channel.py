@@ -13,6 +13,7 @@ from rlharness.backend.torch_backend import TorchBackend
 from rlharness.config.schema import AlgoConf, ConfigError, HFEngineConf, LoraConf, ModelConf, TorchBackendConf
 from rlharness.distributed.weight_channel import build_weight_channel
 from rlharness.engine import build_engine
+from rlharness.model.lora import DEFAULT_TARGETS
 from rlharness.trainer.onpolicy_guard import onpolicy_gap_warning
 from rlharness.weights.delta import BLOCKS, VALUES, WeightEncoding, payload_names
 from rlharness.weights.transfer import state_bytes
@@ -130,3 +131,35 @@ def test_differences_travel_as_plain_tensors():
     packed = PackedWeights(payload).tensors()
     assert all(torch.equal(packed[k], v) and packed[k].dtype == v.dtype for k, v in payload.items())
     assert specs_from_rows(spec_rows(tensor_specs(payload))) == tensor_specs(payload)
+
+
+def test_lora_merged_syncs_start_whole_then_send_differences_of_the_merged_matrices(tiny_model_dir):
+    """model.lora.sync=merged: the first sync of a trainer process is the whole model (base and merged
+    matrices: what a LoRA merge hands over), sent whole; later ones only the adapted matrices, as
+    differences; the engine ends where full syncs leave another one."""
+    model = ModelConf(path=tiny_model_dir, engine_dtype="bfloat16", lora=LoraConf(rank=4, alpha=8.0))
+    algo = AlgoConf(name="grpo", lr=1e-5)
+    # Two trainers that train alike (a LoRA trainer's syncs are its own: the first sends everything).
+    trainers = [TorchBackend(TorchBackendConf(), model, algo, total_steps=10, seed=0) for _ in range(2)]
+    by_delta, by_full = (build_engine(HFEngineConf(), model, seed=0) for _ in range(2))
+    delta = build_weight_channel(trainers[0], by_delta, "in_process", 60, WeightEncoding("bfloat16", delta=True))
+    full = build_weight_channel(trainers[1], by_full, "in_process", 60, WeightEncoding("bfloat16", delta=False))
+    adapted = sum(v.numel() * 2 for k, v in by_full._params.items() if any(f".{t}." in k for t in DEFAULT_TARGETS))
+
+    async def main():
+        sent = []
+        try:
+            for version in range(1, 4):
+                for trainer in trainers:
+                    await trainer.train_step(make_batch(algo, seed=version))
+                sent.append(((await delta.sync(version)).bytes_sent, (await full.sync(version)).bytes_sent))
+                ours, theirs = by_delta.weight_checksums(), by_full.weight_checksums()
+                assert all(torch.equal(ours[k], theirs[k]) for k in theirs), version
+        finally:
+            await by_delta.close()
+            await by_full.close()
+        return sent
+
+    (first, first_full), *later = asyncio.run(main())
+    assert first == first_full > adapted  # the first: the whole model, every tensor whole
+    assert all(0 < ours < theirs == adapted for ours, theirs in later)  # then differences of the adapted only
