@@ -361,6 +361,7 @@ def compose_typed(overrides: list[str], source: ConfigSource = ConfigSource()):
         job.run_dir = "preflight"
         adopt_strategy_max_staleness(job, overrides)  # as train.py
         conf = OmegaConf.to_object(job)  # the schemas' __post_init__ checks
+        refuse_parts_no_task_uses(conf, overrides)
         if conf.model.lora.enabled:  # its targets exist in model.path (reads the model's layout)
             from rlharness.lora import check_model_conf
 
@@ -372,6 +373,22 @@ def compose_typed(overrides: list[str], source: ConfigSource = ConfigSource()):
     finally:
         GlobalHydra.instance().clear()
     return cfg, conf
+
+
+def refuse_parts_no_task_uses(conf, overrides: list[str]) -> None:
+    """With several tasks (`tasks.<name>`) each task has its own task config and judger: a run-level
+    `task=` or `judger=` (or a key under them) would be silently ignored, so it is refused."""
+    if not conf.tasks:
+        return
+    experiment = next((override_value(o) for o in reversed(overrides) if override_key(o) == "experiment"), None)
+    source = f" (from experiment={experiment})" if experiment else ""
+    for o in overrides:
+        part = override_key(o).split(".", 1)[0]
+        if part in ("task", "judger"):
+            raise ConfigError(
+                f"{o} is not allowed: this run has several tasks{source}, {', '.join(conf.tasks)}, each with its own "
+                f"task and judger, so a run-level {part} applies to none of them; set it per task: "
+                f"{part}@tasks.<name>.{part}=<option> or tasks.<name>.{part}.<key>=<value>")
 
 
 def nested_judger_key(exc: ConfigError, job) -> ConfigError:
@@ -416,10 +433,8 @@ def check_model(conf, checked: set[tuple] | None = None) -> None:
     if conf.algo.advantage == "gae" and conf.algo.critic.path is not None:  # the critic's own folder
         from dataclasses import replace
 
-        try:
-            check_model_files(replace(conf.model, path=conf.algo.critic.path))
-        except ConfigError as exc:
-            raise ConfigError(str(exc).replace("model.path=", "algo.critic.path=", 1)) from None
+        # Loaded with the policy's settings (backend/critic.py): model.trust_remote_code applies.
+        check_model_files(replace(conf.model, path=conf.algo.critic.path), "algo.critic", "model.trust_remote_code")
     if asking:
         require_chat_template(load_tokenizer(conf.model), asking[0], conf.model.path)
     if checked is not None:
@@ -505,6 +520,10 @@ def one_line(exc: BaseException, overrides: list[str]) -> str:
         name = f"{dotted.group(1)}.{dotted.group(2)}"
         return (f"tasks.{name}: a task name cannot contain '.' (task names may use only "
                 f"{schema_module.TASK_NAME_CHARS})")
+    composing = re.search(r"In '([^'/]+)/([^']+)': ConfigKeyError raised while composing config", text)
+    full_key = re.search(r"full_key: (\S+)", text)
+    if composing and full_key:
+        return option_sets_missing_key(*composing.groups(), full_key.group(1), str(cause), overrides)
     merging = re.search(r"Error merging override (\S+)", text)
     if merging:
         return f"{merging.group(1)} is not allowed: {cause_line or text}"
@@ -512,6 +531,26 @@ def one_line(exc: BaseException, overrides: list[str]) -> str:
     head = lines[0] if lines else type(exc).__name__
     key = next((ln for ln in lines[1:] if ln.startswith("full_key:")), None)
     return f"{head} ({key})" if key else head
+
+
+def option_sets_missing_key(group: str, option: str, key: str, cause: str, overrides: list[str]) -> str:
+    """The line for a config file (an experiment, most often) that sets a key the chosen option of
+    another group does not have: `experiment=chat_math judger=reward_model` while chat_math sets a math
+    judger's key. Names the file, the key, the option and what to do."""
+    import re
+
+    part = key.split(".", 1)[0]
+    chosen = next((override_value(o) for o in reversed(overrides) if override_key(o) == part), None)
+    schema = re.search(r"object_type=(\w+)", cause)
+    what = f"{part}={chosen}" if chosen else f"the chosen {part}"
+    if schema:
+        what += f" ({schema.group(1)})"
+    if group == "experiment" and chosen:
+        todo = (f"experiment={option} was made for its own {part}: leave out {part}={chosen} to keep it, or start "
+                f"without the experiment and give its other settings yourself (conf/experiment/{option}.yaml)")
+    else:
+        todo = f"check the key in {group}/{option}.yaml, or choose a {part} that has it"
+    return f"{group}={option} sets {key}, which {what} does not have: {todo}"
 
 
 def _schema_module():

@@ -359,6 +359,8 @@ class RewardModelJudgerConf(JudgerConf):
     num_cpus: float = 0.0
     # A scoring call past agent.judge_timeout_s (or a crashed scoring process): fail the group | score 0.
     on_timeout: str = "fail"
+    # Run the folder's own code (config.json auto_map) to load it: only for a folder you trust.
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         if non_finite_values(self):
@@ -402,6 +404,8 @@ class LLMJudgerConf(JudgerConf):
     # An answer with no match (counted as judge/unparseable) or none within agent.judge_timeout_s:
     # fail the group | score the member 0. (An engine error always fails the group.)
     on_timeout: str = "fail"
+    # Run the judge folder's own code (config.json auto_map) to load it: only for a folder you trust.
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         if non_finite_values(self):  # left to RunConf's generic pass (see RewardModelJudgerConf)

@@ -64,7 +64,7 @@ def check_learned_judgers(run_conf) -> None:
             elif isinstance(part, LLMJudgerConf):
                 from rlharness.judger.reward_model import model_folder
 
-                model_folder(part.path, part_key)
+                model_folder(part, part_key)
 
 
 __all__ = ["JUDGERS", "Judger", "build_judger", "check_learned_judgers"]

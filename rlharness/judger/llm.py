@@ -23,7 +23,7 @@ import logging
 import re
 from typing import Any
 
-from rlharness.config.schema import HFEngineConf, LLMJudgerConf, ModelConf, VLLMEngineConf
+from rlharness.config.schema import HFEngineConf, LLMJudgerConf, VLLMEngineConf
 from rlharness.judger.base import Judger, gather_fail_fast
 from rlharness.types import RolloutState
 
@@ -103,9 +103,10 @@ class LLMJudger(Judger):
     def _new_engine(self):
         """The judge's engine and prompt encoder (built once, off the event loop: loading takes seconds)."""
         from rlharness.engine import build_engine
+        from rlharness.judger.reward_model import judge_model_conf
         from rlharness.model import load_tokenizer, text_codec
 
-        model = ModelConf(path=self.conf.path)
+        model = judge_model_conf(self.conf)
         engine_conf = HFEngineConf(device=self.conf.device) if self.conf.engine == "hf" else VLLMEngineConf()
         engine = build_engine(engine_conf, model, seed=0)
         tokenizer = load_tokenizer(model)
