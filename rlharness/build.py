@@ -114,6 +114,23 @@ def build_engine_for(conf: RunConf, tokenizer, decode):
         return build_engine(conf.engine, conf.model, conf.seed)
 
 
+def check_model_weights(conf: RunConf) -> None:
+    """The model folders a run loads (the policy, PPO's critic) hold readable weights that fit their
+    config.json: refused in one line naming the file, before any engine or trainer loads them."""
+    from rlharness.config.schema import ConfigError
+    from rlharness.model import resolve_model_path
+    from rlharness.weight_files import WeightFileError, check_weights
+
+    folders = [("model.path", conf.model.path)]
+    if conf.algo.advantage == "gae" and conf.algo.critic.path is not None:
+        folders.append(("algo.critic.path", conf.algo.critic.path))
+    for key, path in folders:
+        try:
+            check_weights(resolve_model_path(path, key.rsplit(".", 1)[0]), trust_remote_code=conf.model.trust_remote_code)
+        except WeightFileError as exc:
+            raise ConfigError(f"{key}={path!r}: {exc}") from None
+
+
 def load_tasks(conf: RunConf, check_data: Callable[[RunConf, dict[str, Any]], None]):
     """(tokenizer, task data, judgers) of every task: data fitted, then `check_data`, then each
     judger checked against its task's rows. What training and `evaluate.py` both start from."""
@@ -121,6 +138,8 @@ def load_tasks(conf: RunConf, check_data: Callable[[RunConf, dict[str, Any]], No
     from rlharness.model import check_token_ids, load_tokenizer
 
     tokenizer = load_tokenizer(conf.model)
+    if conf.engine.name != "sim" or conf.backend.name != "sim":  # the model is loaded: its files must fit
+        check_model_weights(conf)
     entries = conf.task_entries()
     task_data = {name: _load_task(conf, name, e, tokenizer) for name, e in entries.items()}
     check_data(conf, task_data)

@@ -80,10 +80,10 @@ class OutputGuard:
 def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, OutputGuard | None]:
     """Check the command line before Hydra makes a directory; `resume=<run dir>` becomes that run's
     overrides plus `model.path=<its checkpoint's model>`. Returns (argv for Hydra, source, guard)."""
-    from rlharness.checkpoint import CheckpointError
+    from rlharness.checkpoint import CheckpointError, check_backend_weights
     from rlharness.export import find_checkpoint, lora_base, model_dir
     from rlharness.overrides import read_run_overrides
-    from rlharness.preflight import ConfigSource, compose_checked
+    from rlharness.preflight import ConfigSource, compose_checked, refuse_output_path
 
     evaluate_conf = ConfigSource(config_name="evaluate")  # evaluate.py's primary config, same conf/
 
@@ -116,12 +116,14 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
                                       f"first (python -m rlharness.export {run} --step {found_step} <out dir>), then "
                                       f"evaluate model.path=<out dir>")
             model = model_dir(ckpt)
+            check_backend_weights(ckpt / "backend")  # readable, and the weights fit config.json
         except CheckpointError as exc:  # said as the key the user typed
             raise ConfigError(f"resume={resume}: {exc}") from None
         old = [o for o in saved if override_key(o) != "model.path" and not override_key(o).startswith("hydra.")]
         merged = merge_overrides(old, overrides) + [f"model.path={model}"]
         cfg = compose_checked(merged, evaluate_conf)
         source = Source(model_path=str(model), run_dir=str(run), checkpoint_step=found_step)
+    refuse_output_path(Path(str(cfg.hydra.run.dir)))
     out_dir = Path(str(cfg.hydra.run.dir)).expanduser().resolve()
     output_subdir = str(cfg.hydra.output_subdir)
     if RunDir(out_dir).holds_run():  # asked for explicitly (hydra.run.dir=<run>): beside the run's files, never over them

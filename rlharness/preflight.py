@@ -50,7 +50,7 @@ from rlharness.config.schema import ConfigError, LocalRayClusterConf, ReasoningG
 from rlharness.launch.slurm_capacity import check_capacity
 from rlharness.placement_plan import check_fits
 from rlharness.overrides import FROZEN_ON_RESUME, override_key, override_value, path_override, prepare_resume_argv
-from rlharness.run_dir import HYDRA, HYDRA_YAML, RESUMED_PREFIX, RunDir
+from rlharness.run_dir import HYDRA, HYDRA_YAML, RESUMED_PREFIX, RunDir, output_path_problem
 
 # Hydra's flags after which it does not run the job (help, printing the config, completion,
 # a rerun of a pickled config): nothing is checked, `resume=<dir>` is still rewritten.
@@ -134,8 +134,9 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
     else:
         # The run directory without composing when it is given: a start in a run's directory is a
         # resume, and overrides of keys of that run's experiment only compose once merged with its own.
-        run_dir = Path(given_dir if given_dir is not None else
-                       str(compose_checked(overrides, source).hydra.run.dir)).expanduser().resolve()
+        run_dir = Path(given_dir if given_dir is not None else str(compose_checked(overrides, source).hydra.run.dir))
+        refuse_output_path(run_dir)
+        run_dir = run_dir.expanduser().resolve()
         never = any(override_key(o) == "resume" and o.split("=", 1)[1] == "never" for o in overrides)
         holds_run = RunDir(run_dir).holds_run()
         if never and holds_run:
@@ -171,6 +172,14 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
     guard = RunDirGuard.record(run_dir, str(cfg.hydra.output_subdir), Path(argv[0]).stem)
     run_lock.acquire(run_dir)  # before Hydra writes anything there; held until this process ends
     return hydra_argv(argv[0], ns, overrides), applied, guard
+
+
+def refuse_output_path(run_dir: Path) -> None:
+    """A run directory that cannot be one (a file, a dangling symbolic link, a folder not writable), refused
+    before Hydra tries to make it."""
+    problem = output_path_problem(run_dir)
+    if problem is not None:
+        raise ConfigError(f"hydra.run.dir={run_dir} is not allowed: {problem}; choose another directory")
 
 
 def _resume_target(overrides: list[str]) -> Path | None:

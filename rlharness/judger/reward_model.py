@@ -59,34 +59,22 @@ def judge_model_conf(conf: Any) -> ModelConf:
     return ModelConf(path=conf.path, trust_remote_code=conf.trust_remote_code)
 
 
-def weight_names(folder: Path) -> list[str]:
-    """The tensor names of a checkpoint folder, read without loading the tensors."""
-    import json
-
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return list(json.loads(index.read_text())["weight_map"])
-    if (folder / "model.safetensors").is_file():
-        from safetensors import safe_open
-
-        with safe_open(str(folder / "model.safetensors"), framework="pt") as fh:
-            return list(fh.keys())
-    if (folder / "pytorch_model.bin").is_file():
-        import torch
-
-        return list(torch.load(folder / "pytorch_model.bin", map_location="meta", weights_only=True, mmap=True))
-    return []
-
-
 def check_reward_model(conf: RewardModelJudgerConf, key: str = "judger") -> None:
-    """Refuse, before a run starts, a folder that is not a sequence classifier or a head whose logit
-    is ambiguous. Reads config.json and the tensor names only."""
+    """Refuse, before a run starts, a folder that is not a sequence classifier, a head whose logit
+    is ambiguous, or weights that are unreadable, hold code or do not fit its config.json. Reads
+    config.json and the weight files' headers only (rlharness/weight_files.py)."""
     from transformers import AutoConfig
+
+    from rlharness.weight_files import WeightFileError, check_weights, tensor_shapes
 
     folder = model_folder(conf, key)
     config = AutoConfig.from_pretrained(str(folder), trust_remote_code=conf.trust_remote_code)
     architectures = list(getattr(config, "architectures", None) or [])
-    heads = sorted({n.split(".")[0] for n in weight_names(folder) if n.startswith(HEAD_PREFIXES)})
+    try:
+        names = list(tensor_shapes(folder))
+    except WeightFileError as exc:
+        raise ConfigError(f"{key}.path={conf.path}: {exc}") from None
+    heads = sorted({n.split(".")[0] for n in names if n.startswith(HEAD_PREFIXES)})
     if not any(a.endswith("ForSequenceClassification") for a in architectures) or not heads:
         raise ConfigError(
             f"{key}.path={conf.path}: {folder} is not a sequence classifier (architectures {architectures}, "
@@ -99,6 +87,10 @@ def check_reward_model(conf: RewardModelJudgerConf, key: str = "judger") -> None
     if conf.label_index is not None and conf.label_index >= labels:
         raise ConfigError(f"{key}.label_index={conf.label_index} is not allowed: {folder} has {labels} "
                           f"label(s) (0..{labels - 1})")
+    try:
+        check_weights(folder, "AutoModelForSequenceClassification", conf.trust_remote_code)
+    except WeightFileError as exc:
+        raise ConfigError(f"{key}.path={conf.path}: {exc}") from None
 
 
 class RewardModelScorer:
