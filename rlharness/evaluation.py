@@ -151,6 +151,7 @@ def run_evaluation(conf: RunConf, run_dir: Path, source: Source) -> dict[str, An
     from rlharness.logging_utils.progress import phase
     from rlharness.logging_utils.samples import write_eval_rows
     from rlharness.model import text_codec
+    from rlharness.redaction import install_log_redaction
     from rlharness.trainer.trainer import seed_everything
 
     if conf.engine.name == "vllm":
@@ -158,6 +159,7 @@ def run_evaluation(conf: RunConf, run_dir: Path, source: Source) -> dict[str, An
 
         require_vllm()
     set_threads_from_env()
+    install_log_redaction()
     seed_everything(conf.seed)
     with phase(f"loading the tokenizer and tasks ({', '.join(conf.task_entries())})"):
         tokenizer, task_data, judgers = load_tasks(conf, check_eval_splits)

@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"exporting {ckpt} (step {step}) to {args.out_dir} ...", file=sys.stderr, flush=True)
         export_checkpoint(ckpt, args.out_dir)
     except CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2
     print(f"done: {args.out_dir} is a Hugging Face model folder (AutoModelForCausalLM.from_pretrained, "
           f"vllm serve {args.out_dir})", file=sys.stderr)

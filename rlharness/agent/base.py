@@ -18,6 +18,7 @@ from typing import Awaitable, Callable, Iterable, TypeVar
 from rlharness.config.schema import AgentConf
 from rlharness.engine.base import RolloutEngine, SamplingParams
 from rlharness.judger.base import Judger
+from rlharness.redaction import redact
 from rlharness.types import Group, Status
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class AgentLoop(abc.ABC):
             log.warning("judging group %s raised %r; group FAILED", group[0].group_id, exc)
             for s in group:
                 s.status = Status.FAILED
-                s.extra["fail_reason"] = f"judger {self.judger.name}: {type(exc).__name__}: {exc}"
+                s.extra["fail_reason"] = redact(f"judger {self.judger.name}: {type(exc).__name__}: {exc}")
             return group
 
     def step_metrics(self, groups: list[Group]) -> dict[str, float]:

@@ -43,6 +43,7 @@ from rlharness.agent.multi_turn_tool import call_length, find_tool_call
 from rlharness.config.schema import OpenAIGatewayAgentConf
 from rlharness.engine.base import GenerateRequest, RolloutEngine, new_request_id
 from rlharness.judger.base import Judger
+from rlharness.redaction import redact
 from rlharness.types import Group, RolloutState, Status, new_uid
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ class GatewayAgentLoop(AgentLoop):
             await self._stop(sessions)
             for s in group:
                 s.status = Status.FAILED
-                s.extra["fail_reason"] = failure
+                s.extra["fail_reason"] = redact(failure)
             return group
         for s, sess in zip(todo, sessions):
             self._record(s, sess)

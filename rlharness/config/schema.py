@@ -81,6 +81,23 @@ def refuse_url_credentials(key: str, url: str | None) -> None:
             f"+judger.headers.Authorization=env:JUDGE_TOKEN with JUDGE_TOKEN exported")
 
 
+_CHAR_NAMES = {"\r": "a carriage return (\\r: a file edited on Windows?)", "\n": "a line feed (\\n)",
+               "\t": "a tab at its start or end", " ": "a space at its start or end", "\x00": "a NUL byte"}
+
+
+def header_value_problem(value: str) -> str | None:
+    """Why `value` cannot be sent as an HTTP header value (RFC 7230 field-value: visible ASCII characters,
+    spaces and tabs between them; httpx sends ASCII), or None. Says where and what, never the value."""
+    for i, ch in enumerate(value):
+        inner = 0 < i < len(value) - 1
+        if "\x21" <= ch <= "\x7e" or (ch in " \t" and inner):
+            continue
+        what = _CHAR_NAMES.get(ch) or (f"a control character (U+{ord(ch):04X})" if ord(ch) < 0x20 or ord(ch) == 0x7F
+                                       else f"a non-ASCII character (U+{ord(ch):04X})")
+        return f"character {i + 1} of {len(value)} is {what}"
+    return None
+
+
 # ----------------------------------------------------------------------------- strategy
 STALENESS_MODES = ("token", "admission")
 
@@ -478,6 +495,16 @@ class RemoteJudgerConf(JudgerConf):
             if ref is not None and ref not in os.environ:  # refused before the run starts, not at its first request
                 raise ConfigError(f"judger.headers.{name}={value} is not allowed: the environment variable {ref} "
                                   f"is not set (export it before starting)")
+            resolved = os.environ[ref] if ref is not None else str(value)
+            if ref is not None:
+                from rlharness.redaction import register_secret
+
+                register_secret(resolved)
+            problem = header_value_problem(resolved)
+            if problem is not None:  # the HTTP client's error would quote the whole value into every log
+                where = f"the environment variable {ref} holds" if ref is not None else "it is"
+                raise ConfigError(f"judger.headers.{name}{'=' + str(value) if ref is not None else ''} is not allowed: "
+                                  f"{where} no legal HTTP header value: {problem} (the value is not shown)")
         _check(self.batch_url is None or self.batch_url.startswith(("http://", "https://")), "judger.batch_url",
                self.batch_url, "null or an http:// or https:// URL")
         _check(self.timeout_s > 0, "judger.timeout_s", self.timeout_s, "> 0")

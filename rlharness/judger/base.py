@@ -34,6 +34,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+from rlharness.redaction import redact
 from rlharness.types import Group, RolloutState, Status
 
 log = logging.getLogger(__name__)
@@ -184,6 +185,7 @@ class Judger(abc.ABC):
         return {k: v for k, v in self.__dict__.items() if k not in _RUNTIME_ATTRS}
 
     def _fail(self, group: Group, reason: str) -> Group:
+        reason = redact(reason)  # an HTTP client's error can quote a header or a URL with credentials
         log.warning("judger %s failed on group %s: %s", self.name, group[0].group_id, reason)
         self.counts["groups_failed"] += 1
         for s in group:

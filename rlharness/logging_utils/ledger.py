@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlharness.logging_utils.metrics import json_line, jsonl_rows, replace_text
+from rlharness.redaction import redact
 from rlharness.run_dir import RunDir, step_of
 from rlharness.types import Group, RolloutState
 
@@ -86,7 +87,7 @@ class RolloutLedger:
         with open(self.dropped_path, "a") as fh:
             for group, reason in dropped:
                 for s in group:
-                    fh.write(json_line({**sample_row(s, train_step), "reason": reason}) + "\n")
+                    fh.write(json_line({**sample_row(s, train_step), "reason": redact(reason)}) + "\n")
 
 
 def read_ledger(run_dir: str | Path) -> tuple[list[dict], list[dict]]:

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlharness.logging_utils.metrics import replace_text
+from rlharness.redaction import redact
 from rlharness.run_dir import RunDir, step_of
 from rlharness.types import Group, RolloutState, Status
 
 
 def judgement(s: RolloutState) -> str:
     if s.status == Status.FAILED:
-        return f"failed: {s.extra.get('fail_reason', 'judging failed')}"
+        return redact(f"failed: {s.extra.get('fail_reason', 'judging failed')}")
     return "correct" if s.reward is not None and s.reward.get("score", 0.0) >= 1.0 else "wrong"
 
 

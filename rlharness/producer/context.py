@@ -30,6 +30,7 @@ from rlharness.producer.progress import ProduceProgress
 from rlharness.producer.staleness import StalenessPolicy
 from rlharness.replay_buffer import ReplayBuffer, mark_aborted
 from rlharness.sampler import Sampler
+from rlharness.redaction import redact
 from rlharness.types import Group, Status, group_status
 
 log = logging.getLogger(__name__)
@@ -278,7 +279,7 @@ class ProduceContext:
             if crashes >= MAX_CRASHES_PER_GROUP:
                 for s in input_group:
                     s.status = Status.FAILED
-                    s.extra["fail_reason"] = f"agent loop crashed {crashes} times, last: {exc!r}"
+                    s.extra["fail_reason"] = redact(f"agent loop crashed {crashes} times, last: {exc!r}")
                 return input_group
             return mark_aborted(input_group)
         return task.result()
