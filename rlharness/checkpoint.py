@@ -180,22 +180,6 @@ def check_fields(state: Any, types: dict[str, type | tuple[type, ...]], path: Pa
                                   f"expected {names}")
 
 
-def check_backend_weights(backend_dir: Path) -> None:
-    """The files a checkpoint's backend wrote: every safetensors file readable (a critic's, a LoRA
-    adapter's), and the model's weights fitting its config.json (full-weight runs): a CheckpointError
-    naming the file."""
-    from rlharness.lora import is_lora_checkpoint
-    from rlharness.weight_files import WeightFileError, check_weights, safetensors_shapes
-
-    try:
-        for f in sorted(backend_dir.rglob("*.safetensors")):
-            safetensors_shapes(f)
-        if (backend_dir / "config.json").is_file() and not is_lora_checkpoint(backend_dir):
-            check_weights(backend_dir)
-    except WeightFileError as exc:
-        raise CheckpointError(f"checkpoint {backend_dir.parent} is corrupted or of another model: {exc}") from None
-
-
 def _prune(root: Path, keep: int) -> None:
     ckpts = complete_checkpoints(root.parent)
     for _, path in ckpts[:-keep]:

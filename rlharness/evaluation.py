@@ -80,8 +80,8 @@ class OutputGuard:
 def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, OutputGuard | None]:
     """Check the command line before Hydra makes a directory; `resume=<run dir>` becomes that run's
     overrides plus `model.path=<its checkpoint's model>`. Returns (argv for Hydra, source, guard)."""
-    from rlharness.checkpoint import CheckpointError, check_backend_weights
-    from rlharness.export import find_checkpoint, lora_base, model_dir
+    from rlharness.checkpoint import CheckpointError
+    from rlharness.export import check_backend_weights, find_checkpoint, lora_base, model_dir
     from rlharness.overrides import read_run_overrides
     from rlharness.preflight import ConfigSource, compose_checked, refuse_output_path
 

@@ -105,12 +105,26 @@ def checkpoint_state_dict(ckpt_dir: Path) -> dict:
     return state
 
 
+def check_backend_weights(backend_dir: Path) -> None:
+    """The files a checkpoint's backend wrote: every safetensors file readable (a critic's, a LoRA
+    adapter's), and the model's weights fitting its config.json (full-weight runs): a CheckpointError
+    naming the file."""
+    from rlharness.lora import is_lora_checkpoint
+    from rlharness.weight_files import WeightFileError, check_weights, safetensors_shapes
+
+    try:
+        for f in sorted(backend_dir.rglob("*.safetensors")):
+            safetensors_shapes(f)
+        if (backend_dir / "config.json").is_file() and not is_lora_checkpoint(backend_dir):
+            check_weights(backend_dir)
+    except WeightFileError as exc:
+        raise CheckpointError(f"checkpoint {backend_dir.parent} is corrupted or of another model: {exc}") from None
+
+
 def export_checkpoint(ckpt_dir: Path, out_dir: str | Path) -> Path:
     """Write the checkpoint's model as an HF folder at `out_dir` (which must be absent or empty)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-    from rlharness.checkpoint import check_backend_weights
 
     out = Path(out_dir)
     refuse_output(out, ckpt_dir.parent.parent)

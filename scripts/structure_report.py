@@ -52,7 +52,8 @@ from pathlib import Path
 # 5 "entry": the package itself and the command-line entry logic (`evaluation`: evaluate.py).
 LAYERS: list[tuple[str, list[str]]] = [
     ("base", ["rlharness.types", "rlharness.safe_arith", "rlharness.gc_tuning", "rlharness.vml_warmup",
-              "rlharness.stopping", "rlharness.checkpoint", "rlharness.weight_transfer", "rlharness.run_dir"]),
+              "rlharness.stopping", "rlharness.checkpoint", "rlharness.weight_transfer", "rlharness.run_dir",
+              "rlharness.fault_points", "rlharness.redaction", "rlharness.weight_files"]),
     ("config", ["rlharness.config"]),
     ("parts", ["rlharness.algo", "rlharness.data", "rlharness.judger", "rlharness.model", "rlharness.lora",
                "rlharness.tiny", "rlharness.engine", "rlharness.backend", "rlharness.agent", "rlharness.sampler",

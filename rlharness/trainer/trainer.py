@@ -30,10 +30,11 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from rlharness import fault_points
 from rlharness.build import Components
-from rlharness.checkpoint import (CheckpointError, CheckpointWriteError, begin_checkpoint, check_backend_weights,
-                                  check_fields, commit_checkpoint, latest_checkpoint, load_state, error_line,
-                                  read_meta, save_state, writing)
+from rlharness.checkpoint import (CheckpointError, CheckpointWriteError, begin_checkpoint, check_fields,
+                                  commit_checkpoint, error_line, latest_checkpoint, load_state, read_meta,
+                                  save_state, writing)
 from rlharness.config.run import RunConf
+from rlharness.export import check_backend_weights
 from rlharness.lora import state_bytes
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, format_step_line
