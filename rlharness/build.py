@@ -148,13 +148,23 @@ def load_tasks(conf: RunConf, check_data: Callable[[RunConf, dict[str, Any]], No
         f"tasks.{name}" if conf.tasks else f"task={conf.task.name}": [r.prompt_text for r in (*d.train, *d.eval)]
         for name, d in task_data.items()}, encode)
     judgers = {}
-    for name, entry in entries.items():
-        judger_conf = conf.judger_for(entry)
-        judgers[name] = build_judger(judger_conf)
-        rows = task_data[name].train or task_data[name].eval
-        if rows:
-            check_judger_fits(name, entry.task.name, judger_conf.name, judgers[name].label_keys, rows[0].label,
-                              f"tasks.{name}.judger" if conf.tasks else "judger")
+    try:
+        for name, entry in entries.items():
+            judger_conf = conf.judger_for(entry)
+            judgers[name] = build_judger(judger_conf)
+            rows = task_data[name].train or task_data[name].eval
+            key = f"tasks.{name}.judger" if conf.tasks else "judger"
+            if rows:
+                check_judger_fits(name, entry.task.name, judger_conf.name, judgers[name].label_keys, rows[0].label,
+                                  key)
+                judgers[name].check_sample(rows[0].prompt_text, rows[0].label, conf.agent_for(entry).judge_timeout_s,
+                                           key, f"the first prompt of task {name}")
+    except BaseException:  # refused: the judging processes a check started go too
+        import asyncio
+
+        for judger in judgers.values():
+            asyncio.run(judger.close())
+        raise
     return tokenizer, task_data, judgers
 
 

@@ -59,6 +59,7 @@ class OutputGuard:
     removed again when the input is refused."""
 
     added: list[Path]
+    created: Path | None = None  # the first folder made on the way to a new output directory
 
     @classmethod
     def record(cls, out_dir: Path, output_subdir: str) -> OutputGuard:
@@ -67,14 +68,18 @@ class OutputGuard:
         missing = out_dir
         while not missing.parent.exists():
             missing = missing.parent
-        return cls([missing])
+        return cls([out_dir], missing)
 
     def rollback(self) -> None:
+        from rlharness.preflight import remove_empty_parents
+
         for p in self.added:
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
             else:
                 p.unlink(missing_ok=True)
+        if self.added:
+            remove_empty_parents(self.added[0], self.created)
 
 
 def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, OutputGuard | None]:

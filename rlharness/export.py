@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from rlharness.checkpoint import CheckpointError, complete_checkpoints, error_line
+from rlharness.redaction import redact
 from rlharness.run_dir import RunDir, output_path_problem
 
 log = logging.getLogger(__name__)

@@ -256,7 +256,8 @@ def check_task_datasets(conf) -> None:
 
     for name, entry in conf.task_entries().items():
         if isinstance(entry.task, ReasoningGymTaskConf):
-            check_dataset(entry.task.dataset, entry.task.dataset_config, f"tasks.{name}.task" if conf.tasks else "task")
+            check_dataset(entry.task.dataset, entry.task.dataset_config, f"tasks.{name}.task" if conf.tasks else "task",
+                          entry.task.probe_timeout_s)
 
 
 def check_placement(conf) -> None:
@@ -444,10 +445,28 @@ def check_model(conf, checked: set[tuple] | None = None) -> None:
 
         # Loaded with the policy's settings (backend/critic.py): model.trust_remote_code applies.
         check_model_files(replace(conf.model, path=conf.algo.critic.path), "algo.critic", "model.trust_remote_code")
+        check_critic_tokenizer(conf)
     if asking:
         require_chat_template(load_tokenizer(conf.model), asking[0], conf.model.path)
     if checked is not None:
         checked.add(key)
+
+
+def check_critic_tokenizer(conf) -> None:
+    """PPO's critic reads the policy's token ids: a critic folder whose tokenizer gives ids other meanings
+    (or whose embedding lacks rows for them) would learn values of other tokens, or crash at step 1."""
+    from rlharness.model import resolve_model_path
+    from rlharness.tokenizer_match import tokenizer_differences
+
+    policy = resolve_model_path(conf.model.path)
+    critic = resolve_model_path(conf.algo.critic.path, "algo.critic")
+    differences = tokenizer_differences(policy, critic, trust_remote_code=conf.model.trust_remote_code)
+    if differences:
+        raise ConfigError(
+            f"algo.critic.path={conf.algo.critic.path!r} is not allowed with model.path={conf.model.path!r}: the "
+            f"critic reads the policy's token ids, but their tokenizers differ ({'; '.join(differences[:3])}); use a "
+            f"critic of the policy's model family (the same tokenizer), or leave algo.critic.path unset (the "
+            f"policy's checkpoint)")
 
 
 def check_agent_entrypoints(conf, with_model: bool = True) -> None:
@@ -568,6 +587,20 @@ def _schema_module():
     return schema
 
 
+def remove_empty_parents(path: Path, top: Path | None) -> None:
+    """Remove the folders above `path` up to `top` (a start created them) while they are empty: another
+    start may have put its own run there meanwhile, which stays."""
+    if top is None:
+        return
+    for parent in path.parents:
+        if not (parent == top or top in parent.parents):
+            break
+        try:
+            parent.rmdir()
+        except OSError:  # not empty (or gone): leave it and everything above
+            break
+
+
 @dataclass
 class RunDirGuard:
     """What this start may add to a run directory, so a refused start can take it back."""
@@ -578,18 +611,27 @@ class RunDirGuard:
     log_name: str
     log_size: int | None
     lock_bytes: bytes | None = None  # the lock file as it was (it names the last holder's PID)
+    # The first folder this start creates on the way to run_dir (Hydra makes outputs/<date>/<time>).
+    created: Path | None = None
 
     @classmethod
     def record(cls, run_dir: Path, output_subdir: str, job_name: str) -> RunDirGuard:
         log, lock = RunDir(run_dir).log(job_name), RunDir(run_dir).lock
+        created = None
+        if not run_dir.exists():
+            created = run_dir
+            while not created.parent.exists():
+                created = created.parent
         return cls(run_dir, run_dir.exists(), output_subdir, log.name,
                    log.stat().st_size if log.is_file() else None,
-                   lock.read_bytes() if lock.is_file() else None)
+                   lock.read_bytes() if lock.is_file() else None, created)
 
     def rollback(self) -> None:
-        """Undo this start's traces: a directory it created goes; an existing run is left as it was."""
+        """Undo this start's traces: the folders it created go (outputs/<date>/ too, when this start
+        made it); an existing run is left as it was."""
         if not self.existed:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+            remove_empty_parents(self.run_dir, self.created)
             return
         if self.output_subdir.startswith(f"{HYDRA}/{RESUMED_PREFIX}"):
             shutil.rmtree(self.run_dir / self.output_subdir, ignore_errors=True)

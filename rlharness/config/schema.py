@@ -290,6 +290,9 @@ class JudgerConf:
 
 
 
+MAX_JUDGE_WORKERS = 256
+
+
 @dataclass
 class RuleJudgerConf(JudgerConf):
     """A judger whose slow scoring (math-verify) runs in worker processes that can be killed.
@@ -304,7 +307,8 @@ class RuleJudgerConf(JudgerConf):
     on_timeout: str = "fail"  # fail | zero
 
     def __post_init__(self) -> None:
-        _check(self.num_workers >= 1, "judger.num_workers", self.num_workers, ">= 1")
+        _check(1 <= self.num_workers <= MAX_JUDGE_WORKERS, "judger.num_workers", self.num_workers,
+               f"1..{MAX_JUDGE_WORKERS} (processes started)")
         _check(self.worker_memory_mb >= 256, "judger.worker_memory_mb", self.worker_memory_mb, ">= 256")
         _one_of("judger.on_timeout", self.on_timeout, ("fail", "zero"))
 
@@ -395,6 +399,7 @@ class RewardModelJudgerConf(JudgerConf):
         _one_of("judger.on_timeout", self.on_timeout, ("fail", "zero"))
 
 
+MAX_RENDERED_CHARS = 1_000_000  # a judge prompt beyond this is no prompt any judge model reads
 LLM_JUDGE_TEMPLATE = ("Is the answer to this problem correct? Reply with a score from 0 (wrong) to 10 (right).\n"
                       "Problem: {{ prompt }}\nAnswer: {{ response }}\nScore:")
 
@@ -423,6 +428,12 @@ class LLMJudgerConf(JudgerConf):
     on_timeout: str = "fail"
     # Run the judge folder's own code (config.json auto_map) to load it: only for a folder you trust.
     trust_remote_code: bool = False
+    # The template is rendered and the score read in judging processes that are killed and replaced
+    # past agent.judge_timeout_s (a template with huge loops, a catastrophic score_pattern): these many,
+    # each limited to worker_memory_mb. A rendering longer than max_rendered_chars fails its member.
+    num_workers: int = 1
+    worker_memory_mb: int = 1024
+    max_rendered_chars: int = 16384
 
     def __post_init__(self) -> None:
         if non_finite_values(self):  # left to RunConf's generic pass (see RewardModelJudgerConf)
@@ -431,6 +442,11 @@ class LLMJudgerConf(JudgerConf):
         _check(self.max_tokens >= 1, "judger.max_tokens", self.max_tokens, ">= 1")
         _check(self.temperature >= 0, "judger.temperature", self.temperature, ">= 0 (0 = greedy)")
         _one_of("judger.on_timeout", self.on_timeout, ("fail", "zero"))
+        _check(1 <= self.num_workers <= MAX_JUDGE_WORKERS, "judger.num_workers", self.num_workers,
+               f"1..{MAX_JUDGE_WORKERS} (processes started)")
+        _check(self.worker_memory_mb >= 256, "judger.worker_memory_mb", self.worker_memory_mb, ">= 256")
+        _check(1 <= self.max_rendered_chars <= MAX_RENDERED_CHARS, "judger.max_rendered_chars",
+               self.max_rendered_chars, f"1..{MAX_RENDERED_CHARS}")
         try:
             re.compile(self.score_pattern)
         except re.error as exc:
@@ -521,6 +537,9 @@ LORA_SYNCS = ("merged", "adapter")
 VLLM_MAX_LORA_RANK = 512  # the largest of vLLM's max_lora_rank values (vllm.config.lora.MaxLoRARanks)
 
 
+MAX_LORA_SCALE = 1024  # alpha / rank beyond this multiplies the update into overflow, not a setting
+
+
 @dataclass
 class LoraConf:
     """LoRA adapters through peft (rlharness/lora.py); rank 0 trains every weight."""
@@ -538,7 +557,9 @@ class LoraConf:
 
     def __post_init__(self) -> None:
         _check(isinstance(self.rank, int) and self.rank >= 0, "model.lora.rank", self.rank, "an integer >= 0")
-        _check(self.alpha > 0, "model.lora.alpha", self.alpha, "> 0")
+        _check(self.alpha > 0 and self.alpha <= MAX_LORA_SCALE * max(self.rank, 1), "model.lora.alpha", self.alpha,
+               f"> 0 and at most {MAX_LORA_SCALE} x model.lora.rank (the update is scaled by alpha / rank; "
+               f"usual: 1-2 x rank)")
         _check(0 <= self.dropout < 1, "model.lora.dropout", self.dropout, "in [0, 1)")
         _one_of("model.lora.sync", self.sync, LORA_SYNCS)
         _check(all(isinstance(t, str) and t for t in self.target_modules), "model.lora.target_modules",
@@ -874,6 +895,11 @@ class AlgoConf:
 
 
 # ----------------------------------------------------------------------------- task
+# Rows a generated task (arithmetic, countdown, reasoning_gym) makes at the start: more than any run here
+# consumes (400 steps x 64 prompts is 25,600), and about what fits in memory as prompts.
+MAX_TASK_ROWS = 10_000_000
+
+
 @dataclass
 class TaskConf:
     name: str = MISSING
@@ -888,7 +914,7 @@ class TaskConf:
 
     def __post_init__(self) -> None:
         _check(isinstance(self.seed, int) and self.seed >= 0, "task.seed", self.seed, "an integer >= 0")
-        _check(self.num_eval >= 0, "task.num_eval", self.num_eval, ">= 0")
+        _check(0 <= self.num_eval <= MAX_TASK_ROWS, "task.num_eval", self.num_eval, f"0..{MAX_TASK_ROWS}")
         _check(self.max_prompt_tokens >= 0, "task.max_prompt_tokens", self.max_prompt_tokens,
                ">= 0 (0 = the model's positions minus the response budget)")
         _one_of("task.long_prompts", self.long_prompts, ("refuse", "drop"))
@@ -910,7 +936,8 @@ class ArithmeticTaskConf(TaskConf):
             _one_of("task.operators[]", op, ("+", "-", "*"))
         _check(len(self.operators) >= 1 and len(set(self.operators)) == len(self.operators), "task.operators",
                list(self.operators), "one or more distinct operators among +, -, *")
-        _check(self.num_train >= 1, "task.num_train", self.num_train, ">= 1")
+        _check(1 <= self.num_train <= MAX_TASK_ROWS, "task.num_train", self.num_train,
+               f"1..{MAX_TASK_ROWS} (rows generated at the start)")
         # Problems are drawn without repeats; more than exist could never be drawn (the draw would not end).
         space = 10 ** (2 * self.digits) * len(self.operators)
         if self.num_train + self.num_eval > space:
@@ -932,7 +959,8 @@ class CountdownTaskConf(TaskConf):
         super().__post_init__()
         _check(2 <= self.num_numbers <= 6, "task.num_numbers", self.num_numbers, "2..6")
         _check(self.max_number >= 1, "task.max_number", self.max_number, ">= 1")
-        _check(self.num_train >= 1, "task.num_train", self.num_train, ">= 1")
+        _check(1 <= self.num_train <= MAX_TASK_ROWS, "task.num_train", self.num_train,
+               f"1..{MAX_TASK_ROWS} (rows generated at the start)")
 
 
 @dataclass
@@ -967,11 +995,16 @@ class ReasoningGymTaskConf(TaskConf):
     # Appended to the question after a space (what the model must write, e.g. "Give only the final number.").
     instruction: str = ""
     apply_chat_template: bool = True
+    # Before the run a few items are generated in a process of their own, under this time (and 4 GB): a
+    # dataset_config whose sizes make one item take minutes (max_terms: 1e8) is refused, not run for hours.
+    probe_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.num_eval >= 0, "task.num_eval", self.num_eval, ">= 0")
-        _check(self.num_train >= 1, "task.num_train", self.num_train, ">= 1")
+        _check(1 <= self.num_train <= MAX_TASK_ROWS, "task.num_train", self.num_train,
+               f"1..{MAX_TASK_ROWS} (rows generated at the start)")
+        _check(self.probe_timeout_s > 0, "task.probe_timeout_s", self.probe_timeout_s, "> 0")
         # The dataset name and config keys are checked by RunConf, which knows the task's key.
 
 

@@ -53,6 +53,8 @@ from rlharness.trainer.zero_signal import ZeroSignalWatch, warn_if_greedy
 
 log = logging.getLogger(__name__)
 
+# Of stop_timeout_s, what a stop may spend waiting for in-flight groups (the rest: the checkpoint, W&B, actors).
+STOP_DRAIN_SHARE = 0.2
 # What a checkpoint's trainer.pt holds (written by `_save`, checked on resume: another program's or version's
 # file is refused naming the key, not a KeyError after the run directory was written to).
 TRAINER_STATE = {"step": int, "model_version": int, "wandb_run_id": (str, type(None)), "producer": dict,
@@ -131,6 +133,8 @@ class Trainer:
             raise
         finally:
             if producer is not None:
+                if self.stop.requested:
+                    self.c.manager.hurry(conf.stop_timeout_s * STOP_DRAIN_SHARE)
                 await self.c.manager.close()
             if self.stop.requested:
                 await self._save_on_stop()
@@ -161,6 +165,7 @@ class Trainer:
             stopper.cancel()
         if work.done():
             return work.result()
+        c.manager.hurry(self.conf.stop_timeout_s * STOP_DRAIN_SHARE)
         work.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await work
