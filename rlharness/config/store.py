@@ -16,29 +16,12 @@ import typing
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from rlharness.config import schema as s
+from rlharness.config.registry import GROUPS
 from rlharness.config.run import RunConf
 
-SCHEMAS: dict[str, dict[str, type]] = {
-    "strategy": {"sync": s.SyncStrategyConf, "async": s.AsyncStrategyConf},
-    "sampler": {"default": s.SamplerConf},
-    "agent": {"single_turn": s.SingleTurnAgentConf, "multi_turn_tool": s.MultiTurnToolAgentConf,
-              "one_tool_call": s.MultiTurnToolAgentConf, "openai_gateway": s.OpenAIGatewayAgentConf},
-    # Presets (an option file over a schema) that experiments pick, so a swapped judger leaves none of their keys.
-    "judger": {**s.JUDGER_SCHEMAS, "math_strict": s.MathJudgerConf, "arith_rm": s.RouterJudgerConf,
-               "reasoning_gym_last_number": s.ReasoningGymJudgerConf},
-    "model": {"default": s.ModelConf, "smollm2": s.ModelConf, "tiny_chat": s.ModelConf},
-    "engine": {"hf": s.HFEngineConf, "vllm": s.VLLMEngineConf, "sim": s.SimEngineConf},
-    "backend": {"torch": s.TorchBackendConf, "deepspeed": s.DeepSpeedBackendConf, "sim": s.SimBackendConf},
-    "algo": {"grpo": s.AlgoConf, "drgrpo": s.AlgoConf, "rloo": s.AlgoConf, "reinforce_pp": s.AlgoConf,
-             "gspo": s.AlgoConf, "ppo": s.AlgoConf},
-    "task": {"arithmetic": s.ArithmeticTaskConf, "arithmetic_unpadded": s.ArithmeticTaskConf,
-             "countdown": s.CountdownTaskConf, "jsonl": s.JsonlTaskConf, "reasoning_gym": s.ReasoningGymTaskConf,
-             "tiny_chat_math": s.JsonlTaskConf, "tiny_chat_tools": s.JsonlTaskConf,
-             "rg_addition": s.ReasoningGymTaskConf},
-    "cluster": {"local": s.LocalClusterConf, "local_ray": s.LocalRayClusterConf, "slurm": s.SlurmClusterConf},
-    "logger": {"wandb": s.WandbLoggerConf, "none": s.NoneLoggerConf},
-}
+# schema/<group>/<name> for every implementation a group registers (rlharness/config/registry.py).
+SCHEMAS: dict[str, dict[str, type]] = {group: {name: impl.schema for name, impl in impls.items()}
+                                       for group, impls in GROUPS.items()}
 
 
 def dict_fields(schema: type, prefix: str = "") -> list[tuple[str, type]]:

@@ -34,8 +34,8 @@ import threading
 from collections import Counter
 from typing import Any
 
-from rlharness.redaction import redact
-from rlharness.types import Group, RolloutState, Status
+from rlharness.core.redaction import redact
+from rlharness.core.types import Group, RolloutState, Status
 
 log = logging.getLogger(__name__)
 

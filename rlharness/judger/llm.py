@@ -35,7 +35,7 @@ from typing import Any
 from rlharness.config.schema import ConfigError, HFEngineConf, LLMJudgerConf, VLLMEngineConf
 from rlharness.judger.base import Judger, gather_fail_fast
 from rlharness.judger.pool import JudgeLimitExceeded
-from rlharness.types import RolloutState
+from rlharness.core.types import RolloutState
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class LLMJudger(Judger):
         """(encode, positions) of the judge model: its tokenizer, chat template and position count."""
         from rlharness.data.prompt_length import model_positions
         from rlharness.judger.reward_model import judge_model_conf
-        from rlharness.model import load_model_config, load_tokenizer, text_codec
+        from rlharness.model.load import load_model_config, load_tokenizer, text_codec
 
         model = judge_model_conf(self.conf)
         tokenizer = load_tokenizer(model)

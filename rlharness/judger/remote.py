@@ -18,7 +18,7 @@ keys in a reply are kept in the reward.
 when the request is made (never stored in the config, so a token stays out of every file).
 A variable that is not set, or holds no legal header value (a `\r` from a file edited on Windows), is
 refused with the config (before anything starts), naming it and never its value; the value is
-redacted from every error text the run writes (rlharness/redaction.py).
+redacted from every error text the run writes (rlharness/core/redaction.py).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from typing import Any
 
 from rlharness.config.schema import ENV_PREFIX, RemoteJudgerConf, header_value_problem
 from rlharness.judger.base import Judger, gather_fail_fast
-from rlharness.redaction import register_secret
-from rlharness.types import RolloutState
+from rlharness.core.redaction import register_secret
+from rlharness.core.types import RolloutState
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import pytest
 from rlharness.config.run import RunConf
 from rlharness.config.schema import ConfigError
 from rlharness.config.store import SCHEMAS, dict_fields
-from rlharness.preflight import compose_typed
+from rlharness.launch.preflight import compose_typed
 
 # (group option that has the field, or None for RunConf's own) -> field -> (an entry's key, its value as
 # written on the command line, as composed).

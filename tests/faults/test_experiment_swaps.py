@@ -19,8 +19,9 @@ import yaml
 
 from rlharness.config.schema import ConfigError
 from rlharness.config.store import SCHEMAS
-from rlharness.preflight import compose_typed
+from rlharness.launch.preflight import compose_typed
 from tests.helpers import ROOT
+from tests.integration.test_config import extended_schema
 
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
 GROUPS = sorted(p.name for p in (ROOT / "conf").iterdir() if p.is_dir() and p.name != "experiment")
@@ -32,6 +33,7 @@ EXPERIMENT_NEEDS = {"gsm8k": ["task.path=/data/x.jsonl"]}
 REFUSED = {
     ("sim_async", "strategy"): ({"sync"}, "strategy.over_sample_threshold"),
     ("gateway_tools", "task"): ({"arithmetic", "arithmetic_unpadded", "countdown"}, "task.apply_chat_template"),
+    ("gateway_code", "task"): ({"arithmetic", "arithmetic_unpadded", "countdown"}, "task.apply_chat_template"),
     ("arith_mix", "task"): ("every", "several tasks"),
     ("arith_mix", "judger"): ("every", "several tasks"),
 }
@@ -47,6 +49,11 @@ def touched_groups(experiment: str) -> set[str]:
 
 def options(group: str) -> list[str]:
     return sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
+
+
+def schema(group: str, option: str) -> type:
+    """The schema conf/<group>/<option>.yaml extends (an implementation's, or the one it presets)."""
+    return SCHEMAS[group][extended_schema(group, option)]
 
 
 def missing_keys(values: dict, schema: type, prefix: str) -> list[str]:
@@ -76,7 +83,7 @@ def test_every_experiment_sets_only_keys_that_every_option_of_the_group_has():
             for option in options(group):
                 if REFUSED.get((experiment, group), ("",))[0] == "every":
                     continue  # refused whatever the keys (a multi-task experiment)
-                missing = missing_keys(spec.get(group) or {}, SCHEMAS[group][option], f"{group}.")
+                missing = missing_keys(spec.get(group) or {}, schema(group, option), f"{group}.")
                 assert not missing or option in refused_options(experiment, group), (
                     f"experiment={experiment} sets {missing}, which {group}={option} does not have: move them into "
                     f"an option of conf/{group}/ that the experiment picks, or add the pair to REFUSED")
@@ -92,7 +99,8 @@ RUNS = [("chat_math", "judger", "reward_model"), ("chat_math", "judger", "llm"),
         ("gateway_tools", "agent", "multi_turn_tool"), ("gateway_tools", "task", "tiny_chat_math"),
         ("smollm2_arith", "judger", "math"), ("smollm2_arith", "task", "arithmetic"),
         ("smollm2_arith", "model", "tiny_chat"), ("arith_rm", "judger", "reward_model"),
-        ("arith_async", "strategy", "sync"), ("gsm8k", "algo", "drgrpo"), ("countdown", "task", "arithmetic")]
+        ("arith_async", "strategy", "sync"), ("gsm8k", "algo", "drgrpo"), ("countdown", "task", "arithmetic"),
+        ("code_tools", "agent", "multi_turn_tool"), ("code_tools", "judger", "math"), ("gateway_code", "agent", "single_turn")]
 REFUSALS = [(e, g, o) for (e, g), (chosen, _) in REFUSED.items()
             for o in (["countdown" if g == "task" else "math"] if chosen == "every" else sorted(chosen))]
 
@@ -109,7 +117,7 @@ def test_a_group_swapped_under_an_experiment_runs_or_is_refused_in_one_line(expe
         assert "ConfigKeyError" not in line and "full_key" not in line, line
         return
     _, conf = compose_typed(args)
-    assert type(getattr(conf, group)) is SCHEMAS[group][option]  # the user's option, whole
+    assert type(getattr(conf, group)) is schema(group, option)  # the user's option, whole
     base = compose_typed([f"experiment={experiment}", *EXPERIMENT_NEEDS.get(experiment, []),
                           "hydra.run.dir=/tmp/unused"])[1]
     for key in ("batch_size", "total_steps", "eval_every"):  # the experiment's other settings stay
@@ -121,7 +129,7 @@ def test_the_issues_example_trains_with_the_experiments_model_and_data(tmp_path)
     reward model, with chat_math's model, data and budget."""
     import json
 
-    from rlharness.run_dir import RunDir
+    from rlharness.core.run_dir import RunDir
     from tests.helpers import run_cli
     from tests.judger.test_learned_judgers import save_classifier
 
@@ -142,7 +150,7 @@ def test_an_experiment_of_ones_own_that_sets_a_key_the_swapped_option_lacks_is_n
     (tmp_path / "experiment").mkdir()
     (tmp_path / "experiment" / "mine.yaml").write_text(
         "# @package _global_\ndefaults:\n  - override /judger: math\njudger:\n  fallback_last_number: false\n")
-    from rlharness.preflight import ConfigSource
+    from rlharness.launch.preflight import ConfigSource
 
     with pytest.raises(ConfigError) as err:
         compose_typed(["experiment=mine", "judger=countdown"], ConfigSource(config_dir=str(tmp_path)))

@@ -15,7 +15,7 @@ import signal
 
 import pytest
 
-from rlharness.fault_points import signal_at
+from rlharness.core.fault_points import signal_at
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import read_metrics
 from tests.faults.test_judging_faults import col, write_task

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlharness.config.schema import ConfigError
-from rlharness.preflight import compose_checked
+from rlharness.launch.preflight import compose_checked
 from tests.faults.test_refused_input import refused
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -60,7 +60,7 @@ def test_tokenizer_differences_name_what_differs_and_allow_a_padded_embedding(tm
     import json
     import shutil
 
-    from rlharness.tokenizer_match import tokenizer_differences
+    from rlharness.model.tokenizer_match import tokenizer_differences
     from tests.helpers import ROOT
 
     arith = ROOT / "assets" / "tiny-arith"

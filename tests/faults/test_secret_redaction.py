@@ -19,9 +19,9 @@ import pytest
 
 from rlharness.config.schema import ConfigError, RemoteJudgerConf
 from rlharness.judger.remote import RemoteJudger
-from rlharness.redaction import MASK, redact, register_secret
-from rlharness.run_dir import RunDir
-from rlharness.types import RolloutState, Status
+from rlharness.core.redaction import MASK, redact, register_secret
+from rlharness.core.run_dir import RunDir
+from rlharness.core.types import RolloutState, Status
 from tests.faults.test_judging_faults import SERVER
 from tests.helpers import run_cli
 
