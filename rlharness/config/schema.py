@@ -504,12 +504,11 @@ class LLMJudgerConf(JudgerConf):
     on_timeout: str = "fail"
     # Run the judge folder's own code (config.json auto_map) to load it: only for a folder you trust.
     trust_remote_code: bool = False
-    # The template is rendered and the score read in judging processes that are killed and replaced
-    # past agent.judge_timeout_s (a template with huge loops, a catastrophic score_pattern): these many,
-    # each limited to worker_memory_mb. A rendering longer than max_rendered_chars fails its member.
+    # Judging processes that render the template and read the score, killed and replaced past
+    # agent.judge_timeout_s (a template with huge loops, a catastrophic score_pattern).
     num_workers: int = 1
-    worker_memory_mb: int = 1024
-    max_rendered_chars: int = 16384
+    worker_memory_mb: int = 1024  # address-space limit of each of those processes
+    max_rendered_chars: int = 16384  # a longer rendering fails its member (and the start, on a task's first row)
 
     def __post_init__(self) -> None:
         if non_finite_values(self):  # left to RunConf's generic pass (see RewardModelJudgerConf)

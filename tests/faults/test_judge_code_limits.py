@@ -60,7 +60,7 @@ def test_a_template_that_hangs_on_some_rows_fails_those_groups_at_the_timeout(tm
 def test_a_catastrophic_score_pattern_costs_its_timeout_and_the_run_goes_on(tmp_path):
     run_dir = tmp_path / "run"
     run_cli([*task(tmp_path, 99), *JUDGE, "judger.on_timeout=zero",
-             f"judger.score_pattern='{CATASTROPHIC}'", "agent.judge_timeout_s=2", "total_steps=1",
+             f"judger.score_pattern='{CATASTROPHIC}'", "agent.judge_timeout_s=5", "total_steps=1",
              f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     metrics = read_metrics(run_dir / "metrics.jsonl")
     assert col(metrics, "judge/timeouts") >= 1 and col(metrics, "judge/scored_zero_on_timeout") >= 1

@@ -10,9 +10,6 @@ import asyncio
 import json
 import secrets
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +19,7 @@ from rlharness.judger.remote import RemoteJudger
 from rlharness.core.redaction import MASK, redact, register_secret
 from rlharness.core.run_dir import RunDir
 from rlharness.core.types import RolloutState, Status
-from tests.faults.test_judging_faults import SERVER
+from tests.faults.test_judge_secrets import authorized_server
 from tests.helpers import run_cli
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -113,18 +110,8 @@ def test_redaction_masks_every_spelling_of_a_registered_secret_and_any_url_crede
 @pytest.fixture
 def echoing_server(tmp_path):
     """The judge server requiring `Authorization: <secret>` and quoting it back for answers E* and C*."""
-    secret = secret_token()
-    port_file, stats_file = tmp_path / "echo.port", tmp_path / "echo.stats.json"
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--mode", "by_label", "--port-file", str(port_file),
-                             "--stats-file", str(stats_file), "--max-s", "240", "--auth-env", "SERVER_TOKEN"],
-                            env={"SERVER_TOKEN": secret, "PATH": "/usr/bin:/bin"})
-    for _ in range(400):
-        if port_file.exists() and port_file.read_text():
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port_file.read_text()}", secret, lambda: json.loads(stats_file.read_text())
-    proc.terminate()
-    proc.wait(timeout=10)
+    with authorized_server(tmp_path, "by_label") as served:
+        yield served
 
 
 def _task(d: Path) -> list[str]:
