@@ -69,6 +69,15 @@ def output_path_problem(path: Path) -> str | None:
     return None
 
 
+def first_missing(path: Path) -> Path | None:
+    """The first folder that making `path` would create (None: it exists): what a refused start removes."""
+    if path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
+
+
 def step_name(step: int) -> str:
     """`step_XXXXXXXX`: a checkpoint's folder, and the stem of a step's ledger and eval file."""
     return f"step_{step:08d}"

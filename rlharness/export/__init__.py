@@ -15,7 +15,7 @@ resume=<run>` and anything else built on it get the merged model.
 
 Refused in one line (exit 2, nothing written): a run directory without complete checkpoints,
 a `--step` that has none (the line lists the steps there are), a checkpoint whose files are
-truncated, unreadable or of another model (rlharness/weight_files.py), an output path that is a
+truncated, unreadable or of another model (rlharness/model/weight_files.py), an output path that is a
 file, a dangling symbolic link, a folder that is not empty or one inside the run's checkpoints/.
 """
 

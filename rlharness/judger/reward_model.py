@@ -62,7 +62,7 @@ def judge_model_conf(conf: Any) -> ModelConf:
 def check_reward_model(conf: RewardModelJudgerConf, key: str = "judger") -> None:
     """Refuse, before a run starts, a folder that is not a sequence classifier, a head whose logit
     is ambiguous, or weights that are unreadable, hold code or do not fit its config.json. Reads
-    config.json and the weight files' headers only (rlharness/weight_files.py)."""
+    config.json and the weight files' headers only (rlharness/model/weight_files.py)."""
     from transformers import AutoConfig
 
     from rlharness.model.weight_files import WeightFileError, check_weights, tensor_shapes

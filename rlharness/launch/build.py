@@ -107,14 +107,14 @@ def check_model_weights(conf: RunConf) -> None:
     from rlharness.model.load import resolve_model_path
     from rlharness.model.weight_files import WeightFileError, check_weights
 
-    folders = [("model.path", conf.model.path)]
+    folders = {"model": conf.model.path}
     if conf.algo.advantage == "gae" and conf.algo.critic.path is not None:
-        folders.append(("algo.critic.path", conf.algo.critic.path))
-    for key, path in folders:
+        folders["algo.critic"] = conf.algo.critic.path
+    for key, path in folders.items():
         try:
-            check_weights(resolve_model_path(path, key.rsplit(".", 1)[0]), trust_remote_code=conf.model.trust_remote_code)
+            check_weights(resolve_model_path(path, key), trust_remote_code=conf.model.trust_remote_code)
         except WeightFileError as exc:
-            raise ConfigError(f"{key}={path!r}: {exc}") from None
+            raise ConfigError(f"{key}.path={path!r}: {exc}") from None
 
 
 def load_tasks(conf: RunConf, check_data: Callable[[RunConf, dict[str, Any]], None]):

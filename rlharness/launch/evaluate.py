@@ -31,7 +31,7 @@ from typing import Any
 from rlharness.config.run import RunConf
 from rlharness.config.schema import ConfigError
 from rlharness.launch.overrides import merge_overrides, override_key
-from rlharness.core.run_dir import EVALUATE_PREFIX, HYDRA, RunDir
+from rlharness.core.run_dir import EVALUATE_PREFIX, HYDRA, RunDir, first_missing
 
 log = logging.getLogger("rlharness")
 
@@ -65,10 +65,7 @@ class OutputGuard:
     def record(cls, out_dir: Path, output_subdir: str) -> OutputGuard:
         if out_dir.exists():
             return cls([p for p in (out_dir / output_subdir, RunDir(out_dir).log("evaluate")) if not p.exists()])
-        missing = out_dir
-        while not missing.parent.exists():
-            missing = missing.parent
-        return cls([out_dir], missing)
+        return cls([out_dir], first_missing(out_dir))
 
     def rollback(self) -> None:
         from rlharness.launch.preflight import remove_empty_parents

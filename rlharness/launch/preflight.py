@@ -52,7 +52,7 @@ from rlharness.config.schema import ConfigError, LocalRayClusterConf, ReasoningG
 from rlharness.launch.slurm_capacity import check_capacity
 from rlharness.distributed.placement_plan import check_fits
 from rlharness.launch.overrides import FROZEN_ON_RESUME, override_key, override_value, path_override, prepare_resume_argv
-from rlharness.core.run_dir import HYDRA, HYDRA_YAML, RESUMED_PREFIX, RunDir, output_path_problem
+from rlharness.core.run_dir import HYDRA, HYDRA_YAML, RESUMED_PREFIX, RunDir, first_missing, output_path_problem
 
 # Hydra's flags after which it does not run the job (help, printing the config, completion,
 # a rerun of a pickled config): nothing is checked, `resume=<dir>` is still rewritten.
@@ -630,14 +630,9 @@ class RunDirGuard:
     @classmethod
     def record(cls, run_dir: Path, output_subdir: str, job_name: str) -> RunDirGuard:
         log, lock = RunDir(run_dir).log(job_name), RunDir(run_dir).lock
-        created = None
-        if not run_dir.exists():
-            created = run_dir
-            while not created.parent.exists():
-                created = created.parent
         return cls(run_dir, run_dir.exists(), output_subdir, log.name,
                    log.stat().st_size if log.is_file() else None,
-                   lock.read_bytes() if lock.is_file() else None, created)
+                   lock.read_bytes() if lock.is_file() else None, first_missing(run_dir))
 
     def rollback(self) -> None:
         """Undo this start's traces: the folders it created go (outputs/<date>/ too, when this start

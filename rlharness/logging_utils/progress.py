@@ -30,7 +30,7 @@ class Progress:
 
     def update(self, done: int) -> None:
         """Cheap to call per item: it looks at the clock every 1024th call."""
-        if done & 1023 or time.monotonic() < self._next:
+        if not done or done & 1023 or time.monotonic() < self._next:
             return
         elapsed = time.monotonic() - self.t0
         left = elapsed / max(done, 1) * (self.total - done)

@@ -186,3 +186,22 @@ def test_the_export_module_refuses_in_its_own_process_too(ppo_run, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "rlharness.export", str(ppo_run), str(ppo_run / "checkpoints" / "x")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: output folder")
+
+
+# ----------------------------------------------------------------------------- data rows, found once the job runs
+def test_a_corrupt_row_leaves_no_outputs_folder_and_no_change_to_a_run(tmp_path):
+    """A data row is read once the job runs (Hydra has made outputs/<date>/<time>/ by then): the refusal
+    takes back every folder the start made, outputs/ and outputs/<date>/ included, and a resumed run whose
+    data file went bad is left as it was."""
+    from tests.faults.test_judging_faults import write_task
+
+    data = tmp_path / "data"
+    task = [o for o in write_task(data, [str(i) for i in range(16)]) if o != "save_every=0"]
+    run_dir = tmp_path / "run"
+    run_cli([*task, "total_steps=2", "save_every=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    with open(data / "train.jsonl", "a") as fh:
+        fh.write('{"question": "1+1=", "answer": NaN}\n')
+    line = f"{data / 'train.jsonl'}:17"
+    refused_by("train.py", task, tmp_path, [line, "NaN"])  # default directory: outputs/<date>/<time>
+    assert not (tmp_path / "outputs").exists()
+    refused_by("train.py", [f"resume={run_dir}", "total_steps=3"], tmp_path, [line, "NaN"], watch=run_dir)

@@ -54,11 +54,16 @@ def test_a_reasoning_gym_config_whose_items_take_forever_is_refused_before_gener
              "task.probe_timeout_s", "too large"])
 
 
-def test_a_reasoning_gym_config_making_huge_questions_is_refused(tmp_path):
-    from rlharness.data.reasoning_gym import MAX_QUESTION_CHARS, probe_dataset
+def test_a_reasoning_gym_config_making_huge_questions_is_refused(monkeypatch):
+    """The probe's longest question is checked against MAX_QUESTION_CHARS (lowered here so that an ordinary
+    config trips it: generating questions of 100,000 characters would take the test minutes)."""
+    from rlharness.data import reasoning_gym
 
-    with pytest.raises(ConfigError, match=rf"questions of \d+ characters \(at most {MAX_QUESTION_CHARS}\)"):
-        probe_dataset("basic_arithmetic", {"min_terms": 30000, "max_terms": 30000}, timeout_s=120)
+    monkeypatch.setattr(reasoning_gym, "MAX_QUESTION_CHARS", 5)
+    monkeypatch.setattr(reasoning_gym, "_PROBED", {})
+    with pytest.raises(ConfigError, match=r"task.dataset_config=\{'max_terms': 3\} is not allowed: dataset "
+                                          r"'basic_arithmetic' makes questions of \d+ characters \(at most 5\)"):
+        reasoning_gym.probe_dataset("basic_arithmetic", {"max_terms": 3}, timeout_s=120)
 
 
 def test_long_generation_says_how_far_it_is(caplog):
