@@ -30,7 +30,7 @@ from typing import Any
 
 from rlharness.config.run import RunConf
 from rlharness.config.schema import ConfigError
-from rlharness.launch.overrides import merge_overrides, override_key
+from rlharness.launch.overrides import merge_overrides, override_key, path_override
 from rlharness.core.run_dir import EVALUATE_PREFIX, HYDRA, RunDir, first_missing
 
 log = logging.getLogger("rlharness")
@@ -134,6 +134,8 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
         output_subdir = f"{HYDRA}/{EVALUATE_PREFIX}{stamp}"
         merged = [*merged, f"hydra.output_subdir={output_subdir}"]
         source.subdir = f"{EVALUATE_PREFIX}{stamp}"
+    if not any(override_key(o) == "hydra.run.dir" for o in merged):  # Hydra's `now` must not move it
+        merged = [*merged, path_override("hydra.run.dir", out_dir)]
     return [argv[0], *merged, *flags], source, OutputGuard.record(out_dir, output_subdir)
 
 
