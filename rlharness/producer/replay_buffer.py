@@ -20,6 +20,7 @@ import logging
 from collections import Counter, OrderedDict
 from typing import Any, Iterable
 
+from rlharness.producer.legacy_state import groups_of_format_1
 from rlharness.producer.staleness import StalenessPolicy
 from rlharness.core.types import Group, Status, stable_seed
 
@@ -28,6 +29,10 @@ log = logging.getLogger(__name__)
 # Pools a group can wait in; FILTERED/FAILED go to the dropped list instead.
 KEPT_STATUSES = (Status.COMPLETED, Status.ABORTED, Status.EXPIRED)
 DROPPED_STATUSES = (Status.FILTERED, Status.FAILED)
+
+# The layout of `state_dict`: 2 = groups as `Group.to_dict` (1: lists of sample dicts with the
+# producer's bookkeeping in each sample's `extra`; still read, see producer/legacy_state.py).
+STATE_FORMAT = 2
 
 
 def _expire(group: Group) -> int:
@@ -197,6 +202,7 @@ class ReplayBuffer:
         groups = [g.to_dict() for pools in self._pools.values() for pool in pools.values() for g in pool.values()]
         groups += [g.clone().mark_aborted().to_dict() for g in in_flight]
         return {
+            "format": STATE_FORMAT,
             **self.staleness.state_dict(),
             "groups": groups,
             "dropped": [g.to_dict() for g in self._dropped],
@@ -204,8 +210,16 @@ class ReplayBuffer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        groups = [Group.from_dict(d) for d in state["groups"]]
-        dropped = [Group.from_dict(d) for d in state["dropped"]]
+        """A state of this format or of format 1 (written before groups had a type of their own)."""
+        fmt = state.get("format", 1)
+        if fmt == 1:
+            groups, dropped = groups_of_format_1(state)
+        elif fmt == STATE_FORMAT:
+            groups = [Group.from_dict(d) for d in state["groups"]]
+            dropped = [Group.from_dict(d) for d in state["dropped"]]
+        else:
+            raise ValueError(f"replay buffer state format {fmt!r} is not one this code reads (1, {STATE_FORMAT}): "
+                             f"resume with the version of rlharness that wrote the checkpoint")
         self._pools.clear()
         self._oldest.clear()
         self._checked_step = 0
