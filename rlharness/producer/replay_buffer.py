@@ -193,9 +193,6 @@ class ReplayBuffer:
         out, self._dropped = self._dropped, []
         return out
 
-    def num_dropped_pending(self) -> int:
-        return len(self._dropped)
-
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self, in_flight: Iterable[Group] = ()) -> dict[str, Any]:
         """Every group held, plus `in_flight` groups saved as ABORTED (copies; nothing live mutated)."""
