@@ -29,7 +29,7 @@ All in one run, each comparison measured side by side:
    - with Ray installed (`--object-store`, on by default): `mode=disagg`'s object-store route for
      the same state dict, end to end: a training actor (`TrainWorkerActor` hosting a `TorchBackend`
      of the model) copies its weights and puts them into the object store (`RemoteWeights`), the
-     hf engine actor (`EngineActor`) reads that object and loads it (`ObjectStoreRoute`); the two
+     hf engine actor (`EngineActor`) reads that object and loads it (`ObjectStoreChannel`); the two
      halves are timed too, and the time to first token through the actor after the sync;
    - vLLM's CPU build re-packs every linear layer's weight for oneDNN after each load
      (`create_onednn_mm`, in vLLM's reload): that packing alone, over the same weights in this

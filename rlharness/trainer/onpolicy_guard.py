@@ -37,7 +37,7 @@ MAX_NAMED = 8
 
 
 def weights_verdict(trained: dict[str, torch.Tensor] | None, engine: dict[str, torch.Tensor] | None) -> str:
-    """What the engine computed with, from the block checksums (`weight_transfer.weight_checksums`) of
+    """What the engine computed with, from the block checksums (`rlharness.weights.transfer.weight_checksums`) of
     the weights being trained and of the engine's ('' when either side cannot say: a remote or another
     engine, LoRA, names or shapes that do not match). A differing tensor is named with the blocks of
     `CHECKSUM_BLOCK` elements that differ: a stale page reads apart from a stale tensor."""
