@@ -234,7 +234,7 @@ GROUP_FACTS = ("group_id", "task", "prompt_index", "epoch", "prompt_text", "labe
 class Group:
     """The samples of one prompt and what the producer knows about them as a whole.
 
-    Its status is the worst of its members' (DESIGN.md: FAILED > ABORTED > EXPIRED > FILTERED >
+    Its status is the worst of its members' (FAILED > ABORTED > EXPIRED > FILTERED >
     COMPLETED); the members keep their own (a continued group keeps the members that finished).
     Iterating a group iterates its samples."""
 
