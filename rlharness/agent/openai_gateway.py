@@ -43,7 +43,6 @@ from rlharness.agent.multi_turn_tool import call_length, find_tool_call
 from rlharness.config.schema import OpenAIGatewayAgentConf
 from rlharness.engine.base import GenerateRequest, RolloutEngine, new_request_id
 from rlharness.judger.base import Judger
-from rlharness.core.redaction import redact
 from rlharness.core.types import Group, RolloutState, Status, new_uid
 
 log = logging.getLogger(__name__)
@@ -123,10 +122,7 @@ class GatewayAgentLoop(AgentLoop):
             raise
         if failure is not None:
             await self._stop(sessions)
-            for s in group:
-                s.status = Status.FAILED
-                s.extra["fail_reason"] = redact(failure)
-            return group
+            return group.mark_failed(failure)
         for s, sess in zip(todo, sessions):
             self._record(s, sess)
         if any(s.status is Status.ABORTED for s in group):
@@ -367,7 +363,7 @@ class GatewayAgentLoop(AgentLoop):
 
     # ------------------------------------------------------------------ metrics
     def step_metrics(self, groups: list[Group]) -> dict[str, float]:
-        samples = [s for g in groups for s in g]
+        samples = [s for g in groups for s in g.samples]
         refused = sum(self.server.refused.values())
         new_refused, self._refused_seen = refused - self._refused_seen, refused
         return {

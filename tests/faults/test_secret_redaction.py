@@ -18,7 +18,7 @@ from rlharness.config.schema import ConfigError, RemoteJudgerConf
 from rlharness.judger.remote import RemoteJudger
 from rlharness.core.redaction import MASK, redact, register_secret
 from rlharness.core.run_dir import RunDir
-from rlharness.core.types import RolloutState, Status
+from rlharness.core.types import Status, make_group
 from tests.faults.test_judge_secrets import authorized_server
 from tests.helpers import run_cli
 
@@ -65,8 +65,10 @@ def test_a_token_that_turns_illegal_while_running_fails_groups_without_showing_i
     judger = RemoteJudger(RemoteJudgerConf(url=f"http://127.0.0.1:{listener.getsockname()[1]}/judge",
                                            headers={"Authorization": "env:JUDGE_TOKEN"}, max_retries=0))
     monkeypatch.setenv("JUDGE_TOKEN", token + "\r")
-    group = [RolloutState(uid=f"u{i}", group_id="g", task="t", prompt_index=0, epoch=0, prompt_text="1+0=",
-                          prompt_ids=[], label={"answer": "1"}, response_text="1") for i in range(2)]
+    group = make_group(task="t", prompt_index=0, epoch=0, prompt_text="1+0=", prompt_ids=[], label={"answer": "1"},
+                       k=2)
+    for s in group:
+        s.response_text = "1"
 
     async def go():
         try:
@@ -76,8 +78,8 @@ def test_a_token_that_turns_illegal_while_running_fails_groups_without_showing_i
 
     out = asyncio.run(go())
     listener.close()
-    reason = out[0].extra["fail_reason"]
-    assert out[0].status is Status.FAILED and "JUDGE_TOKEN holds no legal HTTP header value" in reason
+    reason = out.drop_reason
+    assert out.status is Status.FAILED and "JUDGE_TOKEN holds no legal HTTP header value" in reason
     assert token.split()[1] not in reason
 
 
