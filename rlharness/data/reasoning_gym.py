@@ -98,16 +98,17 @@ def probe_dataset(dataset: str, dataset_config: dict[str, Any], key: str = "task
     shown = f"{key}.dataset_config={dataset_config}"
     pool = JudgePool(DatasetProbe(dataset, dataset_config), 1, PROBE_MEMORY_MB)
     try:
-        pool.start()
-        per_item, longest = pool.call_blocking("probe", (), timeout_s)
-    except JudgeLimitExceeded as exc:
-        what = (f"took more than {timeout_s:g} s ({key}.probe_timeout_s)" if exc.kind == "timeout" else
-                f"ran out of memory ({PROBE_MEMORY_MB} MB)" if exc.kind == "memory" else "crashed")
-        raise ConfigError(f"{shown} is not allowed: generating {PROBE_ITEMS} {dataset!r} items {what}; a size in it "
-                          f"is too large (a run generates thousands)") from None
-    except Exception as exc:  # noqa: BLE001 - the dataset's validate() asserts; a bad type raises TypeError
-        detail = str(exc) or type(exc).__name__
-        raise ConfigError(f"{shown} is rejected by dataset {dataset!r}: {detail}") from None
+        pool.start()  # not the dataset's refusal: a process that cannot start is raised as it is
+        try:
+            per_item, longest = pool.call_blocking("probe", (), timeout_s)
+        except JudgeLimitExceeded as exc:
+            what = (f"took more than {timeout_s:g} s ({key}.probe_timeout_s)" if exc.kind == "timeout" else
+                    f"ran out of memory ({PROBE_MEMORY_MB} MB)" if exc.kind == "memory" else "crashed")
+            raise ConfigError(f"{shown} is not allowed: generating {PROBE_ITEMS} {dataset!r} items {what}; a size in "
+                              f"it is too large (a run generates thousands)") from None
+        except Exception as exc:  # noqa: BLE001 - the dataset's validate() asserts; a bad type raises TypeError
+            detail = str(exc) or type(exc).__name__
+            raise ConfigError(f"{shown} is rejected by dataset {dataset!r}: {detail}") from None
     finally:
         pool.close()
     if longest > MAX_QUESTION_CHARS:

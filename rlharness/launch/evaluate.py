@@ -167,8 +167,10 @@ def run_evaluation(conf: RunConf, run_dir: Path, source: Source) -> dict[str, An
     install_log_redaction()
     seed_everything(conf.seed)
     with phase(f"loading the tokenizer and tasks ({', '.join(conf.task_entries())})"):
-        tokenizer, task_data, judgers = load_tasks(conf, check_eval_splits)
-        judgers = verifiable_judgers(conf, judgers)  # a learned reward is not what accuracy is measured by
+        tokenizer, task_data, trained_with = load_tasks(conf, check_eval_splits)
+        judgers = verifiable_judgers(conf, trained_with)  # a learned reward is not what accuracy is measured by
+        replaced = [j for name, j in trained_with.items() if judgers[name] is not j]
+        asyncio.run(_close(None, None, replaced))  # their judging processes (an llm judge's, started by its check)
     encode, decode = text_codec(tokenizer)
     engine = None
     try:
