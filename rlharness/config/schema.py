@@ -361,6 +361,13 @@ class JudgerConf:
 MAX_JUDGE_WORKERS = 256
 
 
+def check_judging_processes(num_workers: int, worker_memory_mb: int) -> None:
+    """A judger's killable processes (rlharness/judger/pool.py): how many, and the memory each may take."""
+    _check(1 <= num_workers <= MAX_JUDGE_WORKERS, "judger.num_workers", num_workers,
+           f"1..{MAX_JUDGE_WORKERS} (processes started)")
+    _check(worker_memory_mb >= 256, "judger.worker_memory_mb", worker_memory_mb, ">= 256")
+
+
 @dataclass
 class RuleJudgerConf(JudgerConf):
     """A judger whose slow scoring (math-verify) runs in worker processes that can be killed.
@@ -375,9 +382,7 @@ class RuleJudgerConf(JudgerConf):
     on_timeout: str = "fail"  # fail | zero
 
     def __post_init__(self) -> None:
-        _check(1 <= self.num_workers <= MAX_JUDGE_WORKERS, "judger.num_workers", self.num_workers,
-               f"1..{MAX_JUDGE_WORKERS} (processes started)")
-        _check(self.worker_memory_mb >= 256, "judger.worker_memory_mb", self.worker_memory_mb, ">= 256")
+        check_judging_processes(self.num_workers, self.worker_memory_mb)
         _one_of("judger.on_timeout", self.on_timeout, ("fail", "zero"))
 
 
@@ -517,9 +522,7 @@ class LLMJudgerConf(JudgerConf):
         _check(self.max_tokens >= 1, "judger.max_tokens", self.max_tokens, ">= 1")
         _check(self.temperature >= 0, "judger.temperature", self.temperature, ">= 0 (0 = greedy)")
         _one_of("judger.on_timeout", self.on_timeout, ("fail", "zero"))
-        _check(1 <= self.num_workers <= MAX_JUDGE_WORKERS, "judger.num_workers", self.num_workers,
-               f"1..{MAX_JUDGE_WORKERS} (processes started)")
-        _check(self.worker_memory_mb >= 256, "judger.worker_memory_mb", self.worker_memory_mb, ">= 256")
+        check_judging_processes(self.num_workers, self.worker_memory_mb)
         _check(1 <= self.max_rendered_chars <= MAX_RENDERED_CHARS, "judger.max_rendered_chars",
                self.max_rendered_chars, f"1..{MAX_RENDERED_CHARS}")
         try:
@@ -590,12 +593,7 @@ class RemoteJudgerConf(JudgerConf):
             if ref is not None and ref not in os.environ:  # refused before the run starts, not at its first request
                 raise ConfigError(f"judger.headers.{name}={value} is not allowed: the environment variable {ref} "
                                   f"is not set (export it before starting)")
-            resolved = os.environ[ref] if ref is not None else str(value)
-            if ref is not None:
-                from rlharness.core.redaction import register_secret
-
-                register_secret(resolved)
-            problem = header_value_problem(resolved)
+            problem = header_value_problem(os.environ[ref] if ref is not None else str(value))
             if problem is not None:  # the HTTP client's error would quote the whole value into every log
                 where = f"the environment variable {ref} holds" if ref is not None else "it is"
                 raise ConfigError(f"judger.headers.{name}{'=' + str(value) if ref is not None else ''} is not allowed: "
