@@ -217,7 +217,7 @@ SANDBOX_ISOLATIONS = ("namespaces", "rlimits")
 
 @dataclass
 class SandboxConf:
-    """Limits and isolation of one sandboxed Python call (rlharness/sandbox, docs/sandbox.md); the
+    """Limits and isolation of one sandboxed Python call (rlharness/sandbox, docs/concepts/sandbox.md); the
     defaults are the safe ones."""
 
     # namespaces: bubblewrap (user, pid, net, ipc, uts, mount namespaces) + rlimits + seccomp; refused at
@@ -299,7 +299,7 @@ class MultiTurnToolAgentConf(AgentConf):
     # the budget is not run (the model is shown "error: ...").
     tool_budget_s: float = 30.0
     tool_workers: int = 2  # tool calls run at once (threads; a python call is a sandboxed process)
-    # The python tool's sandbox (`tools: [python]`; rlharness/sandbox, docs/sandbox.md).
+    # The python tool's sandbox (`tools: [python]`; rlharness/sandbox, docs/concepts/sandbox.md).
     sandbox: SandboxConf = field(default_factory=SandboxConf)
 
     def __post_init__(self) -> None:
