@@ -229,7 +229,8 @@ METRICS: tuple[Metric, ...] = (
     _M("perf/train_s", "s", EVERY_STEP, "Time of the training call."),
     _M("perf/weight_sync_s", "s", EVERY_STEP, "Time of the weight sync to the engines (0 without one)."),
     _M("perf/weight_sync_bytes",
-       "bytes", EVERY_STEP, "Bytes the weight sync sent (LoRA `adapter`: the adapters only)."),
+       "bytes", EVERY_STEP, "Bytes the weight sync sent, in the engine's dtype (LoRA `adapter`: the adapters "
+       "only; delta syncs, `engine.weight_delta`: the changed values and their indices)."),
     _M("perf/eval_s", "s", EVAL, "Wall time of the evaluation."),
     _M("perf/produce_s", "s", EVERY_STEP, "Time the producer's strategies ran since the last batch."),
     _M("perf/tokens_per_s", "tokens/s", EVERY_STEP, "Trained response tokens per second of the step."),
