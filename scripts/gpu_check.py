@@ -124,8 +124,8 @@ def arithmetic_prompts(tokenizer, count: int, seed: int) -> list[tuple[list[int]
 class Check:
     """The state the phases share (one event loop: vLLM's output handler lives in it).
 
-    `gpu=False` runs the phases that need no GPU (rollout, trainer, colocated sync) on vLLM's CPU
-    build, as tests/scripts/test_gpu_check.py rehearses them; `main` always checks a GPU."""
+    `gpu=False` runs the phases on vLLM's CPU build, as tests/scripts/test_gpu_check.py rehearses them:
+    without sleep mode, the trainer on the CPU, the broadcast group over gloo; `main` always checks a GPU."""
 
     def __init__(self, args: argparse.Namespace, gpu: bool = True) -> None:
         from rlharness.config.schema import AlgoConf, ModelConf
@@ -170,7 +170,7 @@ class Check:
     def rollout(self, version: int, prompts: int | None = None) -> tuple[list, dict[str, Any]]:
         """The first `prompts` prompts (all) `--samples` times at temperature 1: groups of RolloutStates, and
         the phase's numbers."""
-        from rlharness.core.types import RolloutState, Status
+        from rlharness.core.types import Group, RolloutState, Status
         from rlharness.engine.base import GenerateRequest, SamplingParams
 
         sampling = SamplingParams(temperature=1.0, max_tokens=self.args.max_tokens)
@@ -197,7 +197,7 @@ class Check:
                     prompt_ids=ids, response_ids=list(r.token_ids), response_logprobs=list(r.logprobs),
                     response_model_steps=list(r.model_steps), reward={"score": score},
                     status=Status.COMPLETED, finish_reason=r.finish_reason))
-            groups.append(group)
+            groups.append(Group.from_samples(group))
         tokens = sum(len(r.token_ids) for r in results)
         assert all(set(r.model_steps) <= {version} for r in results), "tokens stamped with another version"
         return groups, {"requests": len(requests), "tokens": tokens, "tokens_per_s": round(tokens / seconds, 1),
@@ -295,27 +295,31 @@ class Check:
         self.run(self.trainer.train_step(self.batch(self.groups, train_step=self.version + 1)))
         return self.encoder.encode(self._weights(), full)
 
-    def nccl_sync(self) -> dict[str, Any]:
+    def group_sync(self) -> dict[str, Any]:
+        """The disaggregated route: a broadcast group of this process (rank 0) and vLLM's worker; NCCL on
+        the GPU (gloo where `gpu=False`)."""
         import torch
 
         from rlharness.engine.vllm import free_port
         from rlharness.weights.delta import WeightEncoding
         from rlharness.weights.transfer import WeightGroupMember, state_bytes
 
-        one_gpu = torch.cuda.device_count() == 1
+        backend = "nccl" if self.gpu else "gloo"
+        one_gpu = self.gpu and torch.cuda.device_count() == 1
         if one_gpu:
             os.environ["NCCL_HOSTID"] = "rlharness-trainer"  # this process's NCCL: another "host" than vLLM's
-        torch.cuda.set_device(torch.device(self.trainer_device))
+        if self.gpu:
+            torch.cuda.set_device(torch.device(self.trainer_device))
         self.encoder = WeightEncoding("bfloat16", delta=True).encoder()
         port, timeout_s = free_port(), 120.0
         box: dict[str, Any] = {}
         joiner = threading.Thread(target=lambda: box.setdefault(
-            "m", WeightGroupMember("nccl", "127.0.0.1", port, 0, 2, timeout_s)))
+            "m", WeightGroupMember(backend, "127.0.0.1", port, 0, 2, timeout_s)))
         joiner.start()
-        self.run(self.engine.join_weight_group("nccl", "127.0.0.1", port, 1, 2, timeout_s))
+        self.run(self.engine.join_weight_group(backend, "127.0.0.1", port, 1, 2, timeout_s))
         joiner.join(timeout_s)
         self.member = box["m"]
-        out: dict[str, Any] = {"one_gpu_via_nccl_hostid": one_gpu}
+        out: dict[str, Any] = {"backend": backend, "one_gpu_via_nccl_hostid": one_gpu}
         for kind in ("full", "delta"):
             payload = self._step_and_encode(full=kind == "full")
             self.version += 1
@@ -396,7 +400,7 @@ def main() -> int:
         if report.phase("vllm_start", check.start_vllm) and report.phase("rollout", check.first_rollout):
             report.phase("sleep", check.sleep)
             if report.phase("trainer", check.train):
-                report.phase("nccl_sync", check.nccl_sync)
+                report.phase("nccl_sync", check.group_sync)
                 report.phase("colocated_sync", check.colocated_sync)
     finally:
         check.close()

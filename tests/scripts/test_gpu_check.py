@@ -64,9 +64,10 @@ def test_the_check_itself_refuses_a_torch_without_cuda(tmp_path):
 
 @pytest.mark.vllm
 @pytest.mark.timeout(900)
-def test_the_phases_that_need_no_gpu_rehearse_on_vllms_cpu_build(tmp_path):
-    """The rollout, the trainer's step and bfloat16 gap, and the colocated sync (full, then delta) run
-    through the script's own code on the embedded chat model; sleep mode and NCCL need the GPU."""
+def test_the_phases_rehearse_on_vllms_cpu_build(tmp_path):
+    """The rollout, the trainer's step and bfloat16 gap, the group sync (gloo here) and the colocated
+    sync (full, then delta) run through the script's own code on the embedded chat model; what only a
+    GPU can show (sleep mode, NCCL, CUDA training) it cannot."""
     gpu_check = load_script(ROOT / "scripts" / "gpu_check.py", "gpu_check")
     args = argparse.Namespace(model=ROOT / "assets" / "tiny-chat", prompts=4, samples=2, max_tokens=48, train_steps=1,
                               lr=1e-4, gpu_memory_utilization=0.3)
@@ -74,13 +75,17 @@ def test_the_phases_that_need_no_gpu_rehearse_on_vllms_cpu_build(tmp_path):
     check = gpu_check.Check(args, gpu=False)
     try:
         for name, phase in (("vllm_start", check.start_vllm), ("rollout", check.first_rollout),
-                            ("trainer", check.train), ("colocated_sync", check.colocated_sync)):
+                            ("trainer", check.train), ("group_sync", check.group_sync),
+                            ("colocated_sync", check.colocated_sync)):
             assert report.phase(name, phase), report.data["errors"]
     finally:
         check.close()
     phases = json.loads((tmp_path / "out.json").read_text())["phases"]
     assert phases["rollout"]["requests"] == 8 and phases["rollout"]["tokens_per_s"] > 0
     assert phases["trainer"]["train_tokens_per_s"] > 0 and phases["trainer"]["logprob_gap_bf16_mean"] < 0.5
+    group = phases["group_sync"]
+    assert group["backend"] == "gloo" and 0 < group["delta"]["bytes"] < group["full"]["bytes"]
+    assert group["delta"]["gap_after_sync"] < group["delta"]["gap_before_sync"]
     sync = phases["colocated_sync"]
     assert 0 < sync["delta"]["bytes"] < sync["full"]["bytes"]
     assert sync["gap_after_sync"] < 0.5
