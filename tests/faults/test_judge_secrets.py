@@ -5,19 +5,14 @@ every byte of the run directory (W&B's files included) is searched for the secre
 
 from __future__ import annotations
 
-import json
 import secrets
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
 from rlharness.checkpoint import latest_checkpoint
 from rlharness.logging_utils.metrics import read_metrics
 from rlharness.run_dir import RunDir
-from tests.faults.test_judging_faults import SERVER, col, write_task
+from tests.faults.test_judging_faults import col, start_judge_server, stop_judge_server, write_task
 from tests.faults.test_refused_input import refused
 from tests.helpers import run_cli
 
@@ -28,17 +23,10 @@ pytestmark = [pytest.mark.timeout(300)]
 def auth_server(tmp_path):
     """The judge server requiring `Authorization: <secret>`; yields (url base, secret, stats reader)."""
     secret = "Bearer " + secrets.token_hex(16)
-    port_file, stats_file = tmp_path / "auth.port", tmp_path / "auth.stats.json"
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--mode", "ok", "--port-file", str(port_file),
-                             "--stats-file", str(stats_file), "--max-s", "240", "--auth-env", "SERVER_TOKEN"],
-                            env={"SERVER_TOKEN": secret, "PATH": "/usr/bin:/bin"})
-    for _ in range(200):
-        if port_file.exists() and port_file.read_text():
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port_file.read_text()}", secret, lambda: json.loads(stats_file.read_text())
-    proc.terminate()
-    proc.wait(timeout=10)
+    proc, base, stats = start_judge_server(tmp_path, "ok", env={"SERVER_TOKEN": secret, "PATH": "/usr/bin:/bin"},
+                                           auth_env="SERVER_TOKEN")
+    yield base, secret, stats
+    stop_judge_server(proc)
 
 
 def test_a_token_named_by_env_reaches_the_judge_and_no_file(tmp_path, auth_server):
