@@ -46,6 +46,21 @@ def wait_until(ready, what: str, timeout_s: float = HANG_S, poll_s: float = 0.2)
         time.sleep(poll_s)
 
 
+def run_on_virtual_clock(coro):
+    """`asyncio.run(coro)` on a virtual clock (aiotools): sleeps and timeouts take no real time and
+    every timer fires in its order of virtual time, whatever the machine's speed. Only for code that
+    waits on the loop's timers, never on a thread or a process (their real time would race it)."""
+    import asyncio
+
+    from aiotools import VirtualClock
+
+    async def main():
+        with VirtualClock().patch_loop():
+            return await coro
+
+    return asyncio.run(main())
+
+
 def run_in_process(run_dir: str | Path, overrides: list[str]) -> dict:
     from rlharness.launcher import RefusedInput, run
 
