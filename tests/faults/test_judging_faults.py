@@ -57,7 +57,7 @@ def test_a_stuck_judging_process_costs_its_timeout_and_the_run_goes_on(tmp_path)
     overrides = write_task(tmp_path, answers) + [
         "sampler.prompt_repeat_k=2", "total_steps=3", "agent.judge_timeout_s=1", "judger.num_workers=1",
         f"hydra.run.dir={tmp_path / 'run'}"]
-    proc = run_cli(overrides, cwd=tmp_path, timeout_s=280)
+    proc = run_cli(overrides, cwd=tmp_path)
     run = tmp_path / "run"
     metrics = read_metrics(RunDir(run).metrics)
     trained, dropped = read_ledger(run)
@@ -219,7 +219,7 @@ def test_judge_down_fails_eval_and_production_and_the_message_names_the_judger(t
     overrides = write_task(tmp_path, [str(i + i % 7) for i in range(16)]) + [
         "sampler.prompt_repeat_k=2", "total_steps=3", "judger=remote", f"judger.url={url}",
         "judger.max_retries=1", "judger.backoff_s=0.01", f"hydra.run.dir={tmp_path / 'run'}"]
-    proc = run_cli(overrides, cwd=tmp_path, timeout_s=280, check=False)
+    proc = run_cli(overrides, cwd=tmp_path, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     stop = re.search(r"run stopped at step 0: ProductionStalled: task jsonl: production cannot make progress: "

@@ -16,6 +16,7 @@ from rlharness.judger.math import MathJudger
 from rlharness.judger.remote import RemoteJudger
 from rlharness.judger.router import RouterJudger
 from rlharness.types import Status, make_group
+from tests.helpers import HANG_S
 
 
 def _group(texts: list[str], label: dict[str, Any]):
@@ -55,7 +56,7 @@ def test_an_inline_judger_never_uses_a_worker_thread():
 
 def test_a_judger_without_an_inline_answer_scores_in_a_worker_thread():
     j = _ThreadRecorder(inline=False)
-    group = asyncio.run(j.judge_group(_group(["a", "ab"], {}), timeout_s=60))
+    group = asyncio.run(j.judge_group(_group(["a", "ab"], {}), timeout_s=HANG_S))
     assert [s.reward["score"] for s in group] == [1.0, 0.0]
     assert j.score_threads and all(t != threading.get_ident() for t in j.score_threads)
 
@@ -91,7 +92,7 @@ def test_math_judger_answers_plain_numbers_inline_and_defers_expressions_to_math
         j.score_inline("3", {"target": 3})
     # Mixed group: plain members inline, the expression on the thread; all scored like `score`.
     texts = ["\\boxed{\\frac{1}{2}}", "0.5", "0.25"]
-    group = asyncio.run(j.judge_group(_group(texts, {"answer": "0.5"}), timeout_s=30))
+    group = asyncio.run(j.judge_group(_group(texts, {"answer": "0.5"}), timeout_s=HANG_S))
     assert [s.reward["score"] for s in group] == [j.score(t, {"answer": "0.5"})["score"] for t in texts] == [1.0, 1.0, 0.0]
 
 
