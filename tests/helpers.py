@@ -62,7 +62,7 @@ def run_on_virtual_clock(coro):
 
 
 def run_in_process(run_dir: str | Path, overrides: list[str]) -> dict:
-    from rlharness.launcher import RefusedInput, run
+    from rlharness.launch.launcher import RefusedInput, run
 
     conf, as_dict = compose_conf(overrides, run_dir)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -70,6 +70,19 @@ def run_in_process(run_dir: str | Path, overrides: list[str]) -> dict:
         return run(conf, as_dict)
     except RefusedInput as exc:  # the error that refused the input (train.py prints its line)
         raise exc.error from None
+
+
+def uncataloged_metrics(folder: str | Path) -> dict[str, list[str]]:
+    """metrics.jsonl under `folder` -> its keys that the metrics catalog does not list (files with none left out)."""
+    from rlharness.logging_utils.metric_catalog import unknown_keys
+    from rlharness.logging_utils.metrics import read_metrics
+
+    found = {}
+    for path in sorted(Path(folder).rglob("metrics.jsonl")):
+        unknown = unknown_keys({k for row in read_metrics(path) for k in row})
+        if unknown:
+            found[str(path)] = unknown
+    return found
 
 
 def run_cli(args: list[str], cwd: str | Path, timeout_s: float = HANG_S, check: bool = True,

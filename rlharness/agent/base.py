@@ -18,7 +18,7 @@ from typing import Awaitable, Callable, Iterable, TypeVar
 from rlharness.config.schema import AgentConf
 from rlharness.engine.base import RolloutEngine, SamplingParams
 from rlharness.judger.base import Judger
-from rlharness.types import Group, Status
+from rlharness.core.types import Group, Status
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,10 @@ async def gather_or_cancel(aws: Iterable[Awaitable[T]]) -> list[T]:
 
 class AgentLoop(abc.ABC):
     def __init__(self, conf: AgentConf, engine: RolloutEngine, judger: Judger,
-                 decode: Callable[[list[int]], str]) -> None:
+                 decode: Callable[[list[int]], str], encode: Callable[[str], list[int]] | None = None,
+                 tokenizer=None) -> None:
+        """`encode` (text -> ids, no special tokens added) is for loops that insert text; `tokenizer`
+        (its chat template) for loops that render messages. Every loop takes the same arguments."""
         self.conf = conf
         self.engine = engine
         self.judger = judger

@@ -43,7 +43,7 @@ from rlharness.agent.multi_turn_tool import call_length, find_tool_call
 from rlharness.config.schema import OpenAIGatewayAgentConf
 from rlharness.engine.base import GenerateRequest, RolloutEngine, new_request_id
 from rlharness.judger.base import Judger
-from rlharness.types import Group, RolloutState, Status, new_uid
+from rlharness.core.types import Group, RolloutState, Status, new_uid
 
 log = logging.getLogger(__name__)
 # The agents' HTTP client logs every request at INFO: thousands of lines a step in train.log.
@@ -71,8 +71,11 @@ class GatewayAgentLoop(AgentLoop):
     conf: OpenAIGatewayAgentConf
 
     def __init__(self, conf: OpenAIGatewayAgentConf, engine: RolloutEngine, judger: Judger,
-                 decode: Callable[[list[int]], str], tokenizer) -> None:
+                 decode: Callable[[list[int]], str], encode: Callable[[str], list[int]] | None = None,
+                 tokenizer=None) -> None:
         super().__init__(conf, engine, judger, decode)
+        if tokenizer is None:
+            raise ValueError("agent=openai_gateway needs the tokenizer (it renders messages with its chat template)")
         self.tokenizer = tokenizer
         self.entrypoint = load_entrypoint(conf.entrypoint, "agent.entrypoint")
         self.markers = ToolMarkers(conf.tool_call_start, conf.tool_call_end, conf.tool_output_start,

@@ -12,8 +12,8 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from rlharness.producer.staleness import admission_staleness
-from rlharness.replay_buffer import ReplayBuffer
-from rlharness.types import Group, staleness
+from rlharness.producer.replay_buffer import ReplayBuffer
+from rlharness.core.types import Group, staleness
 
 if TYPE_CHECKING:
     from rlharness.producer.context import ProduceContext

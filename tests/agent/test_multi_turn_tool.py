@@ -17,15 +17,15 @@ import pytest
 
 from rlharness.agent import build_agent_loop
 from rlharness.agent.multi_turn_tool import current_turn, find_tool_call
-from rlharness.agent.tools import ToolError, build_tools, calculator
+from rlharness.agent.tools import ToolError, ToolOutput, build_tools, calculator, calculator_tool
 from rlharness.config.schema import AlgoConf, ConfigError, MultiTurnToolAgentConf, SamplingConf
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
 from rlharness.judger.base import Judger
 from rlharness.judger.math import MathJudger
-from rlharness.run_dir import RunDir
-from rlharness.tiny import DEFAULT_CHARS, build_char_tokenizer
+from rlharness.core.run_dir import RunDir
+from rlharness.model.tiny import DEFAULT_CHARS, build_char_tokenizer
 from rlharness.trainer.batch import build_train_batch
-from rlharness.types import Status, group_status, make_group
+from rlharness.core.types import Status, group_status, make_group
 from tests.helpers import HANG_S
 
 pytestmark = pytest.mark.timeout(60)
@@ -347,10 +347,10 @@ def test_a_pause_during_a_tool_call_stops_the_member_before_its_next_engine_call
     engine, loop, group = setup(TURNS, k=1, answer="35", tool_timeout_s=HANG_S)
     started, release = threading.Event(), threading.Event()
 
-    def slow_calculator(argument: str) -> str:
+    def slow_calculator(argument: str, timeout_s: float) -> ToolOutput:
         started.set()
         release.wait()
-        return calculator(argument)
+        return calculator_tool(argument, timeout_s)
 
     loop.tools["calculator"] = slow_calculator
 
@@ -362,7 +362,7 @@ def test_a_pause_during_a_tool_call_stops_the_member_before_its_next_engine_call
         finally:
             release.set()
         first = await task
-        loop.tools["calculator"] = calculator
+        loop.tools["calculator"] = calculator_tool
         # A copy of the interrupted group: the continuation works on `first` in place.
         return [s.clone() for s in first], await loop.generate_group(first, enable_partial_rollout=True)
 
@@ -393,7 +393,7 @@ def test_without_partial_rollout_an_interrupted_group_restarts_from_scratch():
 def test_end_to_end_on_the_hf_engine_with_a_tiny_random_model():
     """Random weights, no EOS, "(" and ")" as call markers so the model makes calls by chance."""
     from rlharness.engine.hf import HFEngine
-    from rlharness.tiny import build_tiny_llama
+    from rlharness.model.tiny import build_tiny_llama
 
     tok = build_char_tokenizer(DEFAULT_CHARS)  # '(' and ')' are 2 of 24 tokens
     model = build_tiny_llama(len(tok), seed=3, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
@@ -434,7 +434,7 @@ def test_end_to_end_on_the_hf_engine_with_a_tiny_random_model():
             assert turn.endswith(")")
             call = find_tool_call(turn, "(", ")")
             try:
-                expected = tools["calculator"](call)
+                expected = tools["calculator"](call, 1.0).text
             except ToolError as exc:
                 expected = f"error: {exc}"
             assert s.response_ids[start:end] == enc("=" + expected + ",")[: max_tokens - start]

@@ -9,7 +9,7 @@ import socket
 import pytest
 import torch
 
-from rlharness.weight_transfer import WeightGroupMember, plan_buckets, tensor_specs
+from rlharness.weights.transfer import WeightGroupMember, plan_buckets, tensor_specs
 from tests.helpers import HANG_S
 
 pytestmark = pytest.mark.timeout(2 * HANG_S)  # waits below are bounded by HANG_S: only a hang reaches them

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from rlharness import run_lock
-from rlharness.checkpoint import latest_checkpoint
-from rlharness.fault_points import signal_at
-from rlharness.run_dir import DONE, RunDir
+from rlharness.launch import run_lock
+from rlharness.core.checkpoint import latest_checkpoint
+from rlharness.core.run_dir import DONE, RunDir
+from rlharness.core.fault_points import signal_at
 from tests.faults.test_refused_input import SIM
 from tests.helpers import ROOT, run_cli, run_in_process, start_cli, wait_until
 
 pytestmark = [pytest.mark.timeout(600)]
 
 # Holds the lock until the test kills it (no duration to outlast).
-HOLD = ("import signal, sys; from rlharness import run_lock; run_lock.acquire(sys.argv[1]); print('held', flush=True); "
+HOLD = ("import signal, sys; from rlharness.launch import run_lock; run_lock.acquire(sys.argv[1]); print('held', flush=True); "
         "signal.pause()")
 
 

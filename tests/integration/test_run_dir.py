@@ -1,11 +1,11 @@
-"""The run directory's names (DESIGN.md's contract, written out here, not read from RunDir) and what
+"""The run directory's names (the README's run-directory table, written out here, not read from RunDir) and what
 marks a directory as holding a run."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 
 
 def test_the_names_are_design_mds(tmp_path):

@@ -8,7 +8,7 @@ import logging
 import pytest
 from producer_harness import build, check_batch, check_nothing_lost, run_colocate, run_disagg, strategy_conf, sync_weights
 
-from rlharness.sampler import DataExhausted
+from rlharness.producer.sampler import DataExhausted
 from tests.helpers import run_on_virtual_clock
 
 pytestmark = pytest.mark.timeout(120)

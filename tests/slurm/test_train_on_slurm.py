@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlharness.fault_points import signal_at
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.helpers import HANG_S, CliProcess, start_cli, wait_until
+from rlharness.core.fault_points import signal_at
 
 pytestmark = [pytest.mark.slurm]
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from rlharness.fault_points import signal_at
-from rlharness.run_dir import DONE, RunDir
+from rlharness.core.run_dir import DONE, RunDir
 from tests.helpers import HANG_S, CliProcess, run_cli, start_cli, wait_until
+from rlharness.core.fault_points import signal_at
 
 from .test_train_on_slurm import _job_id, _slurm, _steps, start_requeued_job_soon
 

@@ -87,7 +87,7 @@ def test_the_verdict_tells_other_weights_from_another_computation(tiny_model_dir
 
 def test_a_run_whose_engine_lost_a_weight_says_which(tmp_path, caplog, monkeypatch):
     """A whole sync run in which the engine's final norm goes back to the file's values right after its
-    version-1 load (what docs/resume_race.md's perturbed step looked like): step 2's warning names the
+    version-1 load (what docs/notes/resume_race.md's perturbed step looked like): step 2's warning names the
     groups and says which tensor the engine held other values of."""
     import logging
 
@@ -113,8 +113,8 @@ def test_a_run_whose_engine_lost_a_weight_says_which(tmp_path, caplog, monkeypat
     assert "differ from the trained ones in 1 of 20 tensors (blocks of 1024 elements): " \
            "model.norm.weight (all of it)" in warnings[0]
     # The step is kept for study offline: its batch, the engine's log-probs and both sides' checksums.
-    from rlharness.checkpoint import load_state
-    from rlharness.run_dir import RunDir
+    from rlharness.core.checkpoint import load_state
+    from rlharness.core.run_dir import RunDir
 
     evidence = RunDir(tmp_path / "run").onpolicy_evidence(2)
     assert str(evidence) in warnings[0]
