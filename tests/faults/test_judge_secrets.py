@@ -5,6 +5,8 @@ every byte of the run directory (W&B's files included) is searched for the secre
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
 import secrets
 
 import pytest
@@ -19,14 +21,23 @@ from tests.helpers import run_cli
 pytestmark = [pytest.mark.timeout(300)]
 
 
+@contextlib.contextmanager
+def authorized_server(tmp_path: Path, mode: str):
+    """tests/faults/judge_server.py in `mode`, requiring `Authorization: <a fresh secret>`; yields (url base,
+    secret, stats reader). Waits for its port however slow the machine (the server's own --max-s bounds it)."""
+    secret = "Bearer " + secrets.token_hex(16)
+    proc, base, stats = start_judge_server(tmp_path, mode, env={"SERVER_TOKEN": secret, "PATH": "/usr/bin:/bin"},
+                                           auth_env="SERVER_TOKEN")
+    try:
+        yield base, secret, stats
+    finally:
+        stop_judge_server(proc)
+
+
 @pytest.fixture
 def auth_server(tmp_path):
-    """The judge server requiring `Authorization: <secret>`; yields (url base, secret, stats reader)."""
-    secret = "Bearer " + secrets.token_hex(16)
-    proc, base, stats = start_judge_server(tmp_path, "ok", env={"SERVER_TOKEN": secret, "PATH": "/usr/bin:/bin"},
-                                           auth_env="SERVER_TOKEN")
-    yield base, secret, stats
-    stop_judge_server(proc)
+    with authorized_server(tmp_path, "ok") as served:
+        yield served
 
 
 def test_a_token_named_by_env_reaches_the_judge_and_no_file(tmp_path, auth_server):
