@@ -78,7 +78,7 @@ def uncataloged_metrics(folder: str | Path) -> dict[str, list[str]]:
     from rlharness.logging_utils.metrics import read_metrics
 
     found = {}
-    for path in sorted(Path(folder).rglob("metrics.jsonl")):
+    for path in sorted(p for p in Path(folder).rglob("metrics.jsonl") if p.is_file()):
         unknown = unknown_keys({k for row in read_metrics(path) for k in row})
         if unknown:
             found[str(path)] = unknown
