@@ -629,6 +629,11 @@ class BackendConf:
         """Training processes (ranks): one, except where the backend runs several (deepspeed)."""
         return 1
 
+    @property
+    def ranked(self) -> bool:
+        """The backend runs as ranks on Ray actors (deepspeed), whatever their number."""
+        return self.name == "deepspeed"
+
 
 @dataclass
 class TorchBackendConf(BackendConf):

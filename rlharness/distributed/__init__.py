@@ -3,7 +3,7 @@
 `build_remote_components(conf)` joins (or starts) the run's Ray cluster and returns
 `(engine, backend)`: engine actors in one placement group behind a `RemoteEngine` /
 `RayEngineRouter` (mode=disagg; else None, the engine is built locally), and the
-training side as actors behind a `RemoteBackend` (backend=deepspeed: one actor per
+training side as actors behind a `RemoteBackend` (backend=deepspeed and fsdp2: one actor per
 rank; mode=disagg with another backend: one actor hosting it). Both implement the
 same async interfaces as local objects, so the trainer and manager do not change.
 Weights go from training rank 0 to the engines through the object store, or, when
@@ -19,7 +19,7 @@ from typing import Any
 
 from rlharness.config.run import RunConf
 from rlharness.config.schema import LocalRayClusterConf
-from rlharness.distributed.train_actor import start_deepspeed_backend
+from rlharness.distributed.train_actor import start_ranked_backend
 from rlharness.distributed.weight_routes import setup_weight_group
 from rlharness.distributed.placement_plan import actor_resources, plan_nodes, spread
 from rlharness.weights.transfer import OBJECT_STORE, choose_route
@@ -45,10 +45,10 @@ def build_remote_components(conf: RunConf) -> tuple[Any, Any]:
         set_driver_threads(conf, engine_cpus, trainer_cpus)
     engine = backend = None
     try:
-        if conf.backend.name == "deepspeed":
-            backend = start_deepspeed_backend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed,
-                                              cpus_per_worker=trainer_cpus, timeout_s=conf.timeout_s,
-                                              node_ranks=trainer_at)
+        if conf.backend.ranked:
+            backend = start_ranked_backend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed,
+                                           cpus_per_worker=trainer_cpus, timeout_s=conf.timeout_s,
+                                           node_ranks=trainer_at)
         elif conf.mode == "disagg":
             backend = start_backend_actor(conf, trainer_cpus, trainer_gpus, node_ranks=trainer_at)
         if conf.mode == "disagg":
@@ -100,4 +100,4 @@ def start_backend_actor(conf: RunConf, cpus: float, gpus: float, node_ranks: lis
 
 
 __all__ = ["ENGINE_MAX_RESTARTS", "actor_resources", "build_remote_components", "set_driver_threads",
-           "start_backend_actor"]
+           "start_backend_actor", "start_ranked_backend"]
