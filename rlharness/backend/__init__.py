@@ -1,7 +1,7 @@
-"""Training backends (`backend=torch | deepspeed | sim`), built by name.
+"""Training backends (`backend=torch | deepspeed | fsdp2 | sim`), built by name.
 
-torch and deepspeed are one `Learner` (learner.py: the loss loop) over their own model runners
-(runner.py); deepspeed runs one learner per rank, each in a Ray actor
+torch, deepspeed and fsdp2 are one `Learner` (learner.py: the loss loop) over their own model runners
+(runner.py); deepspeed and fsdp2 run one learner per rank, each in a Ray actor
 (`rlharness.distributed.start_ranked_backend` builds them with this function and a rank).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from rlharness.backend.base import TrainingBackend
 from rlharness.config.schema import AlgoConf, BackendConf, ModelConf
 
-BACKEND_NAMES = ("torch", "deepspeed", "sim")
+BACKEND_NAMES = ("torch", "deepspeed", "fsdp2", "sim")
 
 
 def build_backend(conf: BackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int, seed: int, *,
@@ -34,9 +34,14 @@ def build_backend(conf: BackendConf, model_conf: ModelConf, algo: AlgoConf, tota
                          f"rlharness.distributed.start_ranked_backend")
     where = dict(rank=rank, world_size=world_size, master_addr=master_addr, master_port=master_port,
                  timeout_s=timeout_s)
-    from rlharness.backend.deepspeed_runner import deepspeed_runners
+    if conf.name == "deepspeed":
+        from rlharness.backend.deepspeed_runner import deepspeed_runners
 
-    runners = deepspeed_runners(conf, model_conf.dtype, **where)
+        runners = deepspeed_runners(conf, model_conf.dtype, **where)
+    else:
+        from rlharness.backend.fsdp2_runner import fsdp2_runners
+
+        runners = fsdp2_runners(conf, **where)
     return Learner(conf, model_conf, algo, total_steps, seed, runners)
 
 

@@ -93,7 +93,7 @@ class RunConf(TaskWiring):
             raise ConfigError(
                 f"cluster.nodes={self.cluster.nodes} with mode=colocate and backend={self.backend.name} is not allowed: "
                 f"that run is one process on the first node and the other nodes would sit idle; use mode=disagg "
-                f"(engines and trainers on their own nodes), backend=deepspeed, or cluster.nodes=1")
+                f"(engines and trainers on their own nodes), backend=deepspeed or fsdp2, or cluster.nodes=1")
         lora = self.model.lora
         if lora.enabled and lora.sync == "adapter" and self.engine.name == "vllm" and lora.rank > VLLM_MAX_LORA_RANK:
             raise ConfigError(f"model.lora.sync=adapter with engine=vllm and model.lora.rank={lora.rank} is not allowed: "

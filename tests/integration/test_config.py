@@ -25,7 +25,7 @@ def test_every_group_option_composes(group, option):
     extra = []
     if group == "task" and option == "jsonl":
         extra = ["task.path=/data/x.jsonl"]
-    if group == "backend" and option == "deepspeed":
+    if group == "backend" and option in ("deepspeed", "fsdp2"):
         extra = ["cluster=local_ray"]
     conf, _ = compose_conf([f"{group}={option}", *extra])
     assert getattr(conf, group).__class__ is SCHEMAS[group][option]
