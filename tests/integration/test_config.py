@@ -56,6 +56,16 @@ def test_bad_values_name_the_key(override, key):
         compose_conf([override])
 
 
+@pytest.mark.parametrize("backend", ["deepspeed", "fsdp2"])
+def test_ranked_backends_need_ray_and_at_least_one_worker(backend):
+    with pytest.raises(ConfigError, match=f"backend={backend} runs its workers as Ray actors"):
+        compose_conf([f"backend={backend}"])
+    with pytest.raises(ConfigError, match=r"backend\.num_workers=0"):
+        compose_conf([f"backend={backend}", "cluster=local_ray", "backend.num_workers=0"])
+    conf, _ = compose_conf([f"backend={backend}", "cluster=local_ray"])
+    assert conf.backend.ranked and conf.backend.workers == 2
+
+
 def test_wrong_type_names_the_key():
     with pytest.raises(Exception, match="lr"):
         compose_conf(["algo.lr=abc"])
