@@ -23,10 +23,11 @@ COMPARED = ("train/loss", "train/pg_loss", "train/kl", "train/entropy", "train/g
             "train/logprob_diff_rollout", "train/response_tokens", "train/num_updates")
 
 
-def fsdp2_and_torch(algo: AlgoConf, model: ModelConf):
-    fsdp2 = start_ranked_backend(FSDP2BackendConf(num_workers=2), model, algo, 10, 0, cpus_per_worker=1.0,
-                                 timeout_s=240)
-    return fsdp2, build_backend(TorchBackendConf(), model, algo, 10, 0)
+def fsdp2_and_torch(algo: AlgoConf, model: ModelConf, **torch_kw):
+    """Two FSDP2 ranks and backend=torch, both with `torch_kw`'s backend keys."""
+    fsdp2 = start_ranked_backend(FSDP2BackendConf(num_workers=2, **torch_kw), model, algo, 10, 0,
+                                 cpus_per_worker=1.0, timeout_s=240)
+    return fsdp2, build_backend(TorchBackendConf(**torch_kw), model, algo, 10, 0)
 
 
 def assert_same_step(got: dict[str, float], want: dict[str, float], keys=COMPARED) -> None:
@@ -61,6 +62,23 @@ def test_two_ranks_equal_torch_on_the_first_step(ray_session, tiny_model_dir):
             assert_same_step(got, want)
             assert 1.0 <= got["perf/rank_token_imbalance"] < 1.5
             assert_same_weights(dict(await fsdp2.get_weights()), await ref.get_weights(), algo.lr)
+        finally:
+            await fsdp2.close()
+
+    asyncio.run(main())
+
+
+def test_gradient_checkpointing_token_budget_and_chunked_scores_equal_torch(ray_session, tiny_model_dir):
+    """Checkpointed blocks recomputed in the backward (FSDP2 gathers them again), token-budget
+    micro-batches split across ranks, 3-token chunks of the output head outside the forward."""
+    algo = AlgoConf(name="grpo", lr=1e-3, mini_batches=2, micro_batch_size=2, kl_coef=0.01)
+    fsdp2, ref = fsdp2_and_torch(algo, ModelConf(path=tiny_model_dir), gradient_checkpointing=True,
+                                 micro_batch_tokens=16, logprob_chunk_tokens=3)
+    batch = make_batch(algo, seed=2)
+
+    async def main():
+        try:
+            assert_same_step(await fsdp2.train_step(batch), await ref.train_step(batch))
         finally:
             await fsdp2.close()
 
