@@ -217,15 +217,15 @@ class Learner(TrainingBackend):
     def _micro_slices(self, rows: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
         """This rank's micro-batches of `rows`: `algo.micro_batch_size` rows, or `backend.micro_batch_tokens`;
         with several ranks, its balanced share (`rows`: a multiple of the ranks), as many as every rank's."""
-        lengths = attention_mask[rows].sum(-1)
         budget = self.conf.micro_batch_tokens
+        if self.ranks.world_size == 1 and budget is None:
+            return list(torch.split(rows, self.algo.micro_batch_size))
+        lengths = attention_mask[rows].sum(-1)
         if self.ranks.world_size > 1:
             per_rank, oversized = rank_micro_slices(rows, lengths, self.ranks.world_size,
                                                     balance=self.conf.balance_ranks,
                                                     micro_batch_size=self.algo.micro_batch_size, budget=budget)
             slices = per_rank[self.ranks.rank]
-        elif budget is None:
-            return list(torch.split(rows, self.algo.micro_batch_size))
         else:
             slices, oversized = token_budget_slices(rows, lengths, budget)
         if oversized and not self._warned_oversized:
@@ -525,8 +525,8 @@ class Learner(TrainingBackend):
 
     def _load_critic(self, directory: Path) -> None:
         if not (directory / critic_files.WEIGHTS_FILE).is_file():
-            raise FileNotFoundError(f"critic checkpoint {directory}: {critic_files.WEIGHTS_FILE} is missing (a "
-                                    f"checkpoint of a run without algo.advantage=gae cannot resume as one with a critic)")
+            raise FileNotFoundError(f"critic checkpoint {directory}: {critic_files.WEIGHTS_FILE} is missing (a checkpoint "
+                                    f"of a run without algo.advantage=gae cannot resume as one with a critic)")
         self.critic.load(directory, lambda: critic_files.read_weights(directory), critic_files.STATE_FILE)
         # The optimizer's LR follows this run's algo.critic.lr (as the policy's follows algo.lr).
         for group in self.critic.optimizer.param_groups:

@@ -28,7 +28,6 @@ from typing import Any, Iterator
 import torch
 
 from rlharness.config.schema import ConfigError, LoraConf, ModelConf
-from rlharness.weights.transfer import tied_once
 
 log = logging.getLogger(__name__)
 
