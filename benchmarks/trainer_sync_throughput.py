@@ -29,7 +29,7 @@ All in one run, each comparison measured side by side:
    - with Ray installed (`--object-store`, on by default): `mode=disagg`'s object-store route for
      the same state dict, end to end: a training actor (`TrainWorkerActor` hosting a `Learner`
      of the model) copies its weights and puts them into the object store (`RemoteWeights`), the
-     hf engine actor (`EngineActor`) reads that object and loads it (`ObjectStoreRoute`); the two
+     hf engine actor (`EngineActor`) reads that object and loads it (`ObjectStoreChannel`); the two
      halves are timed too, and the time to first token through the actor after the sync;
    - vLLM's CPU build re-packs every linear layer's weight for oneDNN after each load
      (`create_onednn_mm`, in vLLM's reload): that packing alone, over the same weights in this
@@ -67,7 +67,7 @@ import engine_throughput as et  # noqa: E402
 from rlharness.backend.rank_balance import imbalance, rank_shares  # noqa: E402
 from rlharness.config.schema import AlgoConf, HFEngineConf, ModelConf, TorchBackendConf  # noqa: E402
 from rlharness.trainer.batch import build_train_batch  # noqa: E402
-from rlharness.core.types import RolloutState, Status  # noqa: E402
+from rlharness.core.types import Group, RolloutState, Status  # noqa: E402
 
 MODEL = str(Path(__file__).resolve().parent.parent / "assets" / "smollm2-135m-instruct")
 PROMPT_LEN = 48
@@ -92,7 +92,7 @@ def batch_of(rows: int, mean_len: float, max_len: int, seed: int, algo: AlgoConf
                 prompt_ids=prompt, response_ids=[rng.randrange(10, 49152) for _ in range(n)],
                 response_logprobs=[-rng.uniform(1, 3) for _ in range(n)], response_model_steps=[0] * n,
                 reward={"score": float(rng.random() < 0.5)}, status=Status.COMPLETED, finish_reason="stop"))
-        groups.append(group)
+        groups.append(Group.from_samples(group))
     return build_train_batch(groups, algo, pad_token_id=0, train_step=1, max_response_len=max_len,
                              temperature=1.0)[0]
 

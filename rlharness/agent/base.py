@@ -18,7 +18,7 @@ from typing import Awaitable, Callable, Iterable, TypeVar
 from rlharness.config.schema import AgentConf
 from rlharness.engine.base import RolloutEngine, SamplingParams
 from rlharness.judger.base import Judger
-from rlharness.core.types import Group, Status
+from rlharness.core.types import Group
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,10 @@ async def gather_or_cancel(aws: Iterable[Awaitable[T]]) -> list[T]:
 
 class AgentLoop(abc.ABC):
     def __init__(self, conf: AgentConf, engine: RolloutEngine, judger: Judger,
-                 decode: Callable[[list[int]], str]) -> None:
+                 decode: Callable[[list[int]], str], encode: Callable[[str], list[int]] | None = None,
+                 tokenizer=None) -> None:
+        """`encode` (text -> ids, no special tokens added) is for loops that insert text; `tokenizer`
+        (its chat template) for loops that render messages. Every loop takes the same arguments."""
         self.conf = conf
         self.engine = engine
         self.judger = judger
@@ -68,11 +71,8 @@ class AgentLoop(abc.ABC):
         try:
             return await self.judger.judge_group(group, self.conf.judge_timeout_s)
         except Exception as exc:  # noqa: BLE001 - a broken judger fails the group, not the run
-            log.warning("judging group %s raised %r; group FAILED", group[0].group_id, exc)
-            for s in group:
-                s.status = Status.FAILED
-                s.extra["fail_reason"] = f"judger {self.judger.name}: {type(exc).__name__}: {exc}"
-            return group
+            log.warning("judging group %s raised %r; group FAILED", group.group_id, exc)
+            return group.mark_failed(f"judger {self.judger.name}: {type(exc).__name__}: {exc}")
 
     def step_metrics(self, groups: list[Group]) -> dict[str, float]:
         """Metrics of this loop for one training step's batch (`groups`: this task's groups)."""

@@ -71,8 +71,11 @@ class GatewayAgentLoop(AgentLoop):
     conf: OpenAIGatewayAgentConf
 
     def __init__(self, conf: OpenAIGatewayAgentConf, engine: RolloutEngine, judger: Judger,
-                 decode: Callable[[list[int]], str], tokenizer) -> None:
+                 decode: Callable[[list[int]], str], encode: Callable[[str], list[int]] | None = None,
+                 tokenizer=None) -> None:
         super().__init__(conf, engine, judger, decode)
+        if tokenizer is None:
+            raise ValueError("agent=openai_gateway needs the tokenizer (it renders messages with its chat template)")
         self.tokenizer = tokenizer
         self.entrypoint = load_entrypoint(conf.entrypoint, "agent.entrypoint")
         self.markers = ToolMarkers(conf.tool_call_start, conf.tool_call_end, conf.tool_output_start,
@@ -119,10 +122,7 @@ class GatewayAgentLoop(AgentLoop):
             raise
         if failure is not None:
             await self._stop(sessions)
-            for s in group:
-                s.status = Status.FAILED
-                s.extra["fail_reason"] = failure
-            return group
+            return group.mark_failed(failure)
         for s, sess in zip(todo, sessions):
             self._record(s, sess)
         if any(s.status is Status.ABORTED for s in group):
@@ -363,7 +363,7 @@ class GatewayAgentLoop(AgentLoop):
 
     # ------------------------------------------------------------------ metrics
     def step_metrics(self, groups: list[Group]) -> dict[str, float]:
-        samples = [s for g in groups for s in g]
+        samples = [s for g in groups for s in g.samples]
         refused = sum(self.server.refused.values())
         new_refused, self._refused_seen = refused - self._refused_seen, refused
         return {

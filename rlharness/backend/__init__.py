@@ -1,48 +1,27 @@
-"""Training backends (`backend=torch | deepspeed | fsdp2 | sim`), built by name.
+"""Training backends (`backend=torch | deepspeed | fsdp2 | sim`), built by name (rlharness/config/registry.py).
 
 torch, deepspeed and fsdp2 are one `Learner` (learner.py: the loss loop) over their own model runners
-(runner.py); deepspeed and fsdp2 run one learner per rank, each in a Ray actor
-(`rlharness.distributed.start_ranked_backend` builds them with this function and a rank).
+(runner.py); deepspeed and fsdp2 (`BackendConf.ranked`) run one learner per rank, each in a Ray actor
+(`rlharness.distributed.train_actor.start_ranked_backend` builds them with this function and a rank).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlharness.backend.base import TrainingBackend
+from rlharness.config import registry
 from rlharness.config.schema import AlgoConf, BackendConf, ModelConf
 
-BACKEND_NAMES = ("torch", "deepspeed", "fsdp2", "sim")
 
-
-def build_backend(conf: BackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int, seed: int, *,
-                  rank: int | None = None, world_size: int = 1, master_addr: str = "", master_port: int = 0,
-                  timeout_s: float = 600.0) -> TrainingBackend:
-    """The backend named by `conf.name`; a ranked one (`conf.ranked`) as `rank` of `world_size`, joining
-    the process group at rank 0's `master_addr:master_port`. Imports are lazy so `sim` runs never load
-    torch models."""
-    if conf.name == "sim":
-        from rlharness.backend.sim import SimBackend
-
-        return SimBackend(conf)
-    if conf.name not in BACKEND_NAMES:
-        raise ValueError(f"backend.name={conf.name!r} is not allowed: expected one of {', '.join(BACKEND_NAMES)}")
-    from rlharness.backend.learner import Learner
-
-    if not conf.ranked:
-        return Learner(conf, model_conf, algo, total_steps, seed)
-    if rank is None:
+def build_backend(conf: BackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int, seed: int,
+                  **rank: Any) -> TrainingBackend:
+    """The backend `conf.name` names (rlharness/config/registry.py); a ranked one as one rank, with `rank`'s
+    `rank`, `world_size`, `master_addr`, `master_port` (rank 0's rendezvous) and `timeout_s`."""
+    if conf.ranked and not rank:
         raise ValueError(f"backend={conf.name} runs as ranks on Ray actors: start it with "
-                         f"rlharness.distributed.start_ranked_backend")
-    where = dict(rank=rank, world_size=world_size, master_addr=master_addr, master_port=master_port,
-                 timeout_s=timeout_s)
-    if conf.name == "deepspeed":
-        from rlharness.backend.deepspeed_runner import deepspeed_runners
-
-        runners = deepspeed_runners(conf, model_conf.dtype, **where)
-    else:
-        from rlharness.backend.fsdp2_runner import fsdp2_runners
-
-        runners = fsdp2_runners(conf, **where)
-    return Learner(conf, model_conf, algo, total_steps, seed, runners)
+                         f"rlharness.distributed.train_actor.start_ranked_backend")
+    return registry.build("backend", conf, model_conf, algo, total_steps, seed, **rank)
 
 
 def rank_env(conf: BackendConf) -> dict[str, str]:
@@ -54,4 +33,4 @@ def rank_env(conf: BackendConf) -> dict[str, str]:
     return {}
 
 
-__all__ = ["BACKEND_NAMES", "TrainingBackend", "build_backend", "rank_env"]
+__all__ = ["TrainingBackend", "build_backend", "rank_env"]

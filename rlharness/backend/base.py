@@ -37,7 +37,7 @@ class TrainingBackend(abc.ABC):
         """Restore what `save` wrote."""
 
     def weight_checksums(self) -> dict[str, torch.Tensor] | None:
-        """Exact block checksums (`weight_transfer.weight_checksums`) of the policy's weights in this
+        """Exact block checksums (`rlharness.weights.transfer.weight_checksums`) of the policy's weights in this
         process (onpolicy_guard.py); None where they are elsewhere (Ray actors) or not what engines get (LoRA)."""
         return None
 

@@ -33,10 +33,11 @@ from typing import Any, Callable
 
 import torch
 
+from rlharness.backend.learner import Learner
 from rlharness.backend.runner import (DistributedRanks, ModelRunner, OptimizerFactory, Runners, all_finite)
 from rlharness.backend.torch_runner import TorchRunner
 from rlharness.core.checkpoint import check_state_files, writing
-from rlharness.config.schema import DeepSpeedBackendConf
+from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, ModelConf
 from rlharness.weights.transfer import tied_once
 
 log = logging.getLogger(__name__)
@@ -202,3 +203,10 @@ def deepspeed_runners(conf: DeepSpeedBackendConf, dtype: str, *, rank: int, worl
 
     log.info("deepspeed rank %d/%d up (ZeRO-%d, %s)", rank, world_size, conf.zero_stage, "gloo" if on_cpu else "nccl")
     return Runners(torch.device("cpu" if on_cpu else "cuda"), ranks, make)
+
+
+def deepspeed_learner(conf: DeepSpeedBackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int,
+                      seed: int, **rank: Any) -> Learner:
+    """One rank of backend=deepspeed (rlharness/config/registry.py): the learner over its runners; `rank`:
+    this rank's `rank`, `world_size`, `master_addr`, `master_port`, `timeout_s`."""
+    return Learner(conf, model_conf, algo, total_steps, seed, deepspeed_runners(conf, model_conf.dtype, **rank))

@@ -29,9 +29,10 @@ from typing import Any, Iterator
 
 import torch
 
+from rlharness.backend.learner import Learner
 from rlharness.backend.runner import (DistributedRanks, FullStateRunner, OptimizerFactory, Runners, all_finite,
                                       clip_and_step)
-from rlharness.config.schema import FSDP2BackendConf
+from rlharness.config.schema import AlgoConf, FSDP2BackendConf, ModelConf
 
 log = logging.getLogger(__name__)
 
@@ -174,3 +175,10 @@ def fsdp2_runners(conf: FSDP2BackendConf, *, rank: int, world_size: int, master_
 
     log.info("fsdp2 rank %d/%d up (%s)", rank, world_size, "gloo" if on_cpu else "nccl")
     return Runners(device, ranks, make)
+
+
+def fsdp2_learner(conf: FSDP2BackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int,
+                  seed: int, **rank: Any) -> Learner:
+    """One rank of backend=fsdp2 (rlharness/config/registry.py): the learner over its runners; `rank`:
+    this rank's `rank`, `world_size`, `master_addr`, `master_port`, `timeout_s`."""
+    return Learner(conf, model_conf, algo, total_steps, seed, fsdp2_runners(conf, **rank))

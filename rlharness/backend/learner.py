@@ -525,8 +525,8 @@ class Learner(TrainingBackend):
 
     def _load_critic(self, directory: Path) -> None:
         if not (directory / critic_files.WEIGHTS_FILE).is_file():
-            raise FileNotFoundError(f"critic checkpoint {directory}: {critic_files.WEIGHTS_FILE} is missing (a checkpoint "
-                                    f"of a run without algo.advantage=gae cannot resume as one with a critic)")
+            raise FileNotFoundError(f"critic checkpoint {directory}: {critic_files.WEIGHTS_FILE} is missing (a "
+                                    f"checkpoint of a run without algo.advantage=gae cannot resume with a critic)")
         self.critic.load(directory, lambda: critic_files.read_weights(directory), critic_files.STATE_FILE)
         # The optimizer's LR follows this run's algo.critic.lr (as the policy's follows algo.lr).
         for group in self.critic.optimizer.param_groups:

@@ -1,4 +1,4 @@
-"""How a run's tasks are wired: each task's entry, judger, agent loop, sampling and staleness bound.
+"""How a run's tasks are wired: each task's entry, judger, agent loop and sampling.
 
 A run has one task (`task` with `judger`, named by its task) or several (`tasks.<name>`, each
 defaulting to the run's parts). `RunConf` (config/run.py) answers these questions: it inherits
@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rlharness.config.schema import (JUDGER_SCHEMAS, AgentConf, JudgerConf, RuleJudgerConf, SamplingConf,
+from rlharness.config import registry
+from rlharness.config.schema import (AgentConf, JudgerConf, RuleJudgerConf, SamplingConf,
                                      TaskEntryConf)
 
 
 class TaskWiring:
-    """What `RunConf` knows about its tasks (the fields `tasks`, `task`, `judger`, `agent`, `max_staleness`)."""
+    """What `RunConf` knows about its tasks (the fields `tasks`, `task`, `judger`, `agent`). A task's
+    staleness bound is the run's `StalenessPolicy`'s (`staleness_policy` in rlharness/launch/build.py)."""
 
     def task_entries(self) -> dict[str, TaskEntryConf]:
         """The run's tasks by name: `tasks`, or the single `task` (with `judger`) named by its task."""
@@ -22,15 +24,11 @@ class TaskWiring:
             return dict(self.tasks)
         return {self.task.name: TaskEntryConf(task=self.task, judger=self.judger)}
 
-    def staleness_for(self, entry: TaskEntryConf) -> int:
-        """A task's staleness bound: its own, or the run's."""
-        return self.max_staleness if entry.max_staleness is None else entry.max_staleness
-
     def judger_for(self, entry: TaskEntryConf) -> JudgerConf:
         """The judger config a task is scored with; `auto` (or none given) = the task's own."""
         judger = entry.judger
         if judger is None or judger.name == "auto":
-            schema = JUDGER_SCHEMAS[entry.task.default_judger]
+            schema = registry.schema_of("judger", entry.task.default_judger)
             if isinstance(judger, RuleJudgerConf) and issubclass(schema, RuleJudgerConf):  # judger=auto's settings
                 return schema(num_workers=judger.num_workers, worker_memory_mb=judger.worker_memory_mb,
                               on_timeout=judger.on_timeout)

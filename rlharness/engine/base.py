@@ -122,6 +122,6 @@ class RolloutEngine(abc.ABC):
         return {}
 
     def weight_checksums(self) -> dict[str, torch.Tensor] | None:
-        """Exact block checksums (`weight_transfer.weight_checksums`) of the weights this engine
+        """Exact block checksums (`rlharness.weights.transfer.weight_checksums`) of the weights this engine
         computes with, where they live in this process (onpolicy_guard.py); None for engines elsewhere."""
         return None

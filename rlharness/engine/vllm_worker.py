@@ -6,7 +6,7 @@ process and its RPC channel carries plain data only (no functions, no tensors), 
 the engine calls these methods by name through `collective_rpc` with plain
 arguments (names, shapes, dtypes, a version), and the tensors travel in a process
 group of our own: training rank 0 is rank 0, the workers of each engine the ranks
-after it (`weight_transfer.WeightGroupMember`: NCCL on GPU, gloo on CPU, one code path),
+after it (`rlharness.weights.transfer.WeightGroupMember`: NCCL on GPU, gloo on CPU, one code path),
 and vLLM's in-place `reload_weights` loads them.
 
 This module is imported inside vLLM's worker processes; it must stay importable
@@ -144,10 +144,6 @@ class WeightSyncExtension:
             module._cpu_skip_gemm_dispatch = True
             module.cpu_linear = F.linear
         return True
-
-    def rlh_weight_names(self) -> list[str]:
-        """The model's parameter names as vLLM holds them (tests, diagnostics)."""
-        return [name for name, _ in self._rlh_model().named_parameters()]
 
     def _rlh_model(self) -> Any:
         runner = self.model_runner

@@ -129,7 +129,7 @@ def verifiable_judgers(conf: RunConf, judgers: dict[str, Any]) -> dict[str, Any]
     """The judgers eval scores with: a task trained on a learned reward (judger=reward_model, llm, or
     a router with such a part) is evaluated by its task's own rule judger, so `eval/accuracy` stays
     the verifiable accuracy; other tasks by their training judger."""
-    from rlharness.config.schema import JUDGER_SCHEMAS
+    from rlharness.config import registry
     from rlharness.judger import build_judger
     from rlharness.judger.router import LEARNED
 
@@ -137,7 +137,7 @@ def verifiable_judgers(conf: RunConf, judgers: dict[str, Any]) -> dict[str, Any]
     for name, entry in conf.task_entries().items():
         judger = conf.judger_for(entry)
         if judger.name in LEARNED or (judger.name == "router" and set(judger.weights) & set(LEARNED)):
-            out[name] = build_judger(JUDGER_SCHEMAS[entry.task.default_judger]())
+            out[name] = build_judger(registry.schema_of("judger", entry.task.default_judger)())
     return out
 
 
@@ -191,9 +191,10 @@ def staleness_policy(conf: RunConf):
                                         if e.max_staleness is not None})
 
 
-def build_components(conf: RunConf, engine=None, backend=None) -> Components:
-    """Build everything; `engine`/`backend` may be passed in (e.g. Ray actor proxies)."""
+def build_components(conf: RunConf, remote=None) -> Components:
+    """Build everything; the parts on Ray actors were started first (`remote`, a `RemoteParts`)."""
     from rlharness.backend import build_backend
+    from rlharness.distributed.weight_channel import IN_PROCESS, build_weight_channel
     from rlharness.logging_utils.progress import phase
     from rlharness.producer.manager import AgentLoopManager
     from rlharness.producer.strategies import build_strategy
@@ -203,11 +204,14 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
     tokenizer, task_data, judgers = load_tasks(conf, validate_data)
     encode, decode = text_codec(tokenizer)
     entries = conf.task_entries()
+    engine, backend = (remote.engine, remote.backend) if remote is not None else (None, None)
     if engine is None:
         engine = build_engine_for(conf, tokenizer, decode)
     if backend is None:
         with phase(f"loading {conf.model.path} into backend={conf.backend.name}"):
             backend = build_backend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed)
+    weights = build_weight_channel(backend, engine, remote.weight_route if remote is not None else IN_PROCESS,
+                                   conf.timeout_s)
 
     staleness = staleness_policy(conf)
     replay_buffer = ReplayBuffer(staleness)
@@ -231,5 +235,5 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
     eval_judgers = verifiable_judgers(conf, judgers)
     evaluator = build_evaluator(conf, task_data, encode, agent_loop_with if eval_judgers == judgers else
                                 agent_loop_factory(conf, engine, eval_judgers, tokenizer, decode))
-    return Components(tokenizer, encode, decode, task_data, judgers, engine, manager, backend, evaluator,
+    return Components(tokenizer, encode, decode, task_data, judgers, engine, manager, backend, weights, evaluator,
                       {k: j for k, j in eval_judgers.items() if j is not judgers[k]})

@@ -131,16 +131,16 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
     log.info("run directory: %s (follow it with: tail -f %s)", run_dir, RunDir(run_dir).log())
     os.environ.setdefault("WANDB_MODE", getattr(conf.logger, "mode", "disabled"))
     seed_everything(conf.seed)
-    engine = backend = components = trainer = None
+    remote = components = trainer = None
     try:
         if uses_ray(conf):
-            from rlharness.distributed import build_remote_components
+            from rlharness.distributed.remote_parts import start_remote_parts
             from rlharness.logging_utils.progress import phase
 
             with phase("starting Ray and its actors (engines, training workers)"):
-                engine, backend = build_remote_components(conf)
+                remote = start_remote_parts(conf)
             stop.install()  # ray.init installed its own SIGTERM handler (abort with a C++ stack)
-        components = build_components(conf, engine=engine, backend=backend)
+        components = build_components(conf, remote)
         if stop.requested:
             return {}, None
         trainer = Trainer(conf, components, run_dir, config_dict, stop=stop)
@@ -158,8 +158,8 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
         if components is not None:
             asyncio.run(_close(components.engine, components.backend,
                                [*components.judgers.values(), *components.eval_judgers.values()]))
-        elif engine is not None or backend is not None:
-            asyncio.run(_close(engine, backend))
+        elif remote is not None:
+            asyncio.run(_close(remote.engine, remote.backend))
 
 
 async def _close(engine, backend, judgers=()) -> None:

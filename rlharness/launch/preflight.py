@@ -17,6 +17,8 @@ from the same search path Hydra builds (`--config-dir`, `--config-name`, `--conf
   reasoning-gym does not have (`check_task_datasets`; both through `check_installed`);
 - the model folder (`check_model`): missing, a GGUF file, code of its own (`auto_map`) without
   `model.trust_remote_code=true`, no chat template while a task's `apply_chat_template=true`;
+- agents (`check_agent_entrypoints`): a gateway agent's program, and the python tool's needs (a chat
+  model, and a sandbox this machine can run: bubblewrap and user namespaces, or the weaker mode);
 - `resume=never` into a directory that holds a run;
 - any start in a directory that holds a run (`hydra.run.dir=<run>`) is a resume: it is
   rewritten exactly as `resume=<dir>` and passes the same checks (model/task/seed fixed,
@@ -228,7 +230,7 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
                 asked.add(request)
                 check_capacity(c)
     # A sweep into a directory that holds its runs is allowed: the same command run again resumes each
-    # point in its own directory (resume=auto; docs/slurm.md), as a preempted Slurm sweep is continued.
+    # point in its own directory (resume=auto; docs/how-to/slurm.md), as a preempted Slurm sweep is continued.
     return hydra_argv(argv0, ns, overrides), applied, None
 
 
@@ -428,19 +430,30 @@ def check_model(conf, checked: set[tuple] | None = None) -> None:
 
 def check_agent_entrypoints(conf, with_model: bool = True) -> None:
     """`agent=openai_gateway`: the agent program imports and is callable (rlharness/agent/entrypoint.py), and
-    (`with_model`: the model folder is readable here) the model has a chat template."""
+    (`with_model`: the model folder is readable here) the model has a chat template. `agent.tools=[python]`:
+    a chat model too (the tool is for models that write programs in a chat turn), and a sandbox this
+    machine can run (`rlharness.sandbox.check_available`: bubblewrap, user namespaces)."""
     from rlharness.agent.entrypoint import load_entrypoint
-    from rlharness.config.schema import ConfigError
     from rlharness.model.load import load_tokenizer
+    from rlharness.sandbox import SandboxUnavailable, check_available
 
     for name, entry in conf.task_entries().items():
         agent = conf.agent_for(entry)
+        key = f"tasks.{name}.agent" if conf.tasks else "agent"
         if agent.name == "openai_gateway":
-            key = f"tasks.{name}.agent" if conf.tasks else "agent"
             load_entrypoint(agent.entrypoint, f"{key}.entrypoint")
             if with_model and not getattr(load_tokenizer(conf.model), "chat_template", None):  # it renders messages
                 raise ConfigError(f"{key}=openai_gateway is not allowed with model.path={conf.model.path!r}: "
                                   f"its tokenizer has no chat template to render the agent's messages")
+        if agent.name == "multi_turn_tool" and "python" in agent.tools and with_model:  # (on this machine)
+            if not getattr(load_tokenizer(conf.model), "chat_template", None):
+                raise ConfigError(f"{key}.tools={list(agent.tools)} is not allowed with "
+                                  f"model.path={conf.model.path!r}: its tokenizer has no chat template (the python "
+                                  f"tool is for chat models that write programs in their turn; e.g. model=tiny_code)")
+            try:
+                check_available(agent.sandbox)
+            except SandboxUnavailable as exc:
+                raise ConfigError(str(exc).replace("agent.sandbox.", f"{key}.sandbox.")) from None
 
 
 def check_known_keys(cfg) -> None:

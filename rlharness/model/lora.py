@@ -187,13 +187,6 @@ class WeightSync:
         return merged_weights(peft_model, state)
 
 
-def state_bytes(state: Any) -> int:
-    """Bytes of the tensors in a state dict; a remote one's size as its holder reports it (`nbytes`), else 0."""
-    if not isinstance(state, dict):
-        return int(getattr(state, "nbytes", 0) or 0)
-    return sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
-
-
 # ----------------------------------------------------------------------------- engines
 def wrap_for_engine(model: torch.nn.Module, model_conf: ModelConf) -> torch.nn.Module:
     """An engine's model with (zero) adapters injected, so `adapter_weights` names load into it.

@@ -16,6 +16,7 @@ class Components:
     engine: Any
     manager: Any
     backend: Any
+    weights: Any  # the weight channel: `await weights.sync(version)` (rlharness/distributed/weight_channel.py)
     evaluator: Any
     # task name -> the judger eval scores with, where it is not the training one (a learned reward).
     eval_judgers: dict[str, Any] = field(default_factory=dict)

@@ -33,7 +33,6 @@ from rlharness.trainer.components import Components
 from rlharness.core.checkpoint import (CheckpointError, CheckpointWriteError, begin_checkpoint, commit_checkpoint,
                                   latest_checkpoint, load_state, read_meta, save_state, writing)
 from rlharness.config.run import RunConf
-from rlharness.model.lora import state_bytes
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, format_step_line
 from rlharness.logging_utils.plots import write_plots
@@ -171,7 +170,7 @@ class Trainer:
         # step under way must never be checkpointed as the step before it.
         # Groups finish in timing-dependent order; train them in data order so a run
         # (and a resumed run) sums its loss the same way every time.
-        produced.groups.sort(key=lambda g: (g[0].task, g[0].epoch, g[0].prompt_index, g[0].group_id))
+        produced.groups.sort(key=lambda g: (g.task, g.epoch, g.prompt_index, g.group_id))
         batch, batch_metrics = build_train_batch(
             produced.groups, conf.algo, c.tokenizer.pad_token_id, step,
             max_response_len=conf.max_response_tokens(), temperature=conf.agent.sampling.temperature,
@@ -249,12 +248,11 @@ class Trainer:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         await self.c.manager.pause()
-        weights = await self.c.backend.get_weights()
-        await asyncio.wait_for(self.c.engine.load_weights(weights, version), timeout=self.conf.timeout_s)
+        sent = await asyncio.wait_for(self.c.weights.sync(version), timeout=self.conf.timeout_s)
         self.model_version = version
         self.c.manager.set_model_step(version)
         self.c.manager.resume()
-        return loop.time() - t0, state_bytes(weights)
+        return loop.time() - t0, sent.bytes_sent
 
     def _judge_window(self) -> dict[str, float]:
         """The judgers' counts since the last call, as `judge/<name>` summed over tasks, and in a
@@ -376,7 +374,7 @@ class Trainer:
             self.c.manager.load_state_dict(state["producer"])
         except ValueError as exc:  # another set of tasks, another batch size: refused, naming them
             raise CheckpointError(f"checkpoint {path}: {exc}") from exc
-        await self.c.engine.load_weights(await self.c.backend.get_weights(), self.model_version)
+        await self.c.weights.sync(self.model_version)
         self.c.manager.set_model_step(self.model_version)
         log.info("resumed from %s (step %d, weight version %d)", path, self.step, self.model_version)
 

@@ -17,7 +17,7 @@ import pytest
 
 from rlharness.agent import build_agent_loop
 from rlharness.agent.multi_turn_tool import current_turn, find_tool_call
-from rlharness.agent.tools import ToolError, build_tools, calculator
+from rlharness.agent.tools import ToolError, ToolOutput, build_tools, calculator, calculator_tool
 from rlharness.config.schema import AlgoConf, ConfigError, MultiTurnToolAgentConf, SamplingConf
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
 from rlharness.judger.base import Judger
@@ -25,7 +25,7 @@ from rlharness.judger.math import MathJudger
 from rlharness.core.run_dir import RunDir
 from rlharness.model.tiny import DEFAULT_CHARS, build_char_tokenizer
 from rlharness.trainer.batch import build_train_batch
-from rlharness.core.types import Status, group_status, make_group
+from rlharness.core.types import Status, make_group
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -186,7 +186,7 @@ def test_tool_names_and_call_parsing():
 def test_tool_output_is_inserted_masked_and_the_whole_text_is_judged():
     engine, loop, group = setup(["<tool>2+3</tool>", "#### 5"])
     out = run(loop, group)
-    assert group_status(out) == Status.COMPLETED
+    assert out.status == Status.COMPLETED
     call, output, answer = "<tool>2+3</tool>", "<output>5</output>", "#### 5"
     for s in out:
         assert s.response_text == call + output + answer
@@ -273,10 +273,10 @@ def test_abort_anywhere_then_continue_gives_the_uninterrupted_response(cut):
         first = await interrupt_after(loop, engine, group, tokens=2 * cut)
         await engine.load_weights({}, version=1)
         # A copy of the interrupted group: the continuation works on `first` in place.
-        return [s.clone() for s in first], await loop.generate_group(first, enable_partial_rollout=True)
+        return first.clone(), await loop.generate_group(first, enable_partial_rollout=True)
 
     first, second = asyncio.run(main())
-    assert group_status(first) == Status.ABORTED
+    assert first.status == Status.ABORTED
     for a, s in zip(first, second):
         assert a.status == Status.ABORTED and a.num_aborts == 1 and 0 < len(a.response_ids) < len(ref.response_ids)
         check_aligned(a)
@@ -324,10 +324,10 @@ def test_a_pause_during_a_tool_call_stops_the_member_before_its_next_engine_call
     engine, loop, group = setup(TURNS, k=1, answer="35")
     started, release = threading.Event(), threading.Event()
 
-    def slow_calculator(argument: str) -> str:
+    def slow_calculator(argument: str, timeout_s: float) -> ToolOutput:
         started.set()
         release.wait(timeout=10)
-        return calculator(argument)
+        return calculator_tool(argument, timeout_s)
 
     loop.tools["calculator"] = slow_calculator
 
@@ -337,9 +337,9 @@ def test_a_pause_during_a_tool_call_stops_the_member_before_its_next_engine_call
         await loop.pause()
         release.set()
         first = await task
-        loop.tools["calculator"] = calculator
+        loop.tools["calculator"] = calculator_tool
         # A copy of the interrupted group: the continuation works on `first` in place.
-        return [s.clone() for s in first], await loop.generate_group(first, enable_partial_rollout=True)
+        return first.clone(), await loop.generate_group(first, enable_partial_rollout=True)
 
     (first,), (second,) = asyncio.run(main())
     assert first.status == Status.ABORTED
@@ -392,7 +392,7 @@ def test_end_to_end_on_the_hf_engine_with_a_tiny_random_model():
             await engine.close()
 
     loop, out = asyncio.run(main())
-    assert group_status(out) == Status.COMPLETED
+    assert out.status == Status.COMPLETED
     assert loop.tool_calls > 0, "expected the random model to close at least one '(' call"
     tools = build_tools(["calculator"])
     for s in out:
@@ -409,7 +409,7 @@ def test_end_to_end_on_the_hf_engine_with_a_tiny_random_model():
             assert turn.endswith(")")
             call = find_tool_call(turn, "(", ")")
             try:
-                expected = tools["calculator"](call)
+                expected = tools["calculator"](call, 1.0).text
             except ToolError as exc:
                 expected = f"error: {exc}"
             assert s.response_ids[start:end] == enc("=" + expected + ",")[: max_tokens - start]

@@ -20,7 +20,7 @@ from rlharness.engine.hf import HFEngine
 from rlharness.judger.math import MathJudger
 from rlharness.model.load import PROJECT_ROOT, load_model, load_tokenizer
 from rlharness.core.run_dir import RunDir
-from rlharness.core.types import Status, group_status, make_group
+from rlharness.core.types import Status, make_group
 from tests.agent import gateway_agents
 from tests.helpers import run_cli
 
@@ -84,7 +84,7 @@ def test_the_example_agent_trains_exactly_what_the_built_in_tool_loop_does(model
                                 [group_of(2, 4, templated=True)])
     called = 0
     for g, t in zip(gateway_groups, tool_groups):
-        assert group_status(g) == Status.COMPLETED
+        assert g.status == Status.COMPLETED
         for s, m in zip(g, t):
             assert s.prompt_ids == m.prompt_ids and s.response_ids == m.response_ids
             # Log-probs to float noise: the engine batched other members alongside (another batch shape).
@@ -105,7 +105,7 @@ def test_the_example_agent_trains_exactly_what_the_built_in_tool_loop_does(model
 
 def test_a_request_that_does_not_extend_the_last_one_starts_a_new_segment(model):
     loop, (g,) = run_groups(model, gateway(AGENTS + "edits_history"), [group_of(2, 2)])
-    assert group_status(g) == Status.COMPLETED
+    assert g.status == Status.COMPLETED
     for s in g:
         messages = gateway_agents.SEEN[s.uid]["messages"]
         assert s.extra["prefix_mismatch"] == 1 and s.extra["segments"] == 2 and s.extra["calls"] == 2
@@ -129,7 +129,7 @@ def test_the_completions_endpoint_continues_its_own_text(model):
 # ----------------------------------------------------------------------------- bad requests
 def test_refused_requests_get_openai_errors_and_the_rollout_goes_on(model):
     loop, (g,) = run_groups(model, gateway(AGENTS + "refused_then_served"), [group_of(1, 2)])
-    seen = gateway_agents.SEEN[g[0].uid]
+    seen = gateway_agents.SEEN[g.samples[0].uid]
     status = {name: code for name, (code, _) in seen["status"].items()}
     assert status == {"model": 404, "temperature": 400, "n": 400, "max_tokens": 400, "stream": 400,
                       "top_p": 400, "stop": 400, "seed": 400, "logprobs": 400, "malformed": 400, "rollout": 404}
@@ -184,7 +184,7 @@ def test_a_pause_mid_call_parks_it_and_the_continued_group_finishes_it_on_new_we
         (a,), (s,) = asyncio.run(go())
     finally:
         handle.remove()
-    r = ref[0]
+    r = ref.samples[0]
     n = len(a.response_ids)
     assert a.status == Status.ABORTED and a.num_aborts == 1 and 0 < n < len(r.response_ids)
     assert set(a.response_model_steps) == {0}
@@ -197,14 +197,14 @@ def test_a_pause_mid_call_parks_it_and_the_continued_group_finishes_it_on_new_we
 def test_a_crashing_agent_fails_its_group_with_the_reason(model):
     _, (g,) = run_groups(model, gateway(AGENTS + "crashes"), [group_of(0, 2)])
     assert all(s.status == Status.FAILED for s in g)
-    assert "raised RuntimeError: the agent's own bug" in g[0].extra["fail_reason"]
+    assert "raised RuntimeError: the agent's own bug" in g.drop_reason
 
 
 def test_a_hanging_agent_is_stopped_at_its_timeout_and_fails_its_group(model):
     gateway_agents.CANCELLED.clear()
     loop, (g,) = run_groups(model, gateway(AGENTS + "hangs", timeout_s=1.0), [group_of(0, 2)])
     assert all(s.status == Status.FAILED for s in g)
-    assert "did not finish within agent.timeout_s=1" in g[0].extra["fail_reason"]
+    assert "did not finish within agent.timeout_s=1" in g.drop_reason
     assert gateway_agents.CANCELLED == [ROWS[0]["question"]] * 2 and not loop._sessions  # nothing left running
 
 

@@ -15,6 +15,7 @@ from rlharness.backend.learner import Learner
 from rlharness.core.checkpoint import CheckpointError
 from rlharness.config.schema import AlgoConf, ConfigError, HFEngineConf, LoraConf, ModelConf, TorchBackendConf
 from rlharness.engine import GenerateRequest, SamplingParams, build_engine
+from rlharness.weights.transfer import state_bytes
 from tests.backend.test_torch_backend import make_batch, step
 
 pytestmark = pytest.mark.timeout(180)
@@ -87,7 +88,7 @@ def test_adapter_sync_sends_only_a_and_b(tiny_model_dir):
     b = lora_backend(tiny_model_dir, sync="adapter")
     sent = asyncio.run(b.get_weights())
     assert sent and all(".lora_A." in k or ".lora_B." in k for k in sent)
-    assert lora.state_bytes(sent) == sum(p.numel() * 4 for p in b.model.parameters() if p.requires_grad)
+    assert state_bytes(sent) == sum(p.numel() * 4 for p in b.model.parameters() if p.requires_grad)
 
 
 def _engine_vs_trainer(b: Learner, engine) -> float:

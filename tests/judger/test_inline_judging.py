@@ -64,13 +64,13 @@ def test_a_judger_without_an_inline_answer_scores_in_a_worker_thread():
 def test_the_thread_path_keeps_its_timeout_and_fails_the_group():
     j = _ThreadRecorder(inline=False, sleep_s=1.0)
     group = asyncio.run(j.judge_group(_group(["a"], {}), timeout_s=0.05))
-    assert group[0].status == Status.FAILED and group[0].extra["fail_reason"].endswith("timeout")
+    assert group.status == Status.FAILED and group.drop_reason.endswith("timeout")
 
 
 def test_an_inline_raise_fails_the_group_with_the_reason():
     group = asyncio.run(_ThreadRecorder(inline=True, raise_inline=True).judge_group(_group(["a", "b"], {}), 5))
     assert all(s.status == Status.FAILED for s in group)
-    assert group[0].extra["fail_reason"] == "judger recorder: ValueError: bad label"
+    assert group.drop_reason == "judger recorder: ValueError: bad label"
 
 
 def test_math_judger_answers_plain_numbers_inline_and_defers_expressions_to_math_verify():
