@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlharness.logging_utils.metrics import json_line, jsonl_rows, replace_text
+from rlharness.core.redaction import redact
 from rlharness.core.run_dir import RunDir, step_of
 from rlharness.core.types import Group, RolloutState
 
@@ -90,7 +91,8 @@ class RolloutLedger:
         with open(self.dropped_path, "a") as fh:
             for group in dropped:
                 for s in group.samples:
-                    fh.write(json_line({**sample_row(group, s, train_step), "reason": group.drop_reason}) + "\n")
+                    row = {**sample_row(group, s, train_step), "reason": redact(group.drop_reason)}
+                    fh.write(json_line(row) + "\n")
 
 
 def read_ledger(run_dir: str | Path) -> tuple[list[dict], list[dict]]:
