@@ -828,6 +828,11 @@ class TorchBackendConf(BackendConf):
     # Token-budget micro-batches: rows grouped longest first so each micro-batch holds at most
     # this many tokens including padding (rlharness/backend/micro_batches.py); null: algo.micro_batch_size rows.
     micro_batch_tokens: Optional[int] = None
+    # Packed rows (rlharness/backend/packing.py): a micro-batch's samples end to end, position ids
+    # restarting per sample, no attention across them, for the policy, its reference and the critic.
+    # null: on where the model's attention keeps packed samples apart (probed when the trainer starts),
+    # else off (logged once); true: on, refused for a model whose attention does not; false: off.
+    packing: Optional[bool] = None
 
     @property
     def on_gpu(self) -> bool:
@@ -852,6 +857,7 @@ class DeepSpeedBackendConf(BackendConf):
     gradient_checkpointing: bool = False
     logprob_chunk_tokens: int = 1024  # as backend=torch's
     micro_batch_tokens: Optional[int] = None  # as backend=torch's, within each rank's share
+    packing: Optional[bool] = None  # as backend=torch's
     # Rows split across ranks by Karmarkar-Karp on their lengths, equal row counts
     # (rlharness/backend/rank_balance.py); false: rank r trains rows r, r + W, ...
     balance_ranks: bool = True

@@ -3,12 +3,15 @@ forward against its padded one: the same logits at every token, and no sample se
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
 import torch
 
+from rlharness.backend.learner import Learner
 from rlharness.backend.packing import PackedRows, first_fit_decreasing, honours_packing, packed_budget_slices
+from rlharness.config.schema import AlgoConf, ConfigError, CriticConf, ModelConf, TorchBackendConf
 
 SMOLLM2 = "assets/smollm2-135m-instruct"
 
@@ -105,7 +108,7 @@ def test_two_packed_samples_cannot_see_each_other(tiny_model_dir):
         assert not torch.allclose(outs[0][0], outs[1][0])  # the changed one did change
 
 
-def test_an_attention_that_ignores_the_samples_bounds_is_caught(tiny_model_dir):
+def _register_whole_row_attention() -> str:
     """A custom attention (transformers' AttentionInterface) that attends causally across the whole row."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -117,6 +120,98 @@ def test_an_attention_that_ignores_the_samples_bounds_is_caught(tiny_model_dir):
 
     AttentionInterface.register("whole_row_causal", whole_row)
     AttentionMaskInterface.register("whole_row_causal", sdpa_mask)
-    for attn, honoured in (("eager", True), ("sdpa", True), ("whole_row_causal", False)):
+    return "whole_row_causal"
+
+
+def test_an_attention_that_ignores_the_samples_bounds_is_caught(tiny_model_dir):
+    whole_row = _register_whole_row_attention()
+    for attn, honoured in (("eager", True), ("sdpa", True), (whole_row, False)):
         model = _model(tiny_model_dir, attn)
         assert honours_packing(model, model.config.vocab_size, "cpu") is honoured, attn
+
+
+# ----------------------------------------------------------------------------- the learner on packed rows
+def _multi_turn_batch(algo: AlgoConf, seed: int, groups: int = 4, k: int = 4):
+    """Groups of mixed prompt and response lengths (a long tail), some responses with tool-output spans
+    (loss mask 0 inside the response: a multi-turn sample)."""
+    from rlharness.core.types import Group, RolloutState, Status
+    from rlharness.trainer.batch import build_train_batch
+
+    rng = random.Random(seed)
+    out = []
+    for g in range(groups):
+        prompt = [rng.randrange(4, 24) for _ in range(rng.randint(3, 12))]
+        samples = []
+        for i in range(k):
+            n = min(40, max(1, int(rng.lognormvariate(2.0, 0.9))))
+            mask = [1] * n
+            if n > 6 and rng.random() < 0.5:  # a tool's output in the middle: no loss there
+                start = rng.randrange(1, n - 3)
+                mask[start:start + 3] = [0, 0, 0]
+            samples.append(RolloutState(
+                uid=f"{g}-{i}", group_id=str(g), task="t", prompt_index=g, epoch=0, prompt_text="",
+                prompt_ids=list(prompt), response_ids=[rng.randrange(4, 24) for _ in range(n)],
+                response_mask=mask, response_logprobs=[-rng.uniform(2.0, 4.0) for _ in range(n)],
+                response_model_steps=[0] * n, reward={"score": float(rng.random() < 0.5)},
+                status=Status.COMPLETED, finish_reason="stop"))
+        out.append(Group.from_samples(samples))
+    return build_train_batch(out, algo, pad_token_id=0, train_step=1, max_response_len=40, temperature=1.0)[0]
+
+
+def _learner(model_dir: str, algo: AlgoConf, packing: bool | None, budget: int | None = None, attn: str = "eager"):
+    return Learner(TorchBackendConf(packing=packing, micro_batch_tokens=budget),
+                   ModelConf(path=model_dir, attn_implementation=attn), algo, total_steps=10, seed=0)
+
+
+def _same_gradients(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        if q.grad is not None:
+            assert float((p.grad - q.grad).abs().max()) <= 1e-5 * float(q.grad.abs().max()) + 1e-12, name
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("budget", [None, 60])
+def test_packed_training_is_the_padded_computation(tiny_model_dir, budget):
+    """Log-probs, entropy, KL to the reference model, loss and gradients: to 1e-5 (float32)."""
+    algo = AlgoConf(name="grpo", lr=1e-3, micro_batch_size=5, kl_coef=0.05, entropy_coef=0.01)
+    batch = _multi_turn_batch(algo, seed=5)
+    assert (batch.response_mask.diff(dim=-1) > 0).sum(-1).max() >= 1  # a response resumes after a tool span
+    padded, packed = _learner(tiny_model_dir, algo, False, budget), _learner(tiny_model_dir, algo, None, budget)
+    assert packed.packing and not padded.packing
+    rows = packed._rows({"input_ids": batch.input_ids, "attention_mask": batch.attention_mask},
+                        torch.arange(batch.input_ids.shape[0]))
+    assert rows["packed"].input_ids.numel() < batch.input_ids.numel()  # less padding computed
+    tensors = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+               "response_mask": batch.response_mask.float()}
+    for a, b in ((padded._logprobs_no_grad(tensors, 1.0), packed._logprobs_no_grad(tensors, 1.0)),
+                 (padded._per_token_no_grad(tensors, lambda mb: padded._reference_scores(mb, 1.0)),
+                  packed._per_token_no_grad(tensors, lambda mb: packed._reference_scores(mb, 1.0)))):
+        assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
+    want, got = padded.train_step_blocking(batch), packed.train_step_blocking(batch)
+    for key in ("train/loss", "train/pg_loss", "train/kl", "train/entropy", "train/grad_norm",
+                "train/response_tokens"):
+        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
+    _same_gradients(packed.model, padded.model)
+
+
+@pytest.mark.timeout(600)
+def test_the_critic_trains_on_packed_rows_as_on_padded_ones(tiny_model_dir):
+    algo = AlgoConf(name="ppo", advantage="gae", lr=1e-3, micro_batch_size=6, critic=CriticConf(lr=1e-3))
+    batch = _multi_turn_batch(algo, seed=6)
+    padded, packed = _learner(tiny_model_dir, algo, False), _learner(tiny_model_dir, algo, True)
+    want, got = padded.train_step_blocking(batch), packed.train_step_blocking(batch)
+    for key in ("critic/values_mean", "critic/returns_mean", "critic/value_loss", "critic/grad_norm",
+                "train/loss", "train/grad_norm"):
+        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
+    _same_gradients(packed.critic.module, padded.critic.module)
+
+
+def test_packing_an_attention_that_ignores_the_bounds_is_refused_or_falls_back(tiny_model_dir, caplog):
+    whole_row = _register_whole_row_attention()
+    algo = AlgoConf(name="grpo")
+    with pytest.raises(ConfigError, match=rf"^backend.packing=true is not allowed: model {tiny_model_dir} with "
+                                          rf"model.attn_implementation={whole_row} lets packed samples attend"):
+        _learner(tiny_model_dir, algo, True, attn=whole_row)
+    with caplog.at_level(logging.WARNING):
+        assert not _learner(tiny_model_dir, algo, None, attn=whole_row).packing
+    assert caplog.text.count("backend.packing: model") == 1

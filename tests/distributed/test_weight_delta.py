@@ -41,10 +41,10 @@ ray_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def _trainer(model_dir: str, **kw):
-    from rlharness.backend.torch_backend import TorchBackend
+    from rlharness.backend.learner import Learner
 
     def factory(rank, addr, port):
-        return functools.partial(TorchBackend, TorchBackendConf(), ModelConf(path=model_dir), ALGO, 10, 0)
+        return functools.partial(Learner, TorchBackendConf(), ModelConf(path=model_dir), ALGO, 10, 0)
     return spawn_train_workers(factory, 1, 0.5, 0, {}, 120, name="delta", **kw)
 
 

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 import torch
 
-from rlharness.backend.torch_backend import TorchBackend
+from rlharness.backend.learner import Learner
 from rlharness.config.schema import AlgoConf, ConfigError, HFEngineConf, LoraConf, ModelConf, TorchBackendConf
 from rlharness.distributed.weight_channel import build_weight_channel
 from rlharness.engine import build_engine
@@ -41,7 +41,7 @@ class FailingOnce:
 def test_a_float32_trainer_feeds_a_bfloat16_engine_by_differences(tiny_model_dir):
     model = ModelConf(path=tiny_model_dir, engine_dtype="bfloat16")
     algo = AlgoConf(name="grpo", lr=1e-5)
-    trainer = TorchBackend(TorchBackendConf(), model, algo, total_steps=10, seed=0)
+    trainer = Learner(TorchBackendConf(), model, algo, total_steps=10, seed=0)
     by_delta, by_full = (build_engine(HFEngineConf(), model, seed=0) for _ in range(2))
     assert next(by_delta.model.parameters()).dtype == torch.bfloat16  # the engine loads its own dtype
     delta_engine = FailingOnce(by_delta)
@@ -140,7 +140,7 @@ def test_lora_merged_syncs_start_whole_then_send_differences_of_the_merged_matri
     model = ModelConf(path=tiny_model_dir, engine_dtype="bfloat16", lora=LoraConf(rank=4, alpha=8.0))
     algo = AlgoConf(name="grpo", lr=1e-5)
     # Two trainers that train alike (a LoRA trainer's syncs are its own: the first sends everything).
-    trainers = [TorchBackend(TorchBackendConf(), model, algo, total_steps=10, seed=0) for _ in range(2)]
+    trainers = [Learner(TorchBackendConf(), model, algo, total_steps=10, seed=0) for _ in range(2)]
     by_delta, by_full = (build_engine(HFEngineConf(), model, seed=0) for _ in range(2))
     delta = build_weight_channel(trainers[0], by_delta, "in_process", 60, WeightEncoding("bfloat16", delta=True))
     full = build_weight_channel(trainers[1], by_full, "in_process", 60, WeightEncoding("bfloat16", delta=False))
