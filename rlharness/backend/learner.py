@@ -169,6 +169,7 @@ class Learner(TrainingBackend):
         finally:
             self.model.train(was_training)
         if ok:
+            log.info("backend.packing: micro-batches train as packed rows")
             return True
         what = (f"model {model_conf.path} with model.attn_implementation={model_conf.attn_implementation} lets "
                 f"packed samples attend to each other")
@@ -341,6 +342,7 @@ class Learner(TrainingBackend):
             # 0 when an applied update left a NaN/inf weight (a finite but far too high LR): the run stops.
             "train/weights_finite": float(self.weights_finite()),
             "train/response_tokens": float(tensors["response_mask"].sum()),
+            "perf/padding_frac": 1.0 - sums.ratio("sample_tokens", "computed_tokens") if train_policy else 0.0,
             **critic_metrics, **self._critic_step_metrics(sums),
         }
 
@@ -354,6 +356,9 @@ class Learner(TrainingBackend):
             mb = {**self._rows(tensors, idx), "rows": idx}
             loss, pg = self._micro_step(mb, batch.temperature, den, max_len, sums, first_epoch=epoch == 0,
                                         train_step=batch.train_step, updates=updates)
+            computed = mb["packed"].input_ids if self.packing else mb["input_ids"]
+            sums.add("computed_tokens", computed.numel())
+            sums.add("sample_tokens", mb["attention_mask"].sum())
             step_loss += loss
             step_pg += pg
         grad_norm, skipped = self.policy.step(f"train_step {batch.train_step}")

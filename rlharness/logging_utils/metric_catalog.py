@@ -239,6 +239,9 @@ METRICS: tuple[Metric, ...] = (
        "(`mode=disagg`: production fell behind)."),
     _M("perf/train_worker_s", "s", "every step, `mode=disagg` or `backend=deepspeed`", "Time inside the training "
        "actor's call (the rest of `perf/train_s` is shipping the batch and the call's round trip)."),
+    _M("perf/padding_frac", "fraction", "every step (backends torch, deepspeed, fsdp2)", "Share of the tokens "
+       "the policy's training forwards computed that were padding (`backend.packing`: only each packed row's "
+       "end; padded rows: each row up to its micro-batch's longest)."),
     _M("perf/rank_token_imbalance", "-", "every step, `backend=deepspeed`", "Max over mean tokens per rank "
        "(`backend.balance_ranks`; 1 = balanced)."),
     # ------------------------------------------------------------------ perf: the engines' counters
