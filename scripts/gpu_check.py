@@ -249,8 +249,11 @@ class Check:
             self.synchronize()
             seconds += time.perf_counter() - t0
             first = first or metrics
-            steps.append({k: metrics[k] for k in ("train/loss", "train/grad_norm", "train/entropy")})
+            steps.append({k: metrics[k] for k in ("train/loss", "train/grad_norm", "train/entropy",
+                                                  "perf/padding_frac")})
         return {"device": device, "trainer_start_s": round(start_s, 3), "rows": int(batch.input_ids.shape[0]),
+                # backend.packing's default: packed rows where the attention keeps samples apart (on CUDA too)
+                "packed_rows": bool(getattr(self.trainer, "packing", False)),
                 "tokens_per_step": tokens, "train_tokens_per_s": round(tokens * len(steps) / seconds, 1),
                 "step_s": round(seconds / len(steps), 3),
                 # The bfloat16 gap: vLLM's log-probs of its own tokens against the trainer's recomputation
