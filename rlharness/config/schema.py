@@ -825,8 +825,9 @@ class TorchBackendConf(BackendConf):
     # Response tokens whose vocabulary projection and log-softmax are computed at once
     # (rlharness/algo/logprobs.py): bounds the trainer's largest tensor to this x vocab floats.
     logprob_chunk_tokens: int = 1024
-    # Token-budget micro-batches: rows grouped longest first so each micro-batch holds at most
-    # this many tokens including padding (rlharness/backend/micro_batches.py); null: algo.micro_batch_size rows.
+    # Token-budget micro-batches: rows grouped so each micro-batch holds at most this many tokens
+    # (padded rows: longest first, padding included, rlharness/backend/micro_batches.py; packed rows:
+    # first-fit decreasing on the samples' own tokens); null: algo.micro_batch_size rows.
     micro_batch_tokens: Optional[int] = None
     # Packed rows (rlharness/backend/packing.py): a micro-batch's samples end to end, position ids
     # restarting per sample, no attention across them, for the policy, its reference and the critic.
