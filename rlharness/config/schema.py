@@ -883,7 +883,7 @@ class FSDP2BackendConf(TorchBackendConf):
     actors (rlharness/backend/fsdp2_runner.py); the other keys are backend=torch's."""
 
     name: str = "fsdp2"
-    num_workers: int = 2
+    num_workers: int = 2  # training ranks, each a Ray actor
     # Rows split across ranks by Karmarkar-Karp on their lengths, equal row counts
     # (rlharness/backend/rank_balance.py); false: rank r trains rows r, r + W, ...
     balance_ranks: bool = True
