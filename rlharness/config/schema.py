@@ -883,7 +883,9 @@ class FSDP2BackendConf(TorchBackendConf):
     actors (rlharness/backend/fsdp2_runner.py); the other keys are backend=torch's."""
 
     name: str = "fsdp2"
-    num_workers: int = 2  # training ranks, each a Ray actor
+    # Training ranks, one Ray actor each (cluster.trainer_cpus apiece); each keeps 1/num_workers of every
+    # parameter, gradient and optimizer state.
+    num_workers: int = 2
     # Rows split across ranks by Karmarkar-Karp on their lengths, equal row counts
     # (rlharness/backend/rank_balance.py); false: rank r trains rows r, r + W, ...
     balance_ranks: bool = True

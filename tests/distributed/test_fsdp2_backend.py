@@ -15,8 +15,9 @@ from rlharness.backend import build_backend
 from rlharness.config.schema import AlgoConf, CriticConf, FSDP2BackendConf, LoraConf, ModelConf, TorchBackendConf
 from rlharness.distributed.train_actor import start_ranked_backend
 from tests.distributed.test_deepspeed_backend import make_batch
+from tests.helpers import HANG_S
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(HANG_S)]
 
 # The first step's metrics compared with backend=torch's.
 COMPARED = ("train/loss", "train/pg_loss", "train/kl", "train/entropy", "train/grad_norm", "train/clip_frac",
@@ -26,7 +27,7 @@ COMPARED = ("train/loss", "train/pg_loss", "train/kl", "train/entropy", "train/g
 def fsdp2_and_torch(algo: AlgoConf, model: ModelConf, **torch_kw):
     """Two FSDP2 ranks and backend=torch, both with `torch_kw`'s backend keys."""
     fsdp2 = start_ranked_backend(FSDP2BackendConf(num_workers=2, **torch_kw), model, algo, 10, 0,
-                                 cpus_per_worker=1.0, timeout_s=240)
+                                 cpus_per_worker=1.0, timeout_s=HANG_S)
     return fsdp2, build_backend(TorchBackendConf(**torch_kw), model, algo, 10, 0)
 
 
@@ -106,7 +107,7 @@ def test_saves_and_resumes_exactly_and_torch_resumes_its_checkpoint(ray_session,
         finally:
             await fsdp2.close()
         resumed_ranks = start_ranked_backend(FSDP2BackendConf(num_workers=2), model, algo, 10, 0,
-                                             cpus_per_worker=1.0, timeout_s=240)
+                                             cpus_per_worker=1.0, timeout_s=HANG_S)
         try:
             await resumed_ranks.load(str(ckpt))
             resumed = await resumed_ranks.train_step(batches[2])
@@ -180,7 +181,7 @@ def test_ppo_critic_on_two_ranks_equals_torch(ray_session, tiny_model_dir, tmp_p
     asyncio.run(main())
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(2 * HANG_S + 60)
 def test_disagg_run_on_fsdp2_trains_and_resumes_the_step_alike(tmp_path):
     """train.py mode=disagg cluster=local_ray backend=fsdp2: step 3 trained again from the step-2
     checkpoint (the step-3 one moved away, as if the run had died before writing it) gives step 3's
@@ -192,7 +193,7 @@ def test_disagg_run_on_fsdp2_trains_and_resumes_the_step_alike(tmp_path):
     def run(run_dir, overrides):
         run_dir.mkdir(exist_ok=True)
         proc = launch(run_dir, overrides)
-        assert proc.wait(timeout=400) == 0, proc.stderr_text()[-3000:]
+        assert proc.wait(timeout=HANG_S) == 0, proc.stderr_text()[-3000:]
 
     run_dir = tmp_path / "run"
     # Two ranks of half a CPU each and the engine on the other CPU: the 2 CPUs of cluster=local_ray.
