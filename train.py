@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlharness.config.run import adopt_strategy_max_staleness
 from rlharness.config.store import register_configs
+from rlharness.health.alarm import EXIT_HEALTH_STOP, HealthStop
 from rlharness.launcher import RefusedInput, run
 from rlharness.preflight import Finished, RunDirGuard, preflight
 from rlharness.trainer.nonfinite import NonFiniteTraining
@@ -51,11 +52,11 @@ def main(cfg: DictConfig) -> float | None:
         _GUARD.rollback()
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_REFUSED)
-    except NonFiniteTraining as exc:  # the run trained, then had to stop: one line, not a traceback
+    except (NonFiniteTraining, HealthStop) as exc:  # the run trained, then had to stop: one line, not a traceback
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(EXIT_FAILED)
+        sys.exit(EXIT_HEALTH_STOP if isinstance(exc, HealthStop) else EXIT_FAILED)
     # Returned to Hydra (sweepers may optimise it): final eval accuracy if any.
     return last.get("eval/accuracy") if last else None
 

@@ -81,6 +81,9 @@ class ReplayBuffer:
         # at `put`: expiry checks and the stalest-first order of `take_batch` read it instead of
         # walking every member's versions again at each step (overhead benchmark).
         self._oldest: dict[str, float] = {}
+        # Response lengths of finished (COMPLETED) samples that expired, since the producer last took them:
+        # what staleness drops, by length (rlharness/health/bias.py).
+        self.expired_lengths: list[int] = []
 
     # ------------------------------------------------------------------ pools
     def _pool(self, task: str, status: Status) -> OrderedDict[str, Group]:
@@ -143,7 +146,7 @@ class ReplayBuffer:
         if status in (Status.COMPLETED, Status.ABORTED):
             oldest = oldest_version(group)
             if self.staleness.expired(oldest, train_step, task):
-                self._expire_into_pool(group)
+                self._expire_into_pool(group, finished=status == Status.COMPLETED)
                 return Status.EXPIRED
             if status == Status.ABORTED:
                 self.counters["aborted"] += 1
@@ -160,7 +163,9 @@ class ReplayBuffer:
                     return str(s.extra[key])
         return status.value
 
-    def _expire_into_pool(self, group: Group) -> None:
+    def _expire_into_pool(self, group: Group, finished: bool) -> None:
+        if finished:
+            self.expired_lengths += [len(s.response_ids) for s in group]
         self.counters["expired_tokens"] += _expire(group)
         self.counters["expired"] += 1
         self._pool(group[0].task, Status.EXPIRED)[group[0].group_id] = group
@@ -176,7 +181,7 @@ class ReplayBuffer:
                 stale = [gid for gid in pools[status] if self.staleness.expired(self._oldest[gid], train_step, task)]
                 for gid in stale:
                     del self._oldest[gid]
-                    self._expire_into_pool(pools[status].pop(gid))
+                    self._expire_into_pool(pools[status].pop(gid), finished=status == Status.COMPLETED)
                 expired += len(stale)
         if expired:
             log.info("replay buffer: %d group(s) expired at train step %d", expired, train_step)

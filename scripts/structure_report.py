@@ -57,6 +57,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("parts", ["rlharness.algo", "rlharness.data", "rlharness.judger", "rlharness.model", "rlharness.lora",
                "rlharness.tiny", "rlharness.engine", "rlharness.backend", "rlharness.agent", "rlharness.sampler",
                "rlharness.replay_buffer", "rlharness.producer.staleness", "rlharness.logging_utils", "rlharness.launch", "rlharness.run_lock",
+               "rlharness.health",
                "rlharness.distributed.placement", "rlharness.distributed.request_batcher",
                "rlharness.distributed.train_actor"]),
     ("composites", ["rlharness.producer", "rlharness.trainer", "rlharness.evaluator", "rlharness.distributed",

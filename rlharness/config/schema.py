@@ -1121,14 +1121,190 @@ class TrainerConf:
     # counted (train/nonfinite_steps); this many in a row stop the run, naming the step and the
     # likely cause (the last checkpoint is kept; none is written from non-finite weights).
     max_nonfinite_steps: int = 3
-    # Warn when every group of this many consecutive steps had equal rewards (no learning signal:
-    # rollout/groups_zero_signal_frac = 1); 0 = never.
-    zero_signal_warn_steps: int = 5
+    # Step 0 trains once on a synthetic batch at the longest prompt and response the config allows
+    # (one micro-batch, no weight or optimizer state kept), before any data is consumed: an
+    # out-of-memory happens at start, naming the settings to lower. null = on for real models
+    # (rlharness/trainer/probe.py: at least PROBE_AUTO_MIN_PARAMS parameters), off for the embedded ones.
+    probe_longest: Optional[bool] = None
 
     def __post_init__(self) -> None:
         _check(self.max_nonfinite_steps >= 1, "trainer.max_nonfinite_steps", self.max_nonfinite_steps, ">= 1")
-        _check(self.zero_signal_warn_steps >= 0, "trainer.zero_signal_warn_steps", self.zero_signal_warn_steps,
-               ">= 0 (0 = never)")
+
+
+# ----------------------------------------------------------------------------- health
+ON_ALARM = ("warn", "stop")
+
+
+def _check_on_alarm(key: str, value: Optional[str]) -> None:
+    _check(value is None or value in ON_ALARM, key, value, "null (health.on_alarm) or one of " + ", ".join(ON_ALARM))
+
+
+def _check_window(key: str, value: int, least: int = 2) -> None:
+    _check(isinstance(value, int) and value >= least, key, value, f"an integer >= {least}")
+
+
+@dataclass
+class RewardHackingConf:
+    """A trained reward that rises while an independent score falls (rlharness/health/reward_hacking.py).
+
+    Independent scores: `eval/accuracy` when the trained reward is not the eval's judger (a learned
+    or LLM judge), and the parts of a router judger (`rollout/reward_<part>_mean`)."""
+
+    # The independent score fell this many standard errors below its best earlier value ...
+    drop_z: float = 3.0
+    # ... and by at least this much (absolute, in the score's units) ...
+    min_drop: float = 0.05
+    # ... while the trained reward's slope over the same steps is this many standard errors above 0.
+    rise_t: float = 3.0
+    # Router parts: the slopes are taken over this many steps.
+    window_steps: int = 20
+    on_alarm: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _check(self.drop_z > 0, "health.reward_hacking.drop_z", self.drop_z, "> 0")
+        _check(self.min_drop >= 0, "health.reward_hacking.min_drop", self.min_drop, ">= 0")
+        _check(self.rise_t > 0, "health.reward_hacking.rise_t", self.rise_t, "> 0")
+        _check_window("health.reward_hacking.window_steps", self.window_steps, 3)
+        _check_on_alarm("health.reward_hacking.on_alarm", self.on_alarm)
+
+
+@dataclass
+class EntropyCollapseConf:
+    """`train/entropy` over the last `window_steps` below `min_ratio` x its mean over the first `window_steps`."""
+
+    min_ratio: float = 0.2
+    window_steps: int = 5
+    on_alarm: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _check(0 < self.min_ratio < 1, "health.entropy_collapse.min_ratio", self.min_ratio, "0 < ratio < 1")
+        _check_window("health.entropy_collapse.window_steps", self.window_steps, 1)
+        _check_on_alarm("health.entropy_collapse.on_alarm", self.on_alarm)
+
+
+@dataclass
+class KLAccelerationConf:
+    """`train/kl` (a KL term: algo.kl_coef > 0) growing `ratio` x faster over the last `window_steps`
+    than over the `window_steps` before, and above `min_kl`."""
+
+    ratio: float = 3.0
+    min_kl: float = 0.05
+    rise_t: float = 3.0  # the last window's slope, in standard errors above 0
+    window_steps: int = 10
+    on_alarm: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _check(self.ratio > 1, "health.kl_acceleration.ratio", self.ratio, "> 1")
+        _check(self.min_kl >= 0, "health.kl_acceleration.min_kl", self.min_kl, ">= 0")
+        _check(self.rise_t > 0, "health.kl_acceleration.rise_t", self.rise_t, "> 0")
+        _check_window("health.kl_acceleration.window_steps", self.window_steps, 3)
+        _check_on_alarm("health.kl_acceleration.on_alarm", self.on_alarm)
+
+
+@dataclass
+class DegenerateOutputsConf:
+    """Responses that repeat n-grams, are made of one token, or hit the length budget at a rising rate
+    (rlharness/health/outputs.py): each share's mean over the last `window_steps` against its mean over
+    the first `window_steps`."""
+
+    ngram: int = 3
+    # A response repeats itself when at least this share of its n-grams occurred earlier in it.
+    repeat_share: float = 0.5
+    # Shares of degenerate responses (repeating, one token, empty): alarm above `max_frac` once
+    # `min_rise` above the run's start.
+    max_frac: float = 0.3
+    min_rise: float = 0.2
+    # Responses cut by the budget (`rollout/truncated_frac`): alarm `truncated_rise` above the start.
+    truncated_rise: float = 0.3
+    window_steps: int = 10
+    on_alarm: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.ngram, int) and self.ngram >= 1, "health.degenerate_outputs.ngram", self.ngram,
+               "an integer >= 1")
+        for key in ("repeat_share", "max_frac", "min_rise", "truncated_rise"):
+            _check(0 < getattr(self, key) <= 1, f"health.degenerate_outputs.{key}", getattr(self, key), "0 < x <= 1")
+        _check_window("health.degenerate_outputs.window_steps", self.window_steps, 1)
+        _check_on_alarm("health.degenerate_outputs.on_alarm", self.on_alarm)
+
+
+@dataclass
+class ZeroSignalConf:
+    """Every group of `steps` consecutive steps had equal rewards (`rollout/groups_zero_signal_frac` = 1)."""
+
+    steps: int = 5
+    on_alarm: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _check_window("health.zero_signal.steps", self.steps, 1)
+        _check_on_alarm("health.zero_signal.on_alarm", self.on_alarm)
+
+
+@dataclass
+class RewardFrozenConf:
+    """The reward distribution stopped moving: over `window_steps`, the step-to-step spread of
+    `rollout/reward_mean` below `max_ratio` x the standard error sampling alone gives it."""
+
+    max_ratio: float = 0.1
+    window_steps: int = 10
+    on_alarm: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _check(self.max_ratio > 0, "health.reward_frozen.max_ratio", self.max_ratio, "> 0")
+        _check_window("health.reward_frozen.window_steps", self.window_steps, 3)
+        _check_on_alarm("health.reward_frozen.on_alarm", self.on_alarm)
+
+
+@dataclass
+class HostMemoryConf:
+    """The run's resident memory (this process and its children) growing step after step: a slope over
+    the last `window_steps` (after `warmup_steps`) above `max_mb_per_step`, or one that would use up the
+    memory still available before `total_steps`."""
+
+    max_mb_per_step: float = 20.0
+    rise_t: float = 3.0
+    warmup_steps: int = 10
+    window_steps: int = 20
+    on_alarm: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _check(self.max_mb_per_step > 0, "health.host_memory.max_mb_per_step", self.max_mb_per_step, "> 0")
+        _check(self.rise_t > 0, "health.host_memory.rise_t", self.rise_t, "> 0")
+        _check(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "health.host_memory.warmup_steps",
+               self.warmup_steps, "an integer >= 0")
+        _check_window("health.host_memory.window_steps", self.window_steps, 3)
+        _check_on_alarm("health.host_memory.on_alarm", self.on_alarm)
+
+
+HEALTH_MONITORS = ("reward_hacking", "entropy_collapse", "kl_acceleration", "degenerate_outputs", "zero_signal",
+                   "reward_frozen", "host_memory")
+
+
+@dataclass
+class HealthConf:
+    """Training-health monitors (rlharness/health/, docs/health.md): each logs `health/...` every step
+    and, when it fires, one warning line; `on_alarm` (or a monitor's own) says whether the run goes on
+    (warn) or stops, keeping its last checkpoint (stop: exit status 3)."""
+
+    monitors: list[str] = field(default_factory=lambda: list(HEALTH_MONITORS))
+    on_alarm: str = "warn"
+    reward_hacking: RewardHackingConf = field(default_factory=RewardHackingConf)
+    entropy_collapse: EntropyCollapseConf = field(default_factory=EntropyCollapseConf)
+    kl_acceleration: KLAccelerationConf = field(default_factory=KLAccelerationConf)
+    degenerate_outputs: DegenerateOutputsConf = field(default_factory=DegenerateOutputsConf)
+    zero_signal: ZeroSignalConf = field(default_factory=ZeroSignalConf)
+    reward_frozen: RewardFrozenConf = field(default_factory=RewardFrozenConf)
+    host_memory: HostMemoryConf = field(default_factory=HostMemoryConf)
+
+    def __post_init__(self) -> None:
+        _one_of("health.on_alarm", self.on_alarm, ON_ALARM)
+        for name in self.monitors:
+            _one_of("health.monitors[]", name, HEALTH_MONITORS)
+
+    def action(self, monitor: str) -> str:
+        """warn | stop for one monitor: its own `on_alarm`, else the run's."""
+        own = getattr(self, monitor).on_alarm
+        return self.on_alarm if own is None else own
 
 
 # Judger schemas by name: Hydra's `judger=<name>` (config/store.py) and a task's default judger

@@ -1,0 +1,104 @@
+"""Staleness and filtering bias, visible: what was generated against what was trained.
+
+An async run drops what takes too long (token-mode expiry) and a group filter drops what carries no
+signal; either can leave training with mostly short answers, or mostly easy ones, without a word. The
+producer tallies every finished generation (`GenerationTally`: response length and reward of each
+judged sample, and the lengths of samples dropped: filtered, or expired after they finished) and hands
+the tally out with each batch; `bias_metrics` compares it with the batch:
+
+- `bias/trained_len_over_generated`: mean trained response length / mean generated response length
+  since the last batch (1 = no length bias; below 1: short answers are trained more than generated);
+- `bias/trained_reward_minus_generated`: the same for the reward, as a difference;
+- `bias/dropped_by_len_bucket/<lo>-<hi>`: samples dropped / samples generated, per response-length
+  bucket (quarters of the response budget, in tokens): a long bucket dropped more than a short one is
+  the bias;
+- `bias/generated_samples`, `bias/dropped_samples`: the counts behind them.
+
+`distributions` gives the same four lists (lengths and rewards, generated and trained) for W&B histograms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlharness.types import Group
+
+BUCKETS = 4
+
+
+@dataclass
+class GenerationTally:
+    """What finished generating (judged) and what was dropped, since it was last taken."""
+
+    lengths: list[int] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    dropped_lengths: list[int] = field(default_factory=list)
+
+    def add_generated(self, group: Group) -> None:
+        for s in group:
+            self.lengths.append(len(s.response_ids))
+            if s.reward is not None and "score" in s.reward:
+                self.rewards.append(float(s.reward["score"]))
+
+    def add_dropped(self, lengths: list[int]) -> None:
+        self.dropped_lengths.extend(lengths)
+
+    def merge(self, other: GenerationTally) -> None:
+        self.lengths += other.lengths
+        self.rewards += other.rewards
+        self.dropped_lengths += other.dropped_lengths
+
+    def take(self) -> GenerationTally:
+        """The tally so far; this one starts empty."""
+        out = GenerationTally(self.lengths, self.rewards, self.dropped_lengths)
+        self.lengths, self.rewards, self.dropped_lengths = [], [], []
+        return out
+
+
+def bucket_edges(budget: int, buckets: int = BUCKETS) -> list[int]:
+    """Token edges of `buckets` equal parts of the response budget: [0, e1), [e1, e2), ... [e_{k-1}, budget]."""
+    return [round(budget * i / buckets) for i in range(buckets + 1)]
+
+
+def bucket_of(length: int, edges: list[int]) -> int:
+    for i in range(1, len(edges) - 1):
+        if length < edges[i]:
+            return i - 1
+    return len(edges) - 2
+
+
+def bias_metrics(tally: GenerationTally, groups: list[Group], budget: int) -> dict[str, float]:
+    """`bias/...` for one step (module docstring); empty when nothing was generated since the last batch."""
+    if not tally.lengths:
+        return {}
+    trained = [s for g in groups for s in g]
+    trained_lens = [len(s.response_ids) for s in trained]
+    trained_rewards = [float(s.reward["score"]) for s in trained if s.reward is not None and "score" in s.reward]
+    out = {"bias/generated_samples": float(len(tally.lengths)), "bias/dropped_samples": float(len(tally.dropped_lengths))}
+    gen_mean = sum(tally.lengths) / len(tally.lengths)
+    if trained_lens and gen_mean > 0:
+        out["bias/trained_len_over_generated"] = (sum(trained_lens) / len(trained_lens)) / gen_mean
+    if trained_rewards and tally.rewards:
+        out["bias/trained_reward_minus_generated"] = (sum(trained_rewards) / len(trained_rewards)
+                                                      - sum(tally.rewards) / len(tally.rewards))
+    edges = bucket_edges(budget)
+    generated, dropped = [0] * BUCKETS, [0] * BUCKETS
+    for n in tally.lengths:
+        generated[bucket_of(n, edges)] += 1
+    for n in tally.dropped_lengths:
+        dropped[bucket_of(n, edges)] += 1
+    for i in range(BUCKETS):
+        if generated[i]:
+            out[f"bias/dropped_by_len_bucket/{edges[i]}-{edges[i + 1]}"] = dropped[i] / generated[i]
+    return out
+
+
+def distributions(tally: GenerationTally, groups: list[Group]) -> dict[str, list[float]]:
+    """Lengths and rewards, generated and trained, for W&B histograms (`bias/...`)."""
+    trained = [s for g in groups for s in g]
+    return {
+        "bias/generated_len": [float(n) for n in tally.lengths],
+        "bias/trained_len": [float(len(s.response_ids)) for s in trained],
+        "bias/generated_reward": list(tally.rewards),
+        "bias/trained_reward": [float(s.reward["score"]) for s in trained if s.reward is not None and "score" in s.reward],
+    }
