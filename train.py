@@ -26,7 +26,7 @@ from rlharness.config.run import adopt_strategy_max_staleness
 from rlharness.config.store import register_configs
 from rlharness.health.alarm import EXIT_HEALTH_STOP, HealthStop
 from rlharness.launcher import RefusedInput, run
-from rlharness.preflight import Finished, RunDirGuard, preflight
+from rlharness.preflight import Explained, Finished, RunDirGuard, preflight
 from rlharness.trainer.nonfinite import NonFiniteTraining
 
 log = logging.getLogger("rlharness")
@@ -71,6 +71,9 @@ if __name__ == "__main__":
         sys.exit(EXIT_REFUSED)
     except Finished as exc:
         print(exc, file=sys.stderr)
+        sys.exit(0)
+    except Explained as exc:  # explain=true: what the config means per step; nothing started, nothing written
+        print(exc)
         sys.exit(0)
     try:
         main()

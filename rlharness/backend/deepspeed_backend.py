@@ -243,7 +243,8 @@ class DeepSpeedWorker(TorchBackend):
         return all_ranks(all_finite([getattr(p, "ds_tensor", p) for p in self.engine.module.parameters()]))
 
     def _reduce_sums(self, sums: _Sums) -> None:
-        same_everywhere = {"updates", "grad_norm", "skipped_updates", "critic_grad_norm", "critic_updates"}
+        same_everywhere = {"updates", "grad_norm", "skipped_updates", "critic_grad_norm", "critic_updates",
+                           "micro_batches"}
         keys = sorted(k for k in sums.v if k not in same_everywhere)
         values = torch.tensor([sums.v[k] for k in keys], dtype=torch.float64)
         torch.distributed.all_reduce(values)

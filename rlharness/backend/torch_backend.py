@@ -280,6 +280,7 @@ class TorchBackend(TrainingBackend):
                                                 train_step=batch.train_step, updates=updates)
                     step_loss += loss
                     step_pg += pg
+                    sums.add("micro_batches", 1)
                 grad_norm = self._optimizer_step(batch.train_step)
                 self._updates_done += 1
                 sums.add("skipped_updates", float(self._update_skipped))
@@ -306,6 +307,8 @@ class TorchBackend(TrainingBackend):
             "train/logprob_diff_rollout_max": sums.maxes.get("abs_diff_max", 0.0),
             "train/rejected_frac": sums.ratio("rejected_sum", "tis_tokens"),
             "train/num_updates": sums.v.get("updates", 0.0),
+            # Forward/backward passes of this rank over the step (all epochs and mini-batches): explain's count.
+            "train/micro_batches": sums.v.get("micro_batches", 0.0),
             # Updates not applied because the loss or gradient was non-finite (the trainer counts the step).
             "train/skipped_updates": sums.v.get("skipped_updates", 0.0),
             # 0 when an applied update left a NaN/inf weight (a finite but far too high LR): the run stops.
