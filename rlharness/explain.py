@@ -11,16 +11,14 @@ every setting that is legal but suspicious. `Explanation` holds the numbers a ru
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 
 from rlharness.config.run import RunConf
 from rlharness.config.schema import (AsyncStrategyConf, OpenAIGatewayAgentConf, RemoteJudgerConf, TaskConf)
-from rlharness.model import resolve_model_path
 from rlharness.producer.progress import BatchAllocation
 from rlharness.producer.staleness import stale_threshold
-from rlharness.trainer.memory_estimate import ModelShape, training_memory_mb
+from rlharness.trainer.memory_estimate import ModelShape, model_shape, training_memory_mb
 from rlharness.trainer.zero_signal import greedy_reason
 
 
@@ -65,13 +63,6 @@ def micro_batches(rows: int, workers: int, micro_batch_size: int, budget: int | 
 
 def run_steps(total: int, every: int) -> set[int]:
     return {t for t in range(1, total + 1) if every > 0 and t % every == 0}
-
-
-def model_config(conf: RunConf) -> dict | None:
-    try:
-        return json.loads((resolve_model_path(conf.model.path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def lora_params(shape: ModelShape, rank: int) -> int:
@@ -187,11 +178,7 @@ def explain(conf: RunConf) -> Explanation:
 def _longest(conf: RunConf) -> tuple[ModelShape | None, int | None, int | None]:
     """(the model's shape, its positions, the longest sample in tokens: the longest prompt the config allows
     plus its task's response budget), None where the model's config.json does not say."""
-    config = model_config(conf)
-    try:
-        shape = ModelShape.from_config(config) if config else None
-    except (KeyError, TypeError, ValueError):
-        shape = None
+    shape = model_shape(conf.model.path)
     positions = shape.positions if shape is not None else None
     longest = None
     for entry in conf.task_entries().values():

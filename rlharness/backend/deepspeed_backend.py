@@ -231,6 +231,9 @@ class DeepSpeedWorker(TorchBackend):
         keep = torch.nn.functional.pad(positions, (0, 1))  # [B, T]: hidden state t - 1 scores token t
         return self.engine(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=keep).logits, None
 
+    async def probe_longest(self, rows: int, prompt_tokens: int, response_tokens: int) -> None:
+        return None  # DeepSpeed's engine steps its own (ZeRO) optimizer: not probed
+
     def _backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
 

@@ -57,6 +57,7 @@ from rlharness.backend.critic import Critic
 from rlharness.backend.token_scores import (decoder_hidden_states, head_reproduces_logits, model_logits,
                                             response_token_scores)
 from rlharness.backend.micro_batches import token_budget_slices
+from rlharness.backend.probe import probe_micro_batch
 from rlharness.backend.lr_plan import (LRPlan, apply_optimizer_settings, lr_multiplier,  # noqa: F401 - re-exported
                                       planned, replan)
 from rlharness.checkpoint import load_state, save_state, writing
@@ -170,6 +171,9 @@ class TorchBackend(TrainingBackend):
 
     async def load(self, directory: str) -> None:
         self.load_blocking(directory)
+
+    async def probe_longest(self, rows: int, prompt_tokens: int, response_tokens: int) -> dict[str, Any] | None:
+        return await asyncio.to_thread(probe_micro_batch, self, rows, prompt_tokens, response_tokens, _Sums())
 
     # ------------------------------------------------------------------ training
     # Token scores (log-probs, entropy) of response positions; see rlharness/backend/token_scores.py.

@@ -12,7 +12,10 @@ compares the two.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+
+from rlharness.model import resolve_model_path
 
 MB = 1024 * 1024
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -50,6 +53,14 @@ class ModelShape:
         layer = attention + 3 * h * self.intermediate + 2 * h
         embeddings = self.vocab * h * (1 if self.tied else 2)
         return self.layers * layer + embeddings + h
+
+
+def model_shape(path: str) -> ModelShape | None:
+    """The shape in `path`'s config.json (a model folder as `model.path` takes it); None if it does not tell."""
+    try:
+        return ModelShape.from_config(json.loads((resolve_model_path(path) / "config.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def training_memory_mb(shape: ModelShape, *, dtype: str, trainable_params: int, rows: int, seq_len: int,

@@ -49,6 +49,7 @@ from rlharness.trainer.batch import build_train_batch
 from rlharness.trainer.onpolicy_guard import (all_tokens_on_policy, guard_on, onpolicy_gap_warning, save_evidence,
                                               weights_verdict)
 from rlharness.trainer.nonfinite import NonFiniteGuard, batch_problem, step_problem
+from rlharness.trainer.probe import probe_longest, probe_on
 from rlharness.trainer.zero_signal import warn_if_greedy
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,9 @@ class Trainer:
             log.info("%s is already at step %d (total_steps=%d): nothing to train; pass total_steps=N with "
                      "N > %d to extend it", self.run_dir, self.step, conf.total_steps, self.step)
             return {}
+        # trainer.probe_longest: the longest micro-batch trained once (and undone) before any data is used.
+        probed = await probe_longest(conf, self.c.backend, self.c.task_data, self.c.encode) \
+            if self.step == 0 and probe_on(conf) else {}
         self.started = True
         warn_if_greedy({("agent.sampling" if not conf.tasks else f"tasks.{name}.sampling"): conf.sampling_for(entry)
                         for name, entry in conf.task_entries().items()}, conf.algo.advantage)
@@ -102,7 +106,8 @@ class Trainer:
         try:
             self._judge_window()  # count from here
             if self.step == 0 and not self.stop.requested:
-                self._log_row(self._with_health({"step": 0, **await self._evaluate(0), **self._judge_window()}))
+                self._log_row(self._with_health({"step": 0, **await self._evaluate(0), **self._judge_window(),
+                                                 **probed}))
             if conf.mode == "disagg" and not self.stop.requested:
                 producer = asyncio.create_task(self.c.manager.produce_loop())
             with progress_bar(conf.total_steps, self.step) as bar:
