@@ -1,0 +1,96 @@
+"""Where healthy and unhealthy runs sit on each health monitor's statistic, and what fires on them.
+
+    python benchmarks/health_thresholds.py outputs/health/default outputs/health/chat_tools ...
+    python benchmarks/health_thresholds.py RUN ... --set health.entropy_collapse.min_ratio=0.3
+
+Each run directory's `metrics.jsonl` is replayed through the monitors (rlharness/health/) with the
+thresholds of `health.*` (defaults, or `--set key=value`), as the run's own config had them wired
+(eval independent of the trained reward where a learned reward trains, its eval prompts and total
+steps from `.hydra/config.yaml`). Prints one Markdown table of each statistic's extreme over the run
+(the side that alarms) and the alarms with their steps; docs/health.md holds the measured figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from rlharness.config.schema import HealthConf  # noqa: E402
+from rlharness.health import HealthMonitors  # noqa: E402
+from rlharness.judger.router import LEARNED  # noqa: E402
+from rlharness.logging_utils.metrics import read_metrics  # noqa: E402
+from rlharness.run_dir import RunDir  # noqa: E402
+
+# (statistic, extreme that alarms, format)
+STATISTICS = [
+    ("health/eval_drop_z", max, ".1f"), ("health/reward_rise_t", max, ".1f"),
+    ("health/part_rise_t", max, ".1f"), ("health/part_fall_t", min, ".1f"),
+    ("health/entropy_ratio", min, ".3f"), ("health/kl_accel", max, ".2f"),
+    ("health/degenerate_frac", max, ".3f"), ("health/degenerate_rise", max, ".3f"),
+    ("health/truncated_rise", max, ".3f"), ("health/zero_signal_steps", max, ".0f"),
+    ("health/reward_frozen_ratio", min, ".3f"), ("health/rss_mb_per_step", max, ".2f"),
+]
+
+
+def wiring(run_dir: Path) -> dict:
+    """What the monitors are built with, from the run's composed config."""
+    cfg = OmegaConf.load(RunDir(run_dir).config)
+    judgers = [cfg.judger] + [t.judger for t in (cfg.get("tasks") or {}).values() if t.get("judger")]
+    learned = any(j.name in LEARNED or (j.name == "router" and set(j.get("weights", {})) & set(LEARNED))
+                  for j in judgers)
+    return {"eval_independent": learned, "eval_prompts": int(cfg.eval.num_prompts),
+            "total_steps": int(cfg.total_steps)}
+
+
+def health_conf(settings: list[str]) -> HealthConf:
+    base = OmegaConf.structured(HealthConf)
+    for item in settings:
+        key, value = item.split("=", 1)
+        OmegaConf.update(base, key.removeprefix("health."), OmegaConf.create({"v": value}).v
+                         if value in ("null", "warn", "stop") else float(value) if "." in value or "e" in value
+                         else int(value))
+    return OmegaConf.to_object(base)
+
+
+def replay(run_dir: Path, conf: HealthConf) -> tuple[list[dict], list]:
+    rows = read_metrics(RunDir(run_dir).metrics)
+    monitors = HealthMonitors(conf, **wiring(run_dir))
+    out, alarms = [], []
+    for row in rows:
+        metrics, fired = monitors.observe(row)
+        out.append({**row, **metrics})
+        alarms += fired
+    return out, alarms
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", type=Path)
+    ap.add_argument("--set", action="append", default=[], help="health.<key>=<value>")
+    args = ap.parse_args()
+    conf = health_conf(args.set)
+    print("| run | steps | " + " | ".join(f"{k.split('/', 1)[1]} ({f.__name__})" for k, f, _ in STATISTICS) + " |")
+    print("| --- | ---: | " + " | ".join("---:" for _ in STATISTICS) + " |")
+    fired = []
+    for run in args.runs:
+        rows, alarms = replay(run, conf)
+        cells = []
+        for key, extreme, fmt in STATISTICS:
+            values = [r[key] for r in rows if r.get(key) is not None]
+            cells.append(format(extreme(values), fmt) if values else "-")
+        print(f"| {run} | {max(r['step'] for r in rows)} | " + " | ".join(cells) + " |")
+        fired += [(run, a) for a in alarms]
+    print()
+    for run, alarm in fired:
+        print(f"- {run}: {alarm.line(conf.action(alarm.monitor))}")
+    if not fired:
+        print("no alarm fired")
+
+
+if __name__ == "__main__":
+    main()
