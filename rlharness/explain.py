@@ -88,7 +88,8 @@ def explain(conf: RunConf) -> Explanation:
     if isinstance(conf.strategy, AsyncStrategyConf):
         for name, e in entries.items():
             share = math.ceil(conf.batch_size * e.weight / sum(x.weight for x in entries.values()))
-            threshold = conf.strategy.over_sample_threshold if e.over_sample_threshold is None else e.over_sample_threshold
+            threshold = (conf.strategy.over_sample_threshold if e.over_sample_threshold is None
+                         else e.over_sample_threshold)
             extra += math.ceil(threshold * share)
         lines.append(f"in flight: up to {conf.batch_size + extra} groups ({conf.batch_size} for the step + {extra} "
                      f"over-sampled, strategy.over_sample_threshold); leftovers are trained at later steps"
@@ -225,8 +226,8 @@ def suspicious(conf: RunConf, samples: int, positions: int | None, longest: int 
                 judger.backoff_max_s, judger.backoff_s * (2 ** judger.max_retries - 1))
             if worst > agent.judge_timeout_s:
                 out.append(f"{where}judger.timeout_s={judger.timeout_s:g} x (max_retries={judger.max_retries} + 1) "
-                           f"plus back-offs ({worst:g} s) exceed {where}agent.judge_timeout_s={agent.judge_timeout_s:g}:"
-                           f" the last retries never run")
+                           f"plus back-offs ({worst:g} s) exceed {where}agent.judge_timeout_s="
+                           f"{agent.judge_timeout_s:g}: the last retries never run")
         if positions is not None:
             prompt = entry.task.max_prompt_tokens
             if prompt and prompt + budget_tokens > positions:

@@ -4,14 +4,14 @@ An async run drops what takes too long (token-mode expiry) and a group filter dr
 signal; either can leave training with mostly short answers, or mostly easy ones, without a word. The
 producer tallies every finished generation (`GenerationTally`: response length and reward of each
 judged sample, and the lengths of samples dropped: filtered, or expired after they finished) and hands
-the tally out with each batch; `bias_metrics` compares it with the batch:
+the tally out with each batch; `bias_metrics` compares it with the batch (`BiasMeter`):
 
 - `bias/trained_len_over_generated`: mean trained response length / mean generated response length
   since the last batch (1 = no length bias; below 1: short answers are trained more than generated);
 - `bias/trained_reward_minus_generated`: the same for the reward, as a difference;
-- `bias/dropped_by_len_bucket/<lo>-<hi>`: samples dropped / samples generated, per response-length
-  bucket (quarters of the response budget, in tokens): a long bucket dropped more than a short one is
-  the bias;
+- `bias/dropped_by_len_bucket/<lo>-<hi>`: samples dropped / samples generated since the start, per
+  response-length bucket (quarters of the response budget, in tokens): a long bucket dropped more than
+  a short one is the bias;
 - `bias/generated_samples`, `bias/dropped_samples`: the counts behind them.
 
 `distributions` gives the same four lists (lengths and rewards, generated and trained) for W&B histograms.
@@ -35,10 +35,8 @@ class GenerationTally:
     dropped_lengths: list[int] = field(default_factory=list)
 
     def add_generated(self, group: Group) -> None:
-        for s in group:
-            self.lengths.append(len(s.response_ids))
-            if s.reward is not None and "score" in s.reward:
-                self.rewards.append(float(s.reward["score"]))
+        self.lengths += [len(s.response_ids) for s in group]
+        self.rewards += scores(group)
 
     def add_dropped(self, lengths: list[int]) -> None:
         self.dropped_lengths.extend(lengths)
@@ -60,6 +58,10 @@ def bucket_edges(budget: int, buckets: int = BUCKETS) -> list[int]:
     return [round(budget * i / buckets) for i in range(buckets + 1)]
 
 
+def scores(samples: list) -> list[float]:
+    return [float(s.reward["score"]) for s in samples if s.reward is not None and "score" in s.reward]
+
+
 def bucket_of(length: int, edges: list[int]) -> int:
     for i in range(1, len(edges) - 1):
         if length < edges[i]:
@@ -67,30 +69,37 @@ def bucket_of(length: int, edges: list[int]) -> int:
     return len(edges) - 2
 
 
-def bias_metrics(tally: GenerationTally, groups: list[Group], budget: int) -> dict[str, float]:
-    """`bias/...` for one step (module docstring); empty when nothing was generated since the last batch."""
-    if not tally.lengths:
-        return {}
-    trained = [s for g in groups for s in g]
-    trained_lens = [len(s.response_ids) for s in trained]
-    trained_rewards = [float(s.reward["score"]) for s in trained if s.reward is not None and "score" in s.reward]
-    out = {"bias/generated_samples": float(len(tally.lengths)), "bias/dropped_samples": float(len(tally.dropped_lengths))}
-    gen_mean = sum(tally.lengths) / len(tally.lengths)
-    if trained_lens and gen_mean > 0:
-        out["bias/trained_len_over_generated"] = (sum(trained_lens) / len(trained_lens)) / gen_mean
-    if trained_rewards and tally.rewards:
-        out["bias/trained_reward_minus_generated"] = (sum(trained_rewards) / len(trained_rewards)
-                                                      - sum(tally.rewards) / len(tally.rewards))
-    edges = bucket_edges(budget)
-    generated, dropped = [0] * BUCKETS, [0] * BUCKETS
-    for n in tally.lengths:
-        generated[bucket_of(n, edges)] += 1
-    for n in tally.dropped_lengths:
-        dropped[bucket_of(n, edges)] += 1
-    for i in range(BUCKETS):
-        if generated[i]:
-            out[f"bias/dropped_by_len_bucket/{edges[i]}-{edges[i + 1]}"] = dropped[i] / generated[i]
-    return out
+class BiasMeter:
+    """`bias/...` per step (module docstring). The drop shares by length bucket count from the start of
+    this process's life: a sample is dropped steps after it was generated (it expires while it waits),
+    so per-step counts would not match; over the run they do."""
+
+    def __init__(self, budget: int) -> None:
+        self.edges = bucket_edges(budget)
+        self.generated = [0] * BUCKETS
+        self.dropped = [0] * BUCKETS
+
+    def update(self, tally: GenerationTally, groups: list[Group]) -> dict[str, float]:
+        for n in tally.lengths:
+            self.generated[bucket_of(n, self.edges)] += 1
+        for n in tally.dropped_lengths:
+            self.dropped[bucket_of(n, self.edges)] += 1
+        out = {"bias/generated_samples": float(len(tally.lengths)),
+               "bias/dropped_samples": float(len(tally.dropped_lengths))}
+        trained = [s for g in groups for s in g]
+        trained_lens = [len(s.response_ids) for s in trained]
+        trained_rewards = scores(trained)
+        if tally.lengths and trained_lens and sum(tally.lengths) > 0:
+            out["bias/trained_len_over_generated"] = ((sum(trained_lens) / len(trained_lens))
+                                                      / (sum(tally.lengths) / len(tally.lengths)))
+        if trained_rewards and tally.rewards:
+            out["bias/trained_reward_minus_generated"] = (sum(trained_rewards) / len(trained_rewards)
+                                                          - sum(tally.rewards) / len(tally.rewards))
+        for i in range(BUCKETS):
+            if self.generated[i]:
+                key = f"bias/dropped_by_len_bucket/{self.edges[i]}-{self.edges[i + 1]}"
+                out[key] = self.dropped[i] / self.generated[i]
+        return out
 
 
 def distributions(tally: GenerationTally, groups: list[Group]) -> dict[str, list[float]]:
@@ -100,5 +109,5 @@ def distributions(tally: GenerationTally, groups: list[Group]) -> dict[str, list
         "bias/generated_len": [float(n) for n in tally.lengths],
         "bias/trained_len": [float(len(s.response_ids)) for s in trained],
         "bias/generated_reward": list(tally.rewards),
-        "bias/trained_reward": [float(s.reward["score"]) for s in trained if s.reward is not None and "score" in s.reward],
+        "bias/trained_reward": scores(trained),
     }

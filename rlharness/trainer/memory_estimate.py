@@ -58,7 +58,8 @@ class ModelShape:
 def model_shape(path: str) -> ModelShape | None:
     """The shape in `path`'s config.json (a model folder as `model.path` takes it); None if it does not tell."""
     try:
-        return ModelShape.from_config(json.loads((resolve_model_path(path) / "config.json").read_text(encoding="utf-8")))
+        config = json.loads((resolve_model_path(path) / "config.json").read_text(encoding="utf-8"))
+        return ModelShape.from_config(config)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -34,7 +34,7 @@ from rlharness.checkpoint import (CheckpointError, CheckpointWriteError, begin_c
                                   latest_checkpoint, load_state, read_meta, save_state, writing)
 from rlharness.config.run import RunConf
 from rlharness.health import HealthMonitors
-from rlharness.health.bias import bias_metrics, distributions
+from rlharness.health.bias import BiasMeter, distributions
 from rlharness.lora import state_bytes
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, format_step_line, read_metrics
@@ -77,6 +77,7 @@ class Trainer:
         # only where eval scores with another judger (a learned reward trains).
         self.health = HealthMonitors(conf.health, eval_independent=bool(components.eval_judgers),
                                      eval_prompts=conf.eval.num_prompts, total_steps=conf.total_steps)
+        self.bias = BiasMeter(conf.max_response_tokens())  # generated against trained (rlharness/health/bias.py)
 
     # ------------------------------------------------------------------ main loop
     async def fit(self) -> dict[str, Any]:
@@ -210,7 +211,7 @@ class Trainer:
         self.ledger.write_dropped(step, c.manager.pop_dropped())
         self.wandb.log_samples(step, produced.groups)
         row: dict[str, Any] = {"step": step, **batch_metrics, **train_metrics, **produced.stats,
-                               **bias_metrics(produced.generated, produced.groups, conf.max_response_tokens())}
+                               **self.bias.update(produced.generated, produced.groups)}
         self.wandb.log_histograms(step, distributions(produced.generated, produced.groups))
         step_s = loop.time() - t0  # evaluation is timed on its own
         if self._due(step, conf.eval_every) or step == conf.total_steps:
