@@ -1184,20 +1184,21 @@ class EntropyCollapseConf:
 
 @dataclass
 class KLAccelerationConf:
-    """`train/kl` (a KL term: algo.kl_coef > 0) growing `ratio` x faster over the last `window_steps`
-    than over the `window_steps` before, and above `min_kl`."""
+    """`train/kl` (a KL term: algo.kl_coef > 0) growing faster and faster: over three windows of
+    `window_steps`, the last window's growth `ratio` x the one before, `rise_t` standard errors sure,
+    and the KL above `min_kl`."""
 
     ratio: float = 3.0
     min_kl: float = 0.05
-    rise_t: float = 3.0  # the last window's slope, in standard errors above 0
-    window_steps: int = 10
+    rise_t: float = 3.0
+    window_steps: int = 5
     on_alarm: Optional[str] = None
 
     def __post_init__(self) -> None:
         _check(self.ratio > 1, "health.kl_acceleration.ratio", self.ratio, "> 1")
         _check(self.min_kl >= 0, "health.kl_acceleration.min_kl", self.min_kl, ">= 0")
         _check(self.rise_t > 0, "health.kl_acceleration.rise_t", self.rise_t, "> 0")
-        _check_window("health.kl_acceleration.window_steps", self.window_steps, 3)
+        _check_window("health.kl_acceleration.window_steps", self.window_steps, 2)
         _check_on_alarm("health.kl_acceleration.on_alarm", self.on_alarm)
 
 

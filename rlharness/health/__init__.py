@@ -92,4 +92,4 @@ class HealthMonitors:
     def stop_if_asked(self) -> None:
         if self._stop is not None:
             self.stopped = True
-            raise HealthStop(self._stop.line("stop"))
+            raise HealthStop(self._stop.stop_line())

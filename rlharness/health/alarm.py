@@ -19,6 +19,11 @@ class Alarm:
     evidence: str
     advice: str
 
+    def stop_line(self) -> str:
+        """The one line a stop ends the run with (the alarm's own line, with its evidence, is logged above it)."""
+        return (f"step {self.step}: stopped by health.{self.monitor}.on_alarm=stop: {self.signal} (the alarm line "
+                f"in train.log has the evidence); no checkpoint of step {self.step} was written, the last one is kept")
+
     def line(self, action: str) -> str:
         then = ("the run stops, keeping its last checkpoint" if action == "stop" else "the run goes on")
         return (f"step {self.step}: health alarm {self.monitor}: {self.signal}: {self.evidence}; usually: "
@@ -26,7 +31,7 @@ class Alarm:
 
 
 class HealthStop(RuntimeError):
-    """A monitor with on_alarm=stop fired; the message is its alarm line. The run ends without writing a
+    """A monitor with on_alarm=stop fired; the message is `Alarm.stop_line`. The run ends without writing a
     checkpoint of the alarming step: the last checkpoint is the one to resume or to go back to."""
 
 

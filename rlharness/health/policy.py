@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from rlharness.config.schema import EntropyCollapseConf, KLAccelerationConf
 from rlharness.health.alarm import Alarm, Latch
-from rlharness.health.trend import finite_or, mean, slope_t
+from rlharness.health.trend import finite_or, mean
 
 
 class EntropyCollapse:
@@ -46,9 +50,11 @@ class EntropyCollapse:
 
 
 class KLAcceleration:
-    """`train/kl` (only logged non-zero with a KL term, algo.kl_coef > 0): its least-squares slope over
-    the last `window_steps` steps is `ratio` x the slope over the `window_steps` before, sure
-    (`rise_t` standard errors above 0), with the KL above `min_kl`. A healthy KL rises early and flattens."""
+    """`train/kl` (logged non-zero only with a KL term, algo.kl_coef > 0) growing faster and faster: over
+    three windows of `window_steps` steps with means m1, m2, m3, the last growth m3 - m2 is `ratio` x the
+    growth before it (m2 - m1, or any growth after a flat or falling KL), sure (m3 above m2 by `rise_t`
+    standard errors of the difference), with m3 above `min_kl`. A healthy KL rises early and flattens:
+    each growth smaller than the last."""
 
     name = "kl_acceleration"
 
@@ -63,21 +69,24 @@ class KLAcceleration:
             return {}, []
         self.values.append((int(row["step"]), float(kl)))
         w = self.conf.window_steps
-        if len(self.values) < 2 * w:
+        if len(self.values) < 3 * w:
             return {}, []
-        before, last = self.values[-2 * w:-w], self.values[-w:]
-        s_before, _ = slope_t([v for _, v in before], [s for s, _ in before])
-        s_last, t_last = slope_t([v for _, v in last], [s for s, _ in last])
-        accel = s_last / abs(s_before) if s_before else (0.0 if s_last <= 0 else float("inf"))
-        now = mean([v for _, v in last])
+        windows = [[v for _, v in self.values[-(3 - i) * w:len(self.values) - (2 - i) * w]] for i in range(3)]
+        m1, m2, m3 = (float(np.mean(x)) for x in windows)
+        growth, before = m3 - m2, m2 - m1
+        accel = growth / before if before > 0 else (math.inf if growth > 0 else 0.0)
+        se = math.sqrt(np.var(windows[1], ddof=1) / w + np.var(windows[2], ddof=1) / w)
+        t = growth / se if se > 0 else (math.inf if growth > 0 else 0.0)
         c = self.conf
         alarm = None
-        if self.latch(s_last > 0 and t_last >= c.rise_t and accel >= c.ratio and now >= c.min_kl):
+        if self.latch(t >= c.rise_t and accel >= c.ratio and m3 >= c.min_kl):
+            steps = [s for s, _ in self.values[-3 * w:]]
             alarm = Alarm(
-                self.name, last[-1][0], "the KL to the reference policy is accelerating",
-                f"train/kl slope {s_last:+.5f}/step over steps {last[0][0]}-{last[-1][0]} (t={t_last:.1f}, mean "
-                f"{now:.4f}) against {s_before:+.5f}/step over steps {before[0][0]}-{before[-1][0]}: "
-                f"{accel:.1f}x, above health.kl_acceleration.ratio={c.ratio:g}",
+                self.name, steps[-1], "the KL to the reference policy is accelerating",
+                f"train/kl means over steps {steps[0]}-{steps[w - 1]}, {steps[w]}-{steps[2 * w - 1]}, "
+                f"{steps[2 * w]}-{steps[-1]}: {m1:.4f}, {m2:.4f}, {m3:.4f}: it grew {growth:+.4f} (t={t:.1f}) after "
+                f"{before:+.4f}, {'x' + format(accel, '.1f') if math.isfinite(accel) else 'from flat'} (health."
+                f"kl_acceleration.ratio={c.ratio:g})",
                 "lower algo.lr, raise algo.kl_coef, clamp it (algo.kl_clamp), or roll back to a checkpoint before "
                 "the acceleration")
         return {"health/kl_accel": finite_or(accel)}, [alarm] if alarm else []

@@ -174,7 +174,7 @@ def test_the_monitors_named_run_and_stop_asks_after_the_row():
     assert metrics["health/zero_signal_steps"] == 1.0 and "health/rss_mb" not in metrics  # host_memory is off
     health.stop_if_asked()
     health.check({"step": 2, "rollout/groups_zero_signal_frac": 1.0})
-    with pytest.raises(HealthStop, match=r"^step 2: health alarm zero_signal: no learning signal: .*; usually: "):
+    with pytest.raises(HealthStop, match=r"^step 2: stopped by health.zero_signal.on_alarm=stop: no learning signal "):
         health.stop_if_asked()
     assert health.stopped
 
