@@ -2,17 +2,22 @@
 
     python benchmarks/health_thresholds.py outputs/health/default outputs/health/chat_tools ...
     python benchmarks/health_thresholds.py RUN ... --set health.entropy_collapse.min_ratio=0.3
+    python benchmarks/health_thresholds.py RUN --record benchmarks/results/health/NAME.jsonl
 
 Each run directory's `metrics.jsonl` is replayed through the monitors (rlharness/health/) with the
 thresholds of `health.*` (defaults, or `--set key=value`), as the run's own config had them wired
 (eval independent of the trained reward where a learned reward trains, its eval prompts and total
 steps from `.hydra/config.yaml`). Prints one Markdown table of each statistic's extreme over the run
 (the side that alarms) and the alarms with their steps; docs/health.md holds the measured figures.
+`--record FILE` keeps a run for replays (tests/health/test_recorded_runs.py): its first line is the
+wiring, then each row with only the keys the monitors read.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -47,6 +52,20 @@ def wiring(run_dir: Path) -> dict:
             "total_steps": int(cfg.total_steps)}
 
 
+# The keys the monitors read (rlharness/health/), and the step.
+READ = re.compile(r"^(step|eval/accuracy|train/(entropy|kl)|rollout/(reward_mean|reward_std|num_samples|"
+                  r"groups_zero_signal_frac|truncated_frac|reward_[^/]+_mean)|health/(rss_mb|available_mb|"
+                  r"[a-z_]+_frac))$")
+
+
+def record(run_dir: Path, path: Path) -> None:
+    rows = read_metrics(RunDir(run_dir).metrics)
+    lines = [json.dumps({"wiring": wiring(run_dir), "run": str(run_dir)})]
+    lines += [json.dumps({k: v for k, v in r.items() if READ.match(k)}) for r in rows]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
 def health_conf(settings: list[str]) -> HealthConf:
     base = OmegaConf.structured(HealthConf)
     for item in settings:
@@ -72,7 +91,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--set", action="append", default=[], help="health.<key>=<value>")
+    ap.add_argument("--record", type=Path, help="keep the (one) run's rows the monitors read in this file")
     args = ap.parse_args()
+    if args.record:
+        record(args.runs[0], args.record)
     conf = health_conf(args.set)
     print("| run | steps | " + " | ".join(f"{k.split('/', 1)[1]} ({f.__name__})" for k, f, _ in STATISTICS) + " |")
     print("| --- | ---: | " + " | ".join("---:" for _ in STATISTICS) + " |")
