@@ -61,7 +61,8 @@ READ = re.compile(r"^(step|eval/accuracy|train/(entropy|kl)|rollout/(reward_mean
 def record(run_dir: Path, path: Path) -> None:
     rows = read_metrics(RunDir(run_dir).metrics)
     lines = [json.dumps({"wiring": wiring(run_dir), "run": str(run_dir)})]
-    lines += [json.dumps({k: v for k, v in r.items() if READ.match(k)}) for r in rows]
+    lines += [json.dumps({k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in r.items() if READ.match(k)})
+              for r in rows]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
 

@@ -1170,14 +1170,18 @@ class RewardHackingConf:
 
 @dataclass
 class EntropyCollapseConf:
-    """`train/entropy` over the last `window_steps` below `min_ratio` x its mean over the first `window_steps`."""
+    """`train/entropy` over the last `window_steps` below `min_ratio` x its mean over the first `window_steps`,
+    while the trained reward did not rise by `min_reward_gain` standard deviations of the first window's
+    rewards (a policy that narrows onto answers that score is converging, not collapsing)."""
 
     min_ratio: float = 0.2
+    min_reward_gain: float = 0.5
     window_steps: int = 5
     on_alarm: Optional[str] = None
 
     def __post_init__(self) -> None:
         _check(0 < self.min_ratio < 1, "health.entropy_collapse.min_ratio", self.min_ratio, "0 < ratio < 1")
+        _check(self.min_reward_gain >= 0, "health.entropy_collapse.min_reward_gain", self.min_reward_gain, ">= 0")
         _check_window("health.entropy_collapse.window_steps", self.window_steps, 1)
         _check_on_alarm("health.entropy_collapse.on_alarm", self.on_alarm)
 
@@ -1185,17 +1189,19 @@ class EntropyCollapseConf:
 @dataclass
 class KLAccelerationConf:
     """`train/kl` (a KL term: algo.kl_coef > 0) growing faster and faster: over three windows of
-    `window_steps`, the last window's growth `ratio` x the one before, `rise_t` standard errors sure,
-    and the KL above `min_kl`."""
+    `window_steps`, the last window's growth `ratio` x the one before and at least `min_growth` x the
+    KL before it (1: it doubled), `rise_t` standard errors sure, and the KL above `min_kl`."""
 
     ratio: float = 3.0
+    min_growth: float = 1.0
     min_kl: float = 0.05
-    rise_t: float = 3.0
+    rise_t: float = 2.5
     window_steps: int = 5
     on_alarm: Optional[str] = None
 
     def __post_init__(self) -> None:
         _check(self.ratio > 1, "health.kl_acceleration.ratio", self.ratio, "> 1")
+        _check(self.min_growth >= 0, "health.kl_acceleration.min_growth", self.min_growth, ">= 0")
         _check(self.min_kl >= 0, "health.kl_acceleration.min_kl", self.min_kl, ">= 0")
         _check(self.rise_t > 0, "health.kl_acceleration.rise_t", self.rise_t, "> 0")
         _check_window("health.kl_acceleration.window_steps", self.window_steps, 2)
@@ -1262,7 +1268,7 @@ class HostMemoryConf:
     the last `window_steps` (after `warmup_steps`) above `max_mb_per_step`, or one that would use up the
     memory still available before `total_steps`."""
 
-    max_mb_per_step: float = 20.0
+    max_mb_per_step: float = 100.0
     rise_t: float = 3.0
     warmup_steps: int = 10
     window_steps: int = 20

@@ -6,6 +6,8 @@ POST /judge {"response", "label"} -> {"score": 1.0 if response.strip() == label[
 POST /batch {"items": [...]} -> {"results": [...]}, the same rule per item. Modes:
 - ok: as above;  slow: every reply after --delay-s (default 1.5 s);
 - flaky: every 10th request (10th, 20th, ...) answers HTTP 500;
+- coin: a score of 0 or 1 drawn at random for every item (seeded): a reward that says nothing about the
+  response (the health tests' entropy collapse);
 - by_label: a label whose answer starts with "R" gets a 302 to ftp://127.0.0.1:9/x,
   one starting with "M" a reply that is not JSON, "D" valid JSON nested 10^5 deep; the rest as ok.
 With --auth-env NAME every request must carry `Authorization: <value of $NAME>` (else HTTP 401,
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import os
 import threading
 import time
@@ -50,7 +53,10 @@ class Handler(BaseHTTPRequestHandler):
             self.server.count("http_500")
             self.send_error(500, "flaky judge")
             return
-        if self.path == "/batch":
+        if mode == "coin":
+            payload = ({"results": [self.server.coin() for _ in body["items"]]} if self.path == "/batch"
+                       else self.server.coin())
+        elif self.path == "/batch":
             payload = {"results": [_score(item) for item in body["items"]]}
         else:
             answer = str(body["label"]["answer"])
@@ -96,6 +102,11 @@ class JudgeServer(ThreadingHTTPServer):
         self.mode, self.delay_s, self.max_requests, self.stats_file = mode, delay_s, max_requests, stats_file
         self.lock = threading.Lock()
         self.stats: dict[str, int] = {"requests": 0}
+        self.rng = random.Random(0)
+
+    def coin(self) -> dict:
+        with self.lock:
+            return {"score": float(self.rng.random() < 0.5)}
 
     def count(self, key: str) -> int:
         with self.lock:
@@ -113,7 +124,7 @@ class JudgeServer(ThreadingHTTPServer):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=("ok", "slow", "flaky", "by_label"), required=True)
+    ap.add_argument("--mode", choices=("ok", "slow", "flaky", "by_label", "coin"), required=True)
     ap.add_argument("--port-file", type=Path, required=True)
     ap.add_argument("--stats-file", type=Path, required=True)
     ap.add_argument("--delay-s", type=float, default=1.5)

@@ -88,10 +88,14 @@ def test_reward_hacking_sees_router_parts_move_apart():
     assert feed(RewardHacking(RewardHackingConf(window_steps=10), False, 200), both_rise) == []
 
 
-def test_entropy_collapse_against_the_runs_start():
-    rows = [{"step": s, "train/entropy": 0.8 * (0.8 ** s)} for s in range(1, 30)]
-    fired = feed(EntropyCollapse(EntropyCollapseConf(min_ratio=0.2, window_steps=5)), rows)
-    assert len(fired) == 1 and fired[0][1] == "the policy's entropy collapsed"
+def test_entropy_collapse_against_the_runs_start_when_the_reward_does_not_rise():
+    narrowing = [{"step": s, "train/entropy": 0.8 * (0.8 ** s), "rollout/reward_mean": 0.5 + noise(s, 0.02),
+                  "rollout/reward_std": 0.5} for s in range(1, 30)]
+    fired = feed(EntropyCollapse(EntropyCollapseConf(min_ratio=0.2, window_steps=5)), narrowing)
+    assert fired == [(13, "the policy's entropy collapsed without the reward rising")]
+    # The same fall onto answers that score (reward 0.35 -> 0.9, as experiment=chat_tools) is convergence.
+    converging = [{**r, "rollout/reward_mean": min(0.9, 0.35 + 0.05 * r["step"])} for r in narrowing]
+    assert feed(EntropyCollapse(EntropyCollapseConf()), converging) == []
     healthy = [{"step": s, "train/entropy": 0.85 - 0.01 * s + noise(s, 0.03)} for s in range(1, 60)]
     assert feed(EntropyCollapse(EntropyCollapseConf()), healthy) == []
 

@@ -1,0 +1,42 @@
+"""Real runs, recorded, replayed through the monitors with their default thresholds
+(benchmarks/results/health/*.jsonl, written by `benchmarks/health_thresholds.py --record`; the
+commands and dates are in docs/health.md): healthy runs raise no alarm, and the run that hacked its
+learned reward model (`experiment=arith_rm`) raises the reward-hacking alarm within the steps where
+its accuracy falls."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlharness.config.schema import HealthConf
+from rlharness.health import HealthMonitors
+
+RECORDED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "health"
+
+
+def replay(name: str) -> tuple[list[dict], list]:
+    lines = (RECORDED / f"{name}.jsonl").read_text().splitlines()
+    header, rows = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
+    monitors = HealthMonitors(HealthConf(), **header["wiring"])
+    return rows, monitors.replay(rows)
+
+
+@pytest.mark.parametrize("name", ["default", "chat_tools", "smollm2_arith", "kl_healthy"])
+def test_healthy_runs_raise_no_alarm(name):
+    rows, alarms = replay(name)
+    assert rows[-1]["step"] >= 16
+    assert [a.line("warn") for a in alarms] == []
+
+
+def test_the_learned_reward_run_is_caught_while_its_accuracy_falls():
+    rows, alarms = replay("arith_rm")
+    evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
+    # The steps where accuracy falls: from the eval before its first significant fall to that eval.
+    fell = next(i for i, (_, acc) in enumerate(evals) if i and acc < evals[0][1] - 0.05)
+    first, last = evals[fell - 1][0], evals[fell][0]
+    hacking = [a for a in alarms if a.monitor == "reward_hacking"]
+    assert hacking and first < hacking[0].step <= last, (evals, [a.line("warn") for a in alarms])
+    assert "eval/accuracy" in hacking[0].evidence and "rollout/reward_mean rose" in hacking[0].evidence
