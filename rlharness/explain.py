@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import psutil
+
 from rlharness.config.run import RunConf
 from rlharness.config.schema import (AsyncStrategyConf, OpenAIGatewayAgentConf, RemoteJudgerConf, TaskConf)
 from rlharness.producer.progress import BatchAllocation
@@ -164,7 +166,10 @@ def explain(conf: RunConf) -> Explanation:
         parts = ", ".join(f"{k} {v:,.0f}" for k, v in memory.items() if k != "total" and v >= 0.5)
         lines.append(f"memory of one training micro-batch of the longest sample ({rows} rows x {longest} tokens; "
                      f"model {shape.parameters / 1e6:.1f}M parameters, {shape.layers} layers, hidden {shape.hidden}, "
-                     f"vocabulary {shape.vocab}): about {memory['total']:,.0f} MB per rank ({parts} MB)")
+                     f"vocabulary {shape.vocab}): about {memory['total']:,.0f} MB per rank ({parts} MB)"
+                     + ("; task.max_prompt_tokens=0 lets a prompt take the model's positions minus the budget: set it "
+                        "to your data's longest prompt for the figure of your data (trainer.probe_longest measures "
+                        "that one at start)" if any(e.task.max_prompt_tokens == 0 for e in entries.values()) else ""))
     else:
         lines.append("memory: the model's config.json does not tell its shape or the prompt length is unbounded")
 
@@ -173,7 +178,19 @@ def explain(conf: RunConf) -> Explanation:
         optimizer_steps=optimizer_steps, micro_batches_per_rank=micros, micro_batches_exact=budget is None,
         max_staleness=max_stale, weight_syncs=len(sync_steps), evals=len(eval_steps) + 1,
         checkpoints=len(save_steps), longest_sample_tokens=longest, memory_mb=memory,
-        lines=lines, suspicious=suspicious(conf, samples, positions, longest))
+        lines=lines, suspicious=suspicious(conf, samples, positions, longest) + too_big(conf, memory))
+
+
+def too_big(conf: RunConf, memory: dict[str, float] | None) -> list[str]:
+    """A CPU-trained micro-batch of the longest sample that needs more than this machine's memory."""
+    if memory is None or getattr(conf.backend, "device", "cpu") != "cpu":
+        return []
+    total = psutil.virtual_memory().total / 2**20
+    if memory["total"] <= total:
+        return []
+    return [f"one training micro-batch of the longest sample the config allows needs about {memory['total']:,.0f} MB, "
+            f"more than this machine's {total:,.0f} MB: lower algo.micro_batch_size (or set backend.micro_batch_tokens), "
+            f"task.max_prompt_tokens or agent.sampling.max_tokens"]
 
 
 def _longest(conf: RunConf) -> tuple[ModelShape | None, int | None, int | None]:
