@@ -7,7 +7,7 @@
 
 Writes `evals/<label>.jsonl`, `summary.json` and `summary.md` into its own directory
 (`outputs/evaluate/<date>/<time>/`). Refused input prints one line `error: ...` and exits 2
-with nothing written (rlharness/evaluation.py).
+with nothing written (rlharness/launch/evaluate.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlharness.config.schema import ConfigError
 from rlharness.config.store import register_configs
-from rlharness.evaluation import OutputGuard, Source, prepare_eval_argv, run_evaluation
+from rlharness.launch.evaluate import OutputGuard, Source, prepare_eval_argv, run_evaluation
 
 register_configs()
 EXIT_REFUSED = 2

@@ -9,7 +9,7 @@
 
 `python train.py --help` lists the config groups; `--cfg job` prints the composed config.
 Refused input (config, data, model, checkpoint) prints one line `error: ...` and exits 2,
-leaving no new directory and any existing run as it was (rlharness/preflight.py).
+leaving no new directory and any existing run as it was (rlharness/launch/preflight.py).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 from rlharness.config.run import adopt_strategy_max_staleness
 from rlharness.config.store import register_configs
 from rlharness.health.alarm import EXIT_HEALTH_STOP, HealthStop
-from rlharness.launcher import RefusedInput, run
-from rlharness.preflight import Explained, Finished, RunDirGuard, preflight
+from rlharness.launch.launcher import RefusedInput, run
+from rlharness.launch.preflight import Explained, Finished, RunDirGuard, preflight
 from rlharness.trainer.nonfinite import NonFiniteTraining
 
 log = logging.getLogger("rlharness")

@@ -36,9 +36,9 @@ from rlharness.judger.base import Judger
 from rlharness.producer.manager import AgentLoopManager
 from rlharness.producer.staleness import StalenessPolicy
 from rlharness.producer.strategies import build_strategy
-from rlharness.replay_buffer import ReplayBuffer
-from rlharness.sampler import Sampler
-from rlharness.types import Group
+from rlharness.producer.replay_buffer import ReplayBuffer
+from rlharness.producer.sampler import Sampler
+from rlharness.core.types import Group
 
 TASK = "bench"
 VOCAB = 64

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import producer_efficiency as pe  # noqa: E402
 
-from rlharness.types import Status  # noqa: E402
+from rlharness.core.types import Status  # noqa: E402
 
 
 async def _probe(stack: pe.Stack, dt_s: float, out: list[dict]) -> None:

@@ -25,12 +25,13 @@ from pathlib import Path
 import torch
 
 from rlharness.backend import build_backend
+from rlharness.distributed.train_actor import start_deepspeed_backend
 from rlharness.config.schema import (AlgoConf, CriticConf, DeepSpeedBackendConf, LocalRayClusterConf, ModelConf,
                                      TorchBackendConf)
-from rlharness.launch import connect_ray
-from rlharness.tiny import save_tiny_model
+from rlharness.cluster import connect_ray
+from rlharness.model.tiny import save_tiny_model
 from rlharness.trainer.batch import build_train_batch
-from rlharness.types import RolloutState, Status
+from rlharness.core.types import RolloutState, Status
 
 # critic/vf_clip_frac apart: it counts tokens, and one whose value moved by about cliprange_value
 # falls on either side with rounding (as the policy's train/clip_frac).
@@ -67,8 +68,8 @@ async def main(args) -> None:
                     kl_reward_coef=0.1, critic=CriticConf(lr=1e-3))
     torch.set_num_threads(1)
     ref = build_backend(TorchBackendConf(), model, algo, 100, 0)
-    ds = build_backend(DeepSpeedBackendConf(zero_stage=args.zero_stage, num_workers=2), model, algo, 100, 0,
-                       cpus_per_worker=1.0, timeout_s=600)
+    ds = start_deepspeed_backend(DeepSpeedBackendConf(zero_stage=args.zero_stage, num_workers=2), model, algo, 100, 0,
+                                 cpus_per_worker=1.0, timeout_s=600)
     try:
         print(f"load average {os.getloadavg()}; ZeRO-{args.zero_stage}, 2 ranks, {args.groups} groups x 4 rows")
         print("step | max rel diff critic/* (key: deepspeed vs torch) | vf_clip_frac deepspeed vs torch | "

@@ -35,7 +35,7 @@ import torch
 from rlharness.config.schema import HFEngineConf
 from rlharness.engine.base import GenerateRequest, SamplingParams
 from rlharness.engine.hf import HFEngine
-from rlharness.tiny import build_char_tokenizer, build_tiny_llama
+from rlharness.model.tiny import build_char_tokenizer, build_tiny_llama
 
 log = logging.getLogger(__name__)
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

@@ -17,13 +17,13 @@ import json
 import time
 
 from rlharness.agent import build_agent_loop
-from rlharness.build import text_codec
+from rlharness.model.load import text_codec
 from rlharness.config.schema import (MathJudgerConf, ModelConf, MultiTurnToolAgentConf, OpenAIGatewayAgentConf,
                                      SamplingConf)
 from rlharness.engine.hf import HFEngine
 from rlharness.judger.math import MathJudger
-from rlharness.model import PROJECT_ROOT, load_model, load_tokenizer
-from rlharness.types import make_group
+from rlharness.model.load import PROJECT_ROOT, load_model, load_tokenizer
+from rlharness.core.types import make_group
 
 ASSET = PROJECT_ROOT / "assets" / "tiny-chat"
 

@@ -29,7 +29,7 @@ from rlharness.config.schema import HealthConf  # noqa: E402
 from rlharness.health import HealthMonitors  # noqa: E402
 from rlharness.judger.router import LEARNED  # noqa: E402
 from rlharness.logging_utils.metrics import read_metrics  # noqa: E402
-from rlharness.run_dir import RunDir  # noqa: E402
+from rlharness.core.run_dir import RunDir  # noqa: E402
 
 # (statistic, extreme that alarms, format)
 STATISTICS = [

@@ -39,9 +39,9 @@ from rlharness.backend.torch_backend import TorchBackend
 from rlharness.config.schema import AlgoConf, HFEngineConf, ModelConf, TorchBackendConf
 from rlharness.engine import build_engine
 from rlharness.engine.base import GenerateRequest, SamplingParams
-from rlharness.model import load_tokenizer
+from rlharness.model.load import load_tokenizer
 from rlharness.trainer.batch import build_train_batch
-from rlharness.types import RolloutState, Status
+from rlharness.core.types import RolloutState, Status
 
 
 def step_prompts(run_dir: Path, step: int) -> list[str]:

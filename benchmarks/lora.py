@@ -49,7 +49,7 @@ from rlharness.backend.torch_backend import TorchBackend  # noqa: E402
 from rlharness.config.schema import AlgoConf, HFEngineConf, LoraConf, ModelConf, TorchBackendConf  # noqa: E402
 from rlharness.engine.base import SamplingParams  # noqa: E402
 from rlharness.trainer.batch import build_train_batch  # noqa: E402
-from rlharness.types import RolloutState, Status  # noqa: E402
+from rlharness.core.types import RolloutState, Status  # noqa: E402
 
 SETTINGS = {  # name -> (lora rank, kl_coef)
     "full": (0, 0.0),
@@ -154,8 +154,8 @@ async def tokens_per_s(engine, sampling: SamplingParams, requests: int, repeats:
 
 async def engine_rows(path: str, requests: int, tokens: int, repeats: int) -> list[dict]:
     from rlharness.engine.hf import HFEngine
-    from rlharness.lora import wrap_for_engine
-    from rlharness.model import load_model
+    from rlharness.model.lora import wrap_for_engine
+    from rlharness.model.load import load_model
 
     out = []
     for name, sync in (("merged weights", "merged"), ("adapter in the forward", "adapter")):

@@ -48,13 +48,13 @@ from rlharness.config.schema import SamplerConf, SamplingConf, SingleTurnAgentCo
 from rlharness.config.schema import AsyncStrategyConf, SyncStrategyConf  # noqa: E402
 from rlharness.data.base import PromptRow  # noqa: E402
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine  # noqa: E402
-from rlharness.gc_tuning import tune_gc, untune_gc  # noqa: E402
+from rlharness.core.gc_tuning import tune_gc, untune_gc  # noqa: E402
 from rlharness.judger.base import Judger  # noqa: E402
 from rlharness.producer.manager import AgentLoopManager  # noqa: E402
 from rlharness.producer.staleness import StalenessPolicy  # noqa: E402
 from rlharness.producer.strategies import build_strategy  # noqa: E402
-from rlharness.replay_buffer import ReplayBuffer  # noqa: E402
-from rlharness.sampler import Sampler  # noqa: E402
+from rlharness.producer.replay_buffer import ReplayBuffer  # noqa: E402
+from rlharness.producer.sampler import Sampler  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TARGET_US = 100.0
@@ -187,7 +187,7 @@ def measure(path: str, groups: int, group_size: int, steps: int, staggered: bool
             gc_off: bool = False, gc_mode: str | None = None) -> dict[str, Any]:
     """Microseconds per group under one setting of Python's cyclic GC (`gc_mode`):
     - "default": Python's own thresholds (700, 10, 10), nothing frozen;
-    - "tuned": what a training run uses (`rlharness.gc_tuning.tune_gc`, called by the launcher
+    - "tuned": what a training run uses (`rlharness.core.gc_tuning.tune_gc`, called by the launcher
       once the run is built): start-up objects frozen, thresholds (50000, 20, 10);
     - "off": frozen and disabled, the producer's own cost without any collector pass.
     `gc_off=True` is `gc_mode="off"` (older callers)."""

@@ -46,9 +46,9 @@ from rlharness.algo.losses import loss_denominator, token_entropy, token_logprob
 from rlharness.backend.torch_backend import TorchBackend, _Sums  # noqa: E402
 from rlharness.config.schema import AlgoConf, HFEngineConf, ModelConf, TorchBackendConf  # noqa: E402
 from rlharness.engine.hf import HFEngine  # noqa: E402
-from rlharness.model import load_model, load_tokenizer  # noqa: E402
+from rlharness.model.load import load_model, load_tokenizer  # noqa: E402
 from rlharness.trainer.batch import build_train_batch  # noqa: E402
-from rlharness.types import RolloutState, Status  # noqa: E402
+from rlharness.core.types import RolloutState, Status  # noqa: E402
 
 MODEL = "assets/smollm2-135m-instruct"
 CONFIGS = {"full-logits": {}, "chunked": {}, "chunked+gc": {"gradient_checkpointing": True}}

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from chat_tools_curve import curve  # noqa: E402 - the same elapsed-time accounting
 
-from rlharness.checkpoint import latest_checkpoint  # noqa: E402
+from rlharness.core.checkpoint import latest_checkpoint  # noqa: E402
 from rlharness.logging_utils.metrics import read_metrics  # noqa: E402
 
 
@@ -27,7 +27,7 @@ def run_conf(run_dir: Path):
     import yaml
     from omegaconf import OmegaConf, open_dict
 
-    from rlharness.preflight import compose_checked
+    from rlharness.launch.preflight import compose_checked
 
     overrides = [o for o in yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
                  if not o.startswith("hydra.")]
@@ -56,7 +56,7 @@ def greedy_answers(model_dir: str, prompts: list[str], max_tokens: int) -> list[
 def samples(run_dir: Path, n: int) -> list[dict]:
     from rlharness.data import build_task
     from rlharness.judger import build_judger
-    from rlharness.model import load_tokenizer, resolve_model_path
+    from rlharness.model.load import load_tokenizer, resolve_model_path
 
     conf = run_conf(run_dir)
     entry = next(iter(conf.task_entries().values()))

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import vml_spy  # noqa: E402  (scripts/vml_spy.py)
-from rlharness.fault_points import signal_at  # noqa: E402
+from rlharness.core.fault_points import signal_at  # noqa: E402
 from rlharness.logging_utils.metrics import read_metrics  # noqa: E402
 
 # The kill test's sync run (tests/resume/test_kill_resume.py), ending after the step it resumes into.

@@ -77,7 +77,7 @@ def texts_for(model: str, n: int) -> list[tuple[str, str]]:
 
 
 def states(pairs: list[tuple[str, str]], gid: str):
-    from rlharness.types import RolloutState
+    from rlharness.core.types import RolloutState
 
     return [RolloutState(uid=f"{gid}-{i}", group_id=gid, task="arithmetic", prompt_index=0, epoch=0, prompt_text=p,
                          prompt_ids=[], label={}, response_text=r, sample_seed=i) for i, (p, r) in enumerate(pairs)]

@@ -29,7 +29,7 @@ All in one run, each comparison measured side by side:
    - with Ray installed (`--object-store`, on by default): `mode=disagg`'s object-store route for
      the same state dict, end to end: a training actor (`TrainWorkerActor` hosting a `TorchBackend`
      of the model) copies its weights and puts them into the object store (`RemoteWeights`), the
-     hf engine actor (`EngineActor`) reads that object and loads it (`ObjectStoreRoute`); the two
+     hf engine actor (`EngineActor`) reads that object and loads it (`ObjectStoreChannel`); the two
      halves are timed too, and the time to first token through the actor after the sync;
    - vLLM's CPU build re-packs every linear layer's weight for oneDNN after each load
      (`create_onednn_mm`, in vLLM's reload): that packing alone, over the same weights in this
@@ -67,7 +67,7 @@ import engine_throughput as et  # noqa: E402
 from rlharness.backend.rank_balance import imbalance, rank_shares  # noqa: E402
 from rlharness.config.schema import AlgoConf, HFEngineConf, ModelConf, TorchBackendConf  # noqa: E402
 from rlharness.trainer.batch import build_train_batch  # noqa: E402
-from rlharness.types import RolloutState, Status  # noqa: E402
+from rlharness.core.types import RolloutState, Status  # noqa: E402
 
 MODEL = str(Path(__file__).resolve().parent.parent / "assets" / "smollm2-135m-instruct")
 PROMPT_LEN = 48
@@ -212,7 +212,7 @@ def free_port() -> int:
 
 def _receiver(port: int, nbytes: int, specs, conn) -> None:
     """The second process: a plain flat receive, or the weight group's stream copied into a model-shaped state."""
-    from rlharness.weight_transfer import WeightGroupMember
+    from rlharness.weights.transfer import WeightGroupMember
 
     member = WeightGroupMember("gloo", "127.0.0.1", port, 1, 2, 600.0)
     flat = torch.empty(nbytes, dtype=torch.uint8)
@@ -302,9 +302,9 @@ def _onednn_pack_s(state: dict[str, torch.Tensor]) -> float | None:
 def sync_part(args) -> dict:
     from safetensors.torch import load_file
 
-    from rlharness.weight_transfer import WeightGroupMember, tensor_specs
+    from rlharness.weights.transfer import WeightGroupMember, tensor_specs
     from rlharness.engine.hf import HFEngine
-    from rlharness.model import load_tokenizer
+    from rlharness.model.load import load_tokenizer
 
     state = load_file(str(Path(MODEL) / "model.safetensors"))
     specs = tensor_specs(state)
@@ -479,7 +479,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--object-store", action=argparse.BooleanOptionalAction, default=True,
                    help="time mode=disagg's Ray object-store route (trainer actor -> object store -> hf engine actor)")
     p.add_argument("--bucket-mb", default="32,256", help="weight-group bucket sizes to time (MiB; vLLM uses "
-                                                          "rlharness.weight_transfer.BUCKET_BYTES)")
+                                                          "rlharness.weights.transfer.BUCKET_BYTES)")
     args = p.parse_args(argv)
     args.bucket_mb = [int(x) for x in args.bucket_mb.split(",")]
     if args.quick:

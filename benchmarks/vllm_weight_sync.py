@@ -40,7 +40,7 @@ import torch
 from rlharness.config.schema import HFEngineConf, ModelConf, VLLMEngineConf
 from rlharness.engine import build_engine
 from rlharness.engine.base import GenerateRequest, SamplingParams
-from rlharness.tiny import save_tiny_model
+from rlharness.model.tiny import save_tiny_model
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 

@@ -149,7 +149,7 @@ def chat_prompt(tok, question: str) -> str:
 
 
 def encode_example(tok, question: str, segments: list[tuple[str, bool]]) -> tuple[list[int], list[int]]:
-    """(input ids, labels): the prompt as `build.text_codec` encodes it (the template's BOS, no
+    """(input ids, labels): the prompt as `text_codec` encodes it (the template's BOS, no
     second one), then each segment tokenized on its own, as the multi-turn loop appends them."""
     ids = tok.encode(chat_prompt(tok, question), add_special_tokens=False)
     labels = [IGNORE] * len(ids)
@@ -230,12 +230,12 @@ def measure(model, tok, eval_rows: dict[str, list[dict]], num_prompts: int) -> d
     """Greedy accuracy (and tool use) on the eval splits with rlharness's own loops and evaluator:
     the figures `python train.py experiment=chat_math / chat_tools` starts from."""
     from rlharness.agent import build_agent_loop
-    from rlharness.build import text_codec
+    from rlharness.model.load import text_codec
     from rlharness.config.schema import (EvalConf, JsonlTaskConf, MathJudgerConf, MultiTurnToolAgentConf,
                                          SamplingConf, SingleTurnAgentConf)
     from rlharness.data.jsonl import _rows_to_prompts
     from rlharness.engine.hf import HFEngine
-    from rlharness.evaluator import Evaluator
+    from rlharness.trainer.evaluator import Evaluator
     from rlharness.judger.math import MathJudger
 
     encode, decode = text_codec(tok)

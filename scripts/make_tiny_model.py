@@ -1,7 +1,7 @@
 """Build the embedded default model `assets/tiny-arith/`: so `python train.py` needs no download.
 
 A character tokenizer and a 2-layer Llama (hidden 128, 4 heads, FFN 512, tied
-embeddings, fp32, eager attention) from `rlharness.tiny`, then a short supervised
+embeddings, fp32, eager attention) from `rlharness.model.tiny`, then a short supervised
 warm-up on the arithmetic task's TRAIN split (loss on answer tokens + EOS only).
 Greedy held-out accuracy jumps steeply between 300 and 400 warm-up steps
 (ENVIRONMENT.md), so the script evaluates every `--eval-every` steps after
@@ -26,7 +26,7 @@ import torch
 from rlharness.config.schema import ArithmeticTaskConf
 from rlharness.data.arithmetic import make_arithmetic_task
 from rlharness.data.base import PromptRow
-from rlharness.tiny import build_char_tokenizer, build_tiny_llama
+from rlharness.model.tiny import build_char_tokenizer, build_tiny_llama
 
 log = logging.getLogger("make_tiny_model")
 
@@ -113,7 +113,7 @@ README = """# tiny-arith: the embedded default model
 Made by `python scripts/make_tiny_model.py` (seeded, deterministic on CPU with
 {threads} torch thread(s)).
 
-- Tokenizer: one token per character (`rlharness.tiny.build_char_tokenizer`), {vocab} tokens,
+- Tokenizer: one token per character (`rlharness.model.tiny.build_char_tokenizer`), {vocab} tokens,
   no BOS added; responses end with `<eos>`.
 - Model: Llama architecture, 2 layers, hidden 128, 4 heads, FFN 512, tied embeddings,
   fp32, eager attention ({params:,} parameters).

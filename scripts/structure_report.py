@@ -27,45 +27,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # The layers, low to high. A module may import from its own layer and the layers below it,
-# never from a layer above. Each entry names a module or a package (everything under it);
-# the longest matching name decides. Why this order:
-# 0 "base": what every part shares and that knows no part: the shared data types, small
-#   helpers (`vml_warmup`: MKL's kernels picked before a process's first forward pass), the checkpoint format (atomic folders, tensors-only loading: every part that
-#   saves state uses it), and `weight_transfer` (tensor specs, buckets, group membership,
-#   payloads; needs only torch, so engines, training actors and the Ray layer all stand on
-#   it without knowing one another), and `run_dir` (the name of every file and folder of a
-#   run directory).
+# never from a layer above. Each entry names a package (everything under it): folders are the
+# layers, no module is lifted out of its folder. Why this order:
+# 0 "base": what every part shares and that knows no part: `core` (the shared data types, the
+#   checkpoint format, the run directory's names, the stop controller, fault points for tests,
+#   small process helpers) and `weights` (tensor specs, buckets, checksums and payload formats:
+#   torch only, so engines, backends and the Ray layer all stand on it without knowing one another).
 # 1 "config": the typed, validated run configuration; it describes parts, it builds none and
 #   imports none (config validity must not depend on which packages are installed).
 # 2 "parts": the components, each built from its own sub-config: the algorithms (pure
-#   functions of their `AlgoConf`), data, judgers, the model and LoRA, engines, training
-#   backends, agent loops, the sampler, the replay buffer and the staleness policy it and the
-#   producer ask (`producer.staleness`), logging, the Ray cluster
-#   connection, and the low Ray pieces (placement, request batching, the training actor
-#   that hosts a backend: a backend with ranks of its own, DeepSpeed, starts them there).
-# 3 "composites": what wires parts together at run time: the producer (agent loop manager,
-#   strategies), the trainer's batch building and guards, the evaluator, the Ray engine
-#   actors and proxies and the weight routes (`distributed`), the placement planner.
-# 4 "assembly": building a run and running it: build, the trainer's loop over the built
-#   components, the launcher, preflight and the override text it rewrites (`overrides`: resume),
-#   sweeps, export.
-# 5 "entry": the package itself and the command-line entry logic (`evaluation`: evaluate.py).
+#   functions of their `AlgoConf`), data, judgers, the model (loading, LoRA, the tiny models),
+#   engines, training backends, agent loops, logging, and `cluster` (the low Ray pieces: bringing
+#   Ray up, placement groups, actor options).
+# 3 "composites": what wires parts together at run time: the producer (sampler, replay buffer,
+#   staleness, strategies, the agent loop manager), the trainer (its loop, batch building, guards,
+#   the evaluator), `distributed` (engine and training actors, their proxies, weight routes, the
+#   placement planner).
+# 4 "assembly": building a run and running it: `launch` (build, the launcher, preflight, resume's
+#   override text, the run lock, evaluate.py's logic, submitit's requeue), `export` and `sweep`
+#   (the `python -m` tools).
+# 5 "entry": the package itself.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("base", ["rlharness.types", "rlharness.safe_arith", "rlharness.gc_tuning", "rlharness.vml_warmup",
-              "rlharness.stopping", "rlharness.checkpoint", "rlharness.weight_transfer", "rlharness.run_dir"]),
+    ("base", ["rlharness.core", "rlharness.weights"]),
     ("config", ["rlharness.config"]),
-    ("parts", ["rlharness.algo", "rlharness.data", "rlharness.judger", "rlharness.model", "rlharness.lora",
-               "rlharness.tiny", "rlharness.engine", "rlharness.backend", "rlharness.agent", "rlharness.sampler",
-               "rlharness.replay_buffer", "rlharness.producer.staleness", "rlharness.logging_utils", "rlharness.launch", "rlharness.run_lock",
-               "rlharness.health",
-               "rlharness.distributed.placement", "rlharness.distributed.request_batcher",
-               "rlharness.distributed.train_actor"]),
-    ("composites", ["rlharness.producer", "rlharness.trainer", "rlharness.evaluator", "rlharness.distributed",
-                    "rlharness.placement_plan"]),
-    ("assembly", ["rlharness.build", "rlharness.trainer.trainer", "rlharness.launcher", "rlharness.preflight",
-                  "rlharness.overrides",
-                  "rlharness.sweep", "rlharness.export"]),
-    ("entry", ["rlharness", "rlharness.evaluation"]),
+    ("parts", ["rlharness.algo", "rlharness.data", "rlharness.judger", "rlharness.model", "rlharness.engine",
+               "rlharness.backend", "rlharness.agent", "rlharness.logging_utils", "rlharness.cluster",
+               "rlharness.health"]),
+    ("composites", ["rlharness.producer", "rlharness.trainer", "rlharness.distributed"]),
+    ("assembly", ["rlharness.launch", "rlharness.export", "rlharness.sweep"]),
+    ("entry", ["rlharness"]),
 ]
 
 

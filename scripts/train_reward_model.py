@@ -84,10 +84,10 @@ def main() -> None:
     import torch.nn.functional as F
     from transformers import AutoModelForSequenceClassification
 
-    from rlharness.build import text_codec
+    from rlharness.model.load import text_codec
     from rlharness.config.schema import ArithmeticTaskConf, ModelConf
     from rlharness.data.arithmetic import make_arithmetic_task
-    from rlharness.model import load_tokenizer, resolve_model_path
+    from rlharness.model.load import load_tokenizer, resolve_model_path
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)

@@ -1,5 +1,5 @@
 """Run a command with a spy on MKL's VML entry points: does any VML function's first call in a
-process run on two threads at once? (the race behind issue 21, rlharness/vml_warmup.py)
+process run on two threads at once? (the race behind issue 21, rlharness/core/vml_warmup.py)
 
     python scripts/vml_spy.py -- .venv/bin/python train.py total_steps=2
 

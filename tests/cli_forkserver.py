@@ -46,10 +46,10 @@ def _preimport() -> None:
     from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast  # noqa: F401
     from transformers.models.llama import configuration_llama, modeling_llama  # noqa: F401
 
-    import rlharness.build  # noqa: F401
-    import rlharness.evaluation  # noqa: F401
-    import rlharness.launcher  # noqa: F401
-    import rlharness.preflight  # noqa: F401
+    import rlharness.launch.build  # noqa: F401
+    import rlharness.launch.evaluate  # noqa: F401
+    import rlharness.launch.launcher  # noqa: F401
+    import rlharness.launch.preflight  # noqa: F401
     import rlharness.trainer.trainer  # noqa: F401
 
 

@@ -34,7 +34,7 @@ def _torch_threads_restored(_torch_threads):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A randomly initialised 2-layer character-level Llama in Hugging Face format."""
-    from rlharness.tiny import save_tiny_model
+    from rlharness.model.tiny import save_tiny_model
 
     return str(save_tiny_model(tmp_path_factory.mktemp("tiny_model") / "model", seed=0))
 
@@ -65,16 +65,15 @@ def pytest_collection_modifyitems(config, items):
         slowest_scopes_first(items)
 
 
-if importlib.util.find_spec("xdist") is not None:  # pytest refuses a hook of a plugin it lacks
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: pytest would refuse it without xdist (or with -p no:xdist)
+def pytest_xdist_make_scheduler(config, log):
+    """`pytest -n 2`: tests/xdist_scheduling.py keeps each file (and all of tests/slurm/) on one
+    worker, slowest first; another `--dist` asked for by name is xdist's own."""
+    if config.getvalue("dist") == "load":
+        from tests.xdist_scheduling import GroupedScheduling
 
-    def pytest_xdist_make_scheduler(config, log):
-        """`pytest -n 2`: tests/xdist_scheduling.py keeps each file (and all of tests/slurm/) on one
-        worker, slowest first; another `--dist` asked for by name is xdist's own."""
-        if config.getvalue("dist") == "load":
-            from tests.xdist_scheduling import GroupedScheduling
-
-            return GroupedScheduling(config, log)
-        return None
+        return GroupedScheduling(config, log)
+    return None
 
 
 def _deselect_or_skip_vllm(config, items) -> None:

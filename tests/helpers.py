@@ -30,7 +30,7 @@ def compose_conf(overrides: list[str], run_dir: str | Path = ""):
 
 
 def run_in_process(run_dir: str | Path, overrides: list[str]) -> dict:
-    from rlharness.launcher import RefusedInput, run
+    from rlharness.launch.launcher import RefusedInput, run
 
     conf, as_dict = compose_conf(overrides, run_dir)
     Path(run_dir).mkdir(parents=True, exist_ok=True)

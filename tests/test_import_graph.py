@@ -44,3 +44,14 @@ def test_the_graph_sees_imports_inside_functions(tmp_path):
     assert report.imports["pkg.low"] == {"pkg.high": {"function"}}
     assert report.imports["pkg.high"] == {"pkg.low": {"module"}}
     assert report_script.cycles(report.edges) == [["pkg.high", "pkg.low"]]
+
+
+def test_folders_are_the_layers():
+    """Each layer names whole packages: no module is lifted out of its folder into another layer, and
+    no module sits loose at the top of the package."""
+    for _, names in report_script.LAYERS:
+        for name in names:
+            path = ROOT.joinpath(*name.split("."))
+            assert (path / "__init__.py").is_file(), f"{name} in LAYERS is not a package (a file-level exception)"
+    loose = sorted(p.name for p in (ROOT / "rlharness").glob("*.py") if p.name != "__init__.py")
+    assert loose == [], f"modules loose at the top of rlharness/: {loose}"

@@ -18,7 +18,7 @@ from typing import Awaitable, Callable, Iterable, TypeVar
 from rlharness.config.schema import AgentConf
 from rlharness.engine.base import RolloutEngine, SamplingParams
 from rlharness.judger.base import Judger
-from rlharness.types import Group, Status
+from rlharness.core.types import Group, Status
 
 log = logging.getLogger(__name__)
 

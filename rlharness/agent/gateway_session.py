@@ -20,7 +20,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlharness.types import RolloutState
+from rlharness.core.types import RolloutState
 
 
 @dataclass

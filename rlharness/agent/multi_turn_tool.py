@@ -36,7 +36,7 @@ from rlharness.agent.tools import ToolError, build_tools
 from rlharness.config.schema import MultiTurnToolAgentConf
 from rlharness.engine.base import GenerateRequest, RolloutEngine, new_request_id
 from rlharness.judger.base import Judger
-from rlharness.types import RolloutState, Status
+from rlharness.core.types import RolloutState, Status
 
 log = logging.getLogger(__name__)
 

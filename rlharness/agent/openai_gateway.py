@@ -43,7 +43,7 @@ from rlharness.agent.multi_turn_tool import call_length, find_tool_call
 from rlharness.config.schema import OpenAIGatewayAgentConf
 from rlharness.engine.base import GenerateRequest, RolloutEngine, new_request_id
 from rlharness.judger.base import Judger
-from rlharness.types import Group, RolloutState, Status, new_uid
+from rlharness.core.types import Group, RolloutState, Status, new_uid
 
 log = logging.getLogger(__name__)
 # The agents' HTTP client logs every request at INFO: thousands of lines a step in train.log.

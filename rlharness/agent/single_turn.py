@@ -15,7 +15,7 @@ import logging
 
 from rlharness.agent.base import AgentLoop, gather_or_cancel
 from rlharness.engine.base import GenerateRequest, GenerateResult, new_request_id
-from rlharness.types import Group, RolloutState, Status
+from rlharness.core.types import Group, RolloutState, Status
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ A tool raises `ToolError` for bad input; the loop shows the model "error: <messa
 instead of an output (a model learns from that), while any other exception is a bug
 and propagates. `calculator` evaluates + - * / with parentheses, unary signs, integer
 and decimal literals, exactly (Fraction), by walking the tree from
-`ast.parse(mode="eval")` — never `eval` (`rlharness.safe_arith`, shared with the
+`ast.parse(mode="eval")` — never `eval` (`rlharness.core.safe_arith`, shared with the
 countdown judger).
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Callable
 
-from rlharness import safe_arith
+from rlharness.core import safe_arith
 
 Tool = Callable[[str], str]
 

@@ -1,6 +1,6 @@
 """Per-token policy-gradient pieces: log-probs, policy losses, KL, entropy, off-policy corrections.
 
-Alignment (see `rlharness.types.TrainBatch`): every [B, T] tensor here is indexed by
+Alignment (see `rlharness.core.types.TrainBatch`): every [B, T] tensor here is indexed by
 the token's own position. The distribution that produced token t is the one in the
 logits at t - 1, so `token_logprobs` and `token_entropy` shift once and put position
 0 (which no distribution produced) at 0. Masks, advantages and rollout log-probs

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from rlharness.types import RolloutState
+from rlharness.core.types import RolloutState
 
 
 def overlong_penalty(response_lens: torch.Tensor, max_tokens: int | torch.Tensor, buffer_len: int,

@@ -21,11 +21,6 @@ def build_backend(conf: BackendConf, model_conf: ModelConf, algo: AlgoConf, tota
         from rlharness.backend.sim import SimBackend
 
         return SimBackend(conf)
-    if conf.name == "deepspeed":
-        # Ranks run as Ray actors: Ray must be up (the launcher calls rlharness.launch.connect_ray).
-        from rlharness.backend.deepspeed_backend import start_deepspeed_backend
-
-        return start_deepspeed_backend(conf, model_conf, algo, total_steps, seed, **kw)
     raise ValueError(f"backend.name={conf.name!r} is not allowed: expected one of {', '.join(BACKEND_NAMES)}")
 
 

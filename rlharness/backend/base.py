@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-from rlharness.types import TrainBatch
+from rlharness.core.types import TrainBatch
 
 
 class TrainingBackend(abc.ABC):
@@ -42,7 +42,7 @@ class TrainingBackend(abc.ABC):
         return None
 
     def weight_checksums(self) -> dict[str, torch.Tensor] | None:
-        """Exact block checksums (`weight_transfer.weight_checksums`) of the policy's weights in this
+        """Exact block checksums (`rlharness.weights.transfer.weight_checksums`) of the policy's weights in this
         process (onpolicy_guard.py); None where they are elsewhere (Ray actors) or not what engines get (LoRA)."""
         return None
 

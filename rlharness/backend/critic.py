@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlharness.checkpoint import load_state, save_state, writing
+from rlharness.core.checkpoint import load_state, save_state, writing
 from rlharness.config.schema import CriticConf, LoraConf, ModelConf
-from rlharness.model import load_model
+from rlharness.model.load import load_model
 
 WEIGHTS_FILE = "critic.safetensors"
 STATE_FILE = "critic_state.pt"

@@ -49,8 +49,8 @@ from pathlib import Path
 
 import torch
 
-from rlharness import lora
-from rlharness.checkpoint import check_state_files, writing
+from rlharness.model import lora
+from rlharness.core.checkpoint import check_state_files, writing
 from rlharness.backend.lr_plan import LRPlan, planned
 from rlharness.backend.rank_balance import imbalance, rank_micro_slices, rank_shares
 from rlharness.backend.deepspeed_engine import (DS_SUBDIR, DS_TAG, all_ranks, deepspeed_state_classes, ds_config,
@@ -58,9 +58,9 @@ from rlharness.backend.deepspeed_engine import (DS_SUBDIR, DS_TAG, all_ranks, de
 from rlharness.backend.torch_backend import (CRITIC_DIR, TorchBackend, _Sums, all_finite, needs_reference,
                                              require_finite_weights)
 from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, ModelConf
-from rlharness.model import load_model, load_tokenizer
-from rlharness.types import TrainBatch
-from rlharness.weight_transfer import tied_once
+from rlharness.model.load import load_model, load_tokenizer
+from rlharness.core.types import TrainBatch
+from rlharness.weights.transfer import tied_once
 
 log = logging.getLogger(__name__)
 
@@ -324,30 +324,3 @@ class DeepSpeedWorker(TorchBackend):
         self.restore_lr_plan(client.get("lr_plan"))
         torch.set_rng_state(client["torch_rng"])
 
-
-def start_deepspeed_backend(conf: DeepSpeedBackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int,
-                            seed: int, *, cpus_per_worker: float = 1.0, timeout_s: float = 600.0,
-                            node_ranks: list[int] | None = None):
-    """`conf.num_workers` `DeepSpeedWorker` ranks on Ray actors in one placement group.
-
-    Returns a `rlharness.distributed.RemoteBackend` (the `TrainingBackend` interface).
-    Needs a running Ray (`rlharness.launch.connect_ray`, which the launcher calls).
-    """
-    import functools
-
-    import ray
-
-    from rlharness.distributed.train_actor import spawn_train_workers
-
-    if not ray.is_initialized():
-        raise RuntimeError("backend=deepspeed runs its ranks as Ray actors, but Ray is not running: use "
-                           "cluster=local_ray or cluster=slurm (or call rlharness.launch.connect_ray first)")
-
-    def factory(rank: int, addr: str, port: int):
-        return functools.partial(DeepSpeedWorker, conf, model_conf, algo, total_steps, seed, rank=rank,
-                                 world_size=conf.num_workers, master_addr=addr, master_port=port,
-                                 timeout_s=timeout_s)
-
-    gpus = 0.0 if conf.device == "cpu" else 1.0
-    return spawn_train_workers(factory, conf.num_workers, cpus_per_worker, gpus, worker_env(conf.device),
-                               timeout_s, name="deepspeed", node_ranks=node_ranks)

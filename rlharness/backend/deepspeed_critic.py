@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 
 from rlharness.backend.critic import WEIGHTS_FILE, Critic
 from rlharness.backend.deepspeed_engine import DS_SUBDIR, DS_TAG, deepspeed_state_classes, ds_config, step_engine
-from rlharness.checkpoint import check_state_files, writing
+from rlharness.core.checkpoint import check_state_files, writing
 from rlharness.config.schema import AlgoConf, CriticConf, DeepSpeedBackendConf, ModelConf
 
 

@@ -15,9 +15,9 @@ import os
 from typing import Any
 
 from rlharness.backend.base import TrainingBackend
-from rlharness.checkpoint import writing
+from rlharness.core.checkpoint import writing
 from rlharness.config.schema import SimBackendConf
-from rlharness.types import TrainBatch
+from rlharness.core.types import TrainBatch
 
 _STATE_FILE = "sim_backend.json"
 

@@ -60,12 +60,12 @@ from rlharness.backend.micro_batches import token_budget_slices
 from rlharness.backend.probe import probe_micro_batch
 from rlharness.backend.lr_plan import (LRPlan, apply_optimizer_settings, lr_multiplier,  # noqa: F401 - re-exported
                                       planned, replan)
-from rlharness.checkpoint import load_state, save_state, writing
-from rlharness import lora
+from rlharness.core.checkpoint import load_state, save_state, writing
+from rlharness.model import lora
 from rlharness.config.schema import AlgoConf, LoraConf, ModelConf, TorchBackendConf
-from rlharness.model import load_model, load_tokenizer
-from rlharness.types import TrainBatch
-from rlharness.weight_transfer import tied_once, weight_checksums
+from rlharness.model.load import load_model, load_tokenizer
+from rlharness.core.types import TrainBatch
+from rlharness.weights.transfer import tied_once, weight_checksums
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class TorchBackend(TrainingBackend):
                       seed)
 
     def _setup_lora(self, lora_conf: LoraConf, gradient_checkpointing: bool) -> None:
-        """model.lora.rank > 0: the policy becomes a PeftModel (only adapters train; rlharness/lora.py)."""
+        """model.lora.rank > 0: the policy becomes a PeftModel (only adapters train; rlharness/model/lora.py)."""
         self.lora_conf = lora_conf
         self.peft_model = None
         if lora_conf.enabled:

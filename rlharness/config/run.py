@@ -54,7 +54,7 @@ class RunConf(TaskWiring):
     # SIGTERM/SIGINT: seconds to stop (final checkpoint if it fits, W&B, actors) before exiting
     # regardless. Slurm sends SIGKILL 30 s (KillWait) after its SIGTERM.
     stop_timeout_s: float = 25.0
-    # Print what the composed config means per step (rlharness/explain.py) and exit: nothing starts,
+    # Print what the composed config means per step (rlharness/launch/explain.py) and exit: nothing starts,
     # no run directory is made.
     explain: bool = False
     # Set by the launcher from Hydra's output dir; users never need to.

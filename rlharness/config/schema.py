@@ -492,14 +492,14 @@ VLLM_MAX_LORA_RANK = 512  # the largest of vLLM's max_lora_rank values (vllm.con
 
 @dataclass
 class LoraConf:
-    """LoRA adapters through peft (rlharness/lora.py); rank 0 trains every weight."""
+    """LoRA adapters through peft (rlharness/model/lora.py); rank 0 trains every weight."""
 
     rank: int = 0
     alpha: float = 16.0  # the update is scaled by alpha / rank
     # > 0 makes the trainer's log-probs differ from the engine's (dropout is on only in training).
     dropout: float = 0.0
     # Module names (peft's suffix match); empty = the attention and MLP projections of a
-    # Llama/Qwen2 layout that the model has (rlharness.lora.DEFAULT_TARGETS).
+    # Llama/Qwen2 layout that the model has (rlharness.model.lora.DEFAULT_TARGETS).
     target_modules: list[str] = field(default_factory=list)
     # What engines receive at a weight sync: `merged` (base + scale * B @ A for the adapted
     # matrices only) or `adapter` (the A and B matrices; the engine applies them).
@@ -537,7 +537,7 @@ class EngineConf:
     name: str = MISSING
     num_engines: int = 1
     # How new weights reach the engine, declared here so the route is chosen once when the
-    # run is built (rlharness/weight_transfer.py `choose_route`): `auto` (mode=disagg: the Ray
+    # run is built (rlharness/weights/transfer.py `choose_route`): `auto` (mode=disagg: the Ray
     # object store, or an NCCL group when engines and trainers both hold GPUs), `collective`
     # (a broadcast group: NCCL between GPUs, gloo otherwise), `disk` (vllm only).
     weight_sync: str = "auto"
@@ -1023,7 +1023,7 @@ class SlurmClusterConf(ClusterConf):
     # again within this time; only a failure read for this long ends the sweep's wait
     # (rlharness/launch/submitit_requeue.py).
     requeue_grace_s: float = 120.0
-    # Multi-node Ray (rlharness.launch.ray_cluster): the head's GCS port; 0 = derived
+    # Multi-node Ray (rlharness.cluster.ray_cluster): the head's GCS port; 0 = derived
     # from the job id so jobs sharing a node do not collide.
     ray_port: int = 0
     # How long the head waits for every node to join, and a worker for the head.

@@ -1,7 +1,7 @@
 """`task=countdown`: reach a target from given numbers with + - * /.
 
 Prompt: the numbers separated by spaces, a comma, the target, "=" — e.g. "3 5 7,15=".
-Only characters of `rlharness.tiny.DEFAULT_CHARS` appear, so the tiny character
+Only characters of `rlharness.model.tiny.DEFAULT_CHARS` appear, so the tiny character
 model can read it. Label: {"numbers": [3, 5, 7], "target": 15}.
 
 Every problem is solvable by construction: the numbers are drawn, shuffled, and

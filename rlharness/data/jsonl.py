@@ -35,7 +35,7 @@ from typing import Any
 
 from rlharness.config.schema import ConfigError, JsonlTaskConf
 from rlharness.data.base import PromptRow, TaskData
-from rlharness.model import PROJECT_ROOT, require_chat_template
+from rlharness.model.load import PROJECT_ROOT, require_chat_template
 
 log = logging.getLogger(__name__)
 

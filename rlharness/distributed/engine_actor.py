@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator
 
 from rlharness.config.schema import EngineConf, ModelConf
 from rlharness.engine.base import GenerateRequest, GenerateResult
-from rlharness.weight_transfer import unpacked
+from rlharness.distributed.object_store_weights import unpacked
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class EngineActor:
 
     async def weight_group_join(self, backend: str, host: str, port: int, rank: int, world_size: int,
                                 timeout_s: float) -> None:
-        """Join the weight broadcast group with training rank 0 (see `weight_transfer`), from rank `rank` on."""
+        """Join the weight broadcast group with training rank 0 (`weight_channel`), from rank `rank` on."""
         await self.engine.join_weight_group(backend, host, port, rank, world_size, timeout_s)
 
     async def weight_group_receive(self, version: int) -> dict[str, float]:
@@ -144,7 +144,7 @@ class EngineActor:
         self.needs_weights = False
 
     def info(self) -> dict[str, Any]:
-        from rlharness.distributed.placement import node_info
+        from rlharness.cluster.placement import node_info
 
         return {"instance_id": self.instance_id, "version": self.engine.version,
                 "needs_weights": self.needs_weights, "versions_loaded": list(self.versions_loaded),

@@ -12,9 +12,9 @@
 - weight versions only go forward, and a load that takes longer than `timeout_s`
   raises `WeightSyncTimeout` (and cancels the call) instead of blocking forever.
 
-`RayEngineRouter` is the `EngineRouter` over several proxies. Both load weights by the
-route the run chose when it was built (`weight_routes`: the object store by default, one
-object for every engine; a broadcast group once `setup_weight_group` has installed one).
+`RayEngineRouter` is the `EngineRouter` over several proxies. A run's weights reach them
+through its weight channel (`weight_channel`: the object store, one object for every engine,
+or a broadcast group); `load_weights` puts a state this process holds into the object store.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from rlharness.distributed.engine_actor import EngineNeedsWeights
-from rlharness.distributed.placement import describe_node
+from rlharness.cluster.placement import describe_node
 from rlharness.distributed.request_batcher import RequestBatcher, result_or_abort
-from rlharness.distributed.weight_routes import OBJECT_STORE_ROUTE
+from rlharness.distributed.object_store_weights import to_object_ref
+from rlharness.distributed.weight_channel import WeightSyncTimeout
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
 from rlharness.engine.router import EngineRouter
-from rlharness.weight_transfer import RemoteWeights, WeightSyncTimeout
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +74,9 @@ class RemoteEngine(RolloutEngine):
         self.node: dict[str, str] = info["node"]  # where the actor runs (node_info)
         log.info("placed %s on %s (%s)", name, self.node["hostname"], self.node["ip"])
         self._version: int = int(info["version"])
-        self.route: Any = OBJECT_STORE_ROUTE  # how weights reach the actor (weight_routes)
-        self.target: tuple[Any, int] | None = None  # (payload, version) last pushed
+        # (object ref, version) last pushed: what a restarted actor is sent again. The ref is None for
+        # a version that came by broadcast: a restarted actor cannot rejoin the group.
+        self.target: tuple[Any, int] | None = None
         self._resync_needed = False
         self._lock: asyncio.Lock | None = None  # made in the loop that uses it
         self._in_flight = 0
@@ -130,7 +131,9 @@ class RemoteEngine(RolloutEngine):
         return [self]
 
     async def load_weights(self, state: Mapping[str, Any] | Any, version: int) -> None:
-        await self.route.load([self], state, version)
+        """Put `state` (held here, or already in the store) into the object store; the actor reads it."""
+        self.check_forward(version)
+        await self.push_ref(to_object_ref(state), version)
 
     def check_forward(self, version: int) -> None:
         if version < self._version:
@@ -218,6 +221,11 @@ class RemoteEngine(RolloutEngine):
                                     f"within timeout_s={self.timeout_s:g}") from None
         self.loaded(version, stats)
 
+    def loaded_from_group(self, version: int, stats: Any) -> None:
+        """The actor received `version` by broadcast (the channel holds `weights_lock` meanwhile)."""
+        self.target = (None, int(version))
+        self.loaded(version, stats)
+
     def loaded(self, version: int, stats: Any) -> None:
         self._version = version
         self.weight_loads += 1
@@ -261,9 +269,9 @@ class RemoteEngine(RolloutEngine):
                         self.name, info["instance_id"], info["pid"],
                         self.target[1] if self.target else "0 (initial)")
         if info["needs_weights"] or (self.target is not None and info["version"] != self.target[1]):
-            if self.target is not None and not self.route.resendable:
-                raise EngineLost(f"engine {self.name} restarted, but a {self.route.name} weight "
-                                 f"group cannot re-admit a member; resume the run from its last checkpoint")
+            if self.target is not None and self.target[0] is None:
+                raise EngineLost(f"engine {self.name} restarted, but a weight broadcast group cannot "
+                                 f"re-admit a member; resume the run from its last checkpoint")
             if self.target is not None:
                 await self._push(*self.target)
             else:
@@ -283,14 +291,16 @@ class RayEngineRouter(EngineRouter):
     def __init__(self, engines: list[RemoteEngine], placement_group: Any = None) -> None:
         super().__init__(engines)
         self.placement_group = placement_group
-        self.route: Any = OBJECT_STORE_ROUTE  # the engines' route (weight_routes)
 
     async def close(self) -> None:
         await super().close()
         _remove(self)
 
     async def load_weights(self, state: Mapping[str, Any] | Any, version: int) -> None:
-        await self.route.load(self.engines, state, version)
+        for e in self.engines:
+            e.check_forward(version)
+        ref = to_object_ref(state)
+        await asyncio.gather(*(e.push_ref(ref, version) for e in self.engines))
 
     def stats(self) -> dict[str, float]:
         out = super().stats()
@@ -300,4 +310,4 @@ class RayEngineRouter(EngineRouter):
         return out
 
 
-__all__ = ["EngineLost", "RayEngineRouter", "RemoteEngine", "RemoteWeights", "WeightSyncTimeout"]
+__all__ = ["EngineLost", "RayEngineRouter", "RemoteEngine", "WeightSyncTimeout"]

@@ -8,7 +8,7 @@ import ray
 
 from rlharness.config.schema import EngineConf, ModelConf
 from rlharness.distributed.engine_actor import ENGINE_MAX_CONCURRENCY, EngineActor
-from rlharness.distributed.placement import in_bundle, make_placement_group, thread_env, threads_for
+from rlharness.cluster.placement import in_bundle, make_placement_group, thread_env, threads_for
 from rlharness.distributed.remote_engine import RayEngineRouter, RemoteEngine
 from rlharness.engine.base import RolloutEngine
 

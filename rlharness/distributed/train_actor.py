@@ -24,11 +24,13 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from rlharness.backend.base import TrainingBackend
-from rlharness.distributed.placement import (describe_node, in_bundle, make_placement_group, node_info, thread_env,
+from rlharness.cluster.placement import (describe_node, in_bundle, make_placement_group, node_info, thread_env,
                                              threads_for, wait_all)
-from rlharness.launch.ray_cluster import free_port
-from rlharness.types import TrainBatch
-from rlharness.weight_transfer import CollectiveWeights, RemoteWeights, WeightGroupMember, for_object_store
+from rlharness.cluster.ray_cluster import free_port
+from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, ModelConf
+from rlharness.core.types import TrainBatch
+from rlharness.distributed.object_store_weights import RemoteWeights, for_object_store
+from rlharness.weights.transfer import WeightGroupMember, state_bytes
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +73,18 @@ class TrainWorkerActor:
 
     async def weight_group_join(self, backend: str, host: str, port: int, rank: int, world_size: int,
                                 timeout_s: float) -> None:
-        """Join the weight broadcast group with the engines (rank 0 only; see `weight_transfer`)."""
+        """Join the weight broadcast group with the engines (rank 0 only; see `rlharness.weights.transfer`)."""
         self.weight_member = await asyncio.to_thread(WeightGroupMember, backend, host, port, rank, world_size,
                                                      timeout_s)
 
-    async def weight_group_send(self, version: int) -> None:
-        """Every rank takes the weights (ZeRO-3 gathers collectively); the group member broadcasts them."""
+    async def weight_group_send(self, version: int) -> int:
+        """Every rank takes the weights (ZeRO-3 gathers collectively); the group member (rank 0)
+        broadcasts them. Returns the bytes sent (0 on the other ranks)."""
         state = await self.call("get_weights")
-        if self.weight_member is not None:
-            await asyncio.to_thread(self.weight_member.send, state, version)
+        if self.weight_member is None:
+            return 0
+        await asyncio.to_thread(self.weight_member.send, state, version)
+        return state_bytes(state)
 
     async def put_weights(self) -> list[Any]:
         """`get_weights` into the object store (a state dict as `PackedWeights`: one copy); [ref], [] for none.
@@ -93,23 +98,22 @@ class TrainWorkerActor:
 class RemoteBackend(TrainingBackend):
     """`TrainingBackend` over one or more `TrainWorkerActor`s (rank order).
 
-    With `prefetch_weights` (set when every step is followed by a weight sync), each
-    `train_step` also has rank 0 put the new weights into the object store before it
-    answers, and the next `get_weights` returns that reference without another call:
-    the copy happens while the producer is still running, not inside the sync that
-    pauses it.
+    With `put_weights_after_step` (set when the run is built, for the object-store route when
+    every step is followed by a weight sync), each `train_step` also has rank 0 put the new
+    weights into the object store before it answers, and the next `weights_ref` returns that
+    reference without another call: the copy happens while the producer is still running, not
+    inside the sync that pauses it.
     """
 
-    def __init__(self, actors: list[Any], names: list[str], timeout_s: float, placement_group: Any = None) -> None:
+    def __init__(self, actors: list[Any], names: list[str], timeout_s: float, placement_group: Any = None,
+                 put_weights_after_step: bool = False) -> None:
         if not actors or len(actors) != len(names):
             raise ValueError(f"RemoteBackend needs one name per actor (got {len(actors)} actors, {len(names)} names)")
         self.actors = actors
         self.names = names
         self.timeout_s = timeout_s
         self.placement_group = placement_group
-        # Set by `weight_routes.setup_weight_group` (GPU runs): weights then go by broadcast.
-        self.weight_group: Any = None
-        self.prefetch_weights = False
+        self.put_weights_after_step = put_weights_after_step
         self._prefetched: Any = None  # ObjectRef of the weights right after the last train_step
         self.nodes: list[dict[str, str]] = []  # where each rank runs (node_info), set at start
 
@@ -150,23 +154,30 @@ class RemoteBackend(TrainingBackend):
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
         ref = ray.put(batch)  # one copy for every rank
         self._prefetched = None
-        if self.prefetch_weights and self.weight_group is None:
+        if self.put_weights_after_step:
             metrics, weights = (await self._on_all_actors("train_and_put_weights", ref))[0]
             self._prefetched = weights[0] if weights else None
             return metrics
         return (await self._on_all("train_step", ref))[0]
 
-    async def get_weights(self) -> RemoteWeights | CollectiveWeights:
-        """The object-store copy rank 0 made; or, with a weight group, a handle the engines broadcast from."""
-        if self.weight_group is not None:
-            return CollectiveWeights(self.weight_group, self._on_all_actors)
+    async def weights_ref(self) -> Any:
+        """An ObjectRef of the current weights in the object store: the copy rank 0 made right after
+        the step, or a new one (every rank takes part: ZeRO-3 gathers collectively)."""
         if self._prefetched is not None:
             ref, self._prefetched = self._prefetched, None
-            return RemoteWeights(ref, self.timeout_s)
+            return ref
         results = await self._on_all_actors("put_weights")
         if not results[0]:
             raise RuntimeError(f"training worker {self.names[0]} (rank 0) returned no weights")
-        return RemoteWeights(results[0][0], self.timeout_s)
+        return results[0][0]
+
+    async def get_weights(self) -> RemoteWeights:
+        """The current weights as a mapping that lives in the object store (fetched where it is read)."""
+        return RemoteWeights(await self.weights_ref(), self.timeout_s)
+
+    async def send_to_group(self, version: int) -> int:
+        """Broadcast the current weights from rank 0 in the weight group it joined; bytes sent."""
+        return (await self._on_all_actors("weight_group_send", version))[0]
 
     async def save(self, directory: str) -> None:
         await self._on_all("save", directory)
@@ -199,7 +210,7 @@ def _cancel(tasks: list[asyncio.Future], refs: list[Any]) -> None:
 
 def spawn_train_workers(factory: Callable[[int, str, int], Callable[[], Any]], count: int, cpus: float,
                         gpus: float, env: dict[str, str], timeout_s: float, name: str,
-                        node_ranks: list[int] | None = None) -> RemoteBackend:
+                        node_ranks: list[int] | None = None, put_weights_after_step: bool = False) -> RemoteBackend:
     """`count` training actors in their own placement group, each hosting `factory(rank, addr, port)()`.
 
     `addr`/`port` are rank 0's node address and a free port there (the rendezvous of a
@@ -212,7 +223,7 @@ def spawn_train_workers(factory: Callable[[int, str, int], Callable[[], Any]], c
                                 runtime_env={"env_vars": {**thread_env(cpus), **env}}, **in_bundle(pg, i))
               .remote(env, threads_for(cpus))
               for i in range(count)]
-    backend = RemoteBackend(actors, names, timeout_s, pg)
+    backend = RemoteBackend(actors, names, timeout_s, pg, put_weights_after_step)
     try:
         addr, port = wait_all([actors[0].address.remote()], names[:1], f"starting {name} training workers",
                               timeout_s)[0]
@@ -233,3 +244,32 @@ def _kill_all(actors: list[Any], pg: Any) -> None:
     for actor in actors:
         ray.kill(actor, no_restart=True)
     ray.util.remove_placement_group(pg)
+
+
+def start_deepspeed_backend(conf: DeepSpeedBackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int,
+                            seed: int, *, cpus_per_worker: float = 1.0, timeout_s: float = 600.0,
+                            node_ranks: list[int] | None = None, put_weights_after_step: bool = False):
+    """`conf.num_workers` `DeepSpeedWorker` ranks on Ray actors in one placement group.
+
+    Returns a `rlharness.distributed.RemoteBackend` (the `TrainingBackend` interface).
+    Needs a running Ray (`rlharness.cluster.connect_ray`, which the launcher calls).
+    """
+    import functools
+
+    import ray
+
+    from rlharness.backend.deepspeed_backend import DeepSpeedWorker, worker_env
+
+    if not ray.is_initialized():
+        raise RuntimeError("backend=deepspeed runs its ranks as Ray actors, but Ray is not running: use "
+                           "cluster=local_ray or cluster=slurm (or call rlharness.cluster.connect_ray first)")
+
+    def factory(rank: int, addr: str, port: int):
+        return functools.partial(DeepSpeedWorker, conf, model_conf, algo, total_steps, seed, rank=rank,
+                                 world_size=conf.num_workers, master_addr=addr, master_port=port,
+                                 timeout_s=timeout_s)
+
+    gpus = 0.0 if conf.device == "cpu" else 1.0
+    return spawn_train_workers(factory, conf.num_workers, cpus_per_worker, gpus, worker_env(conf.device),
+                               timeout_s, name="deepspeed", node_ranks=node_ranks,
+                               put_weights_after_step=put_weights_after_step)

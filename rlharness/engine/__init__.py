@@ -32,7 +32,7 @@ def build_engine(conf: EngineConf, model_conf: ModelConf, seed: int, name: str |
         from rlharness.engine.sim import SimEngine
 
         if "vocab_size" not in kw:
-            from rlharness.model import load_tokenizer
+            from rlharness.model.load import load_tokenizer
 
             tok = load_tokenizer(model_conf)
             kw = {"vocab_size": len(tok), "eos_token_id": tok.eos_token_id,

@@ -6,7 +6,7 @@ produced so far with finish_reason "abort"), and swaps weights between requests,
 stamping every token with the weight version that produced it.
 
 Weights arrive by `load_weights(state, version)` (this process holds them) or, when the
-run formed a broadcast group with training rank 0 (`rlharness.weight_transfer`), by
+run formed a broadcast group with training rank 0 (`rlharness.weights.transfer`), by
 `join_weight_group` once and `receive_weights(version)` per sync. The default joins this
 process and loads what it receives (hf, sim); an engine whose workers live elsewhere
 (vllm) has them join and receive instead.
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from rlharness.weight_transfer import WeightGroupMember
+from rlharness.weights.transfer import WeightGroupMember
 
 
 @dataclass(slots=True)
@@ -122,6 +122,6 @@ class RolloutEngine(abc.ABC):
         return {}
 
     def weight_checksums(self) -> dict[str, torch.Tensor] | None:
-        """Exact block checksums (`weight_transfer.weight_checksums`) of the weights this engine
+        """Exact block checksums (`rlharness.weights.transfer.weight_checksums`) of the weights this engine
         computes with, where they live in this process (onpolicy_guard.py); None for engines elsewhere."""
         return None

@@ -30,7 +30,7 @@ from rlharness.config.schema import HFEngineConf, ModelConf
 from rlharness.engine import kv
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine, SamplingParams
 from rlharness.engine.sampling import RowParams, sample_next
-from rlharness.weight_transfer import weight_checksums
+from rlharness.weights.transfer import weight_checksums
 
 log = logging.getLogger(__name__)
 
@@ -99,12 +99,12 @@ class HFEngine(RolloutEngine):
                  model=None, tokenizer=None, eos_token_ids: list[int] | None = None,
                  join_min_free: int | None = None, command_timeout_s: float = 300.0,
                  idle_poll_s: float = 0.05):
-        from rlharness.lora import engine_serves_adapter, wrap_for_engine
-        from rlharness.model import load_model, load_tokenizer
-        from rlharness.vml_warmup import warm_up_vml
+        from rlharness.model.lora import engine_serves_adapter, wrap_for_engine
+        from rlharness.model.load import load_model, load_tokenizer
+        from rlharness.core.vml_warmup import warm_up_vml
 
         # The first admission is often this process's first forward pass: MKL must have picked its
-        # kernels before that pass splits a cos/sin over two threads (rlharness/vml_warmup.py).
+        # kernels before that pass splits a cos/sin over two threads (rlharness/core/vml_warmup.py).
         warm_up_vml()
         if model is None:
             if model_conf is None:

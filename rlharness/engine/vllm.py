@@ -18,7 +18,7 @@ this module never needs it. What this adapter adds:
   `collective_rpc` with a method name. Colocated, this process is rank 0 and the
   group uses gloo (NCCL cannot put two ranks on one GPU); disaggregated, training
   rank 0 is rank 0 and the group is NCCL when both sides hold GPUs, else gloo
-  (`rlharness.weight_transfer`). `disk`: the weights are written as
+  (`rlharness.weights.transfer`). `disk`: the weights are written as
   safetensors into a temporary folder and vLLM's `reload_weights` reads them.
   Every wait is bounded by `sync_timeout_s`; a failed sync raises `WeightSyncError`
   naming the engine. The prefix cache is reset after each load (its KV came from
@@ -55,9 +55,9 @@ from typing import Any, Awaitable, Mapping
 from rlharness.config.schema import ConfigError, ModelConf, VLLMEngineConf
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
 from rlharness.engine.vllm_worker import EXTENSION_PATH
-from rlharness.lora import engine_serves_adapter
-from rlharness.model import resolve_model_path
-from rlharness.weight_transfer import BUCKET_BYTES, WeightGroupMember, spec_rows, tensor_specs
+from rlharness.model.lora import engine_serves_adapter
+from rlharness.model.load import resolve_model_path
+from rlharness.weights.transfer import BUCKET_BYTES, WeightGroupMember, spec_rows, tensor_specs
 
 log = logging.getLogger(__name__)
 
@@ -392,7 +392,7 @@ class _AdapterServing:
     """`model.lora.sync=adapter`: one LoRARequest per weight version, from a PEFT folder of the received tensors."""
 
     def __init__(self, model_conf: ModelConf, engine_kwargs: dict[str, Any]) -> None:
-        from rlharness.lora import targets_for
+        from rlharness.model.lora import targets_for
 
         rank = model_conf.lora.rank
         engine_kwargs.setdefault("enable_lora", True)
@@ -407,7 +407,7 @@ class _AdapterServing:
     async def load(self, llm: Any, state: Mapping[str, Any], version: int) -> None:
         from vllm.lora.request import LoRARequest
 
-        from rlharness.lora import write_adapter_folder
+        from rlharness.model.lora import write_adapter_folder
 
         folder = os.path.join(self.root, f"v{version}")
         await asyncio.to_thread(write_adapter_folder, dict(state), self.model_conf, folder, self.targets)

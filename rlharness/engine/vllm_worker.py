@@ -6,7 +6,7 @@ process and its RPC channel carries plain data only (no functions, no tensors), 
 the engine calls these methods by name through `collective_rpc` with plain
 arguments (names, shapes, dtypes, a version), and the tensors travel in a process
 group of our own: training rank 0 is rank 0, the workers of each engine the ranks
-after it (`weight_transfer.WeightGroupMember`: NCCL on GPU, gloo on CPU, one code path),
+after it (`rlharness.weights.transfer.WeightGroupMember`: NCCL on GPU, gloo on CPU, one code path),
 and vLLM's in-place `reload_weights` loads them.
 
 This module is imported inside vLLM's worker processes; it must stay importable
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from rlharness.weight_transfer import WeightGroupError, WeightGroupMember, specs_from_rows
+from rlharness.weights.transfer import WeightGroupError, WeightGroupMember, specs_from_rows
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlharness.types import Group
+from rlharness.core.types import Group
 
 BUCKETS = 4
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from rlharness.config.schema import DegenerateOutputsConf
 from rlharness.health.alarm import Alarm, Latch
 from rlharness.health.trend import mean
-from rlharness.types import Group, RolloutState
+from rlharness.core.types import Group, RolloutState
 
 
 def model_tokens(s: RolloutState) -> list[int]:

@@ -34,7 +34,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from rlharness.types import Group, RolloutState, Status
+from rlharness.core.types import Group, RolloutState, Status
 
 log = logging.getLogger(__name__)
 

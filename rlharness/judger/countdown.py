@@ -17,7 +17,7 @@ from collections import Counter
 from fractions import Fraction
 from typing import Any
 
-from rlharness import safe_arith
+from rlharness.core import safe_arith
 
 from rlharness.config.schema import CountdownJudgerConf
 from rlharness.judger.base import Judger

@@ -25,7 +25,7 @@ from typing import Any
 
 from rlharness.config.schema import HFEngineConf, LLMJudgerConf, ModelConf, VLLMEngineConf
 from rlharness.judger.base import Judger, gather_fail_fast
-from rlharness.types import RolloutState
+from rlharness.core.types import RolloutState
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class LLMJudger(Judger):
     def _new_engine(self):
         """The judge's engine and prompt encoder (built once, off the event loop: loading takes seconds)."""
         from rlharness.engine import build_engine
-        from rlharness.model import load_tokenizer, text_codec
+        from rlharness.model.load import load_tokenizer, text_codec
 
         model = ModelConf(path=self.conf.path)
         engine_conf = HFEngineConf(device=self.conf.device) if self.conf.engine == "hf" else VLLMEngineConf()

@@ -31,7 +31,7 @@ from typing import Any
 
 from rlharness.config.schema import ENV_PREFIX, RemoteJudgerConf
 from rlharness.judger.base import Judger, gather_fail_fast
-from rlharness.types import RolloutState
+from rlharness.core.types import RolloutState
 
 log = logging.getLogger(__name__)
 

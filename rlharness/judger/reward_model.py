@@ -33,7 +33,7 @@ from typing import Any
 
 from rlharness.config.schema import ConfigError, ModelConf, RewardModelJudgerConf
 from rlharness.judger.base import Judger
-from rlharness.types import RolloutState
+from rlharness.core.types import RolloutState
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ FROZEN_GRACE_S = 5.0  # past a call's timeout: its process never took the call u
 def model_folder(path: str | None, key: str) -> Path:
     """The folder `key`.path names (relative paths as model.path: the current directory, then the
     project), checked as model.path is (no GGUF file, no code of its own)."""
-    from rlharness.model import check_model_files
+    from rlharness.model.load import check_model_files
 
     if not path:
         raise ConfigError(f"{key}.path is not set: name a model folder "
@@ -106,11 +106,11 @@ class RewardModelScorer:
         from transformers import AutoModelForSequenceClassification
         from transformers.utils import logging as hf_logging
 
-        from rlharness.model import load_tokenizer, text_codec
-        from rlharness.vml_warmup import warm_up_vml
+        from rlharness.model.load import load_tokenizer, text_codec
+        from rlharness.core.vml_warmup import warm_up_vml
 
         torch.set_num_threads(conf.torch_threads)
-        warm_up_vml()  # the scoring process's first forward must not be MKL's first call (rlharness/vml_warmup.py)
+        warm_up_vml()  # the scoring process's first forward must not be MKL's first call (rlharness/core/vml_warmup.py)
         hf_logging.disable_progress_bar()  # a bar per (re)start of the process would clutter the run's log
         folder = model_folder(conf.path, "judger")
         self.conf = conf
@@ -238,7 +238,7 @@ class _RayScorer:
     def __init__(self, conf: RewardModelJudgerConf):
         import ray
 
-        from rlharness.distributed.placement import in_bundle, make_placement_group, thread_env
+        from rlharness.cluster.placement import in_bundle, make_placement_group, thread_env
 
         gpus = 1.0 if conf.device.startswith("cuda") else 0.0
         self.placement_group = None

@@ -20,7 +20,7 @@ from rlharness.judger.base import Judger, gather_fail_fast
 from rlharness.judger.countdown import CountdownJudger
 from rlharness.judger.format import FormatJudger
 from rlharness.judger.math import MathJudger
-from rlharness.types import RolloutState
+from rlharness.core.types import RolloutState
 
 LEARNED = ("reward_model", "llm")
 ROUTABLE = ("math", "countdown", "format", *LEARNED)

@@ -1,6 +1,3 @@
-"""Launch helpers: Ray bring-up per cluster (`connect_ray`). The run itself is
-`rlharness.launcher.run`; Slurm submission is hydra-submitit-launcher's (conf/cluster/slurm.yaml)."""
-
-from rlharness.launch.ray_cluster import connect_ray
-
-__all__ = ["connect_ray"]
+"""Building a run and running it: the launcher (local, Ray, Slurm through submitit), the build of
+its components, the checks before any work starts (preflight), resume's override text, the run lock,
+evaluate.py's logic, and submitit's requeue and job errors."""

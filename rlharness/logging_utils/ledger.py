@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from rlharness.logging_utils.metrics import json_line, jsonl_rows, replace_text
-from rlharness.run_dir import RunDir, step_of
-from rlharness.types import Group, RolloutState
+from rlharness.core.run_dir import RunDir, step_of
+from rlharness.core.types import Group, RolloutState
 
 log = logging.getLogger(__name__)
 

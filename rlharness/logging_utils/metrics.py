@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterator
 
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import fnmatch
 from pathlib import Path
 
 from rlharness.logging_utils.metrics import read_metrics
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 
 # file name -> (title, [metric keys]) ; a plot is written only if one of its keys exists.
 # `*` stands for a task name: a multi-task run gets one curve per task.

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlharness.logging_utils.metrics import replace_text
-from rlharness.run_dir import RunDir, step_of
-from rlharness.types import Group, RolloutState, Status
+from rlharness.core.run_dir import RunDir, step_of
+from rlharness.core.types import Group, RolloutState, Status
 
 
 def judgement(s: RolloutState) -> str:

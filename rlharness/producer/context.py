@@ -22,16 +22,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-from rlharness import fault_points
+from rlharness.core import fault_points
 from rlharness.agent.base import AgentLoop
 from rlharness.health.bias import GenerationTally
 from rlharness.producer.filters import GroupFilter
 from rlharness.producer.pending import Claimed, Started, _PendingTasks
 from rlharness.producer.progress import ProduceProgress
 from rlharness.producer.staleness import StalenessPolicy
-from rlharness.replay_buffer import ReplayBuffer, mark_aborted
-from rlharness.sampler import Sampler
-from rlharness.types import Group, Status, group_status
+from rlharness.producer.replay_buffer import ReplayBuffer, mark_aborted
+from rlharness.producer.sampler import Sampler
+from rlharness.core.types import Group, Status, group_status
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from rlharness.types import Group
+from rlharness.core.types import Group
 
 GroupFilter = Callable[[Group], "str | None"]
 

@@ -38,9 +38,9 @@ from rlharness.producer.context import ProduceContext, Signal
 from rlharness.producer.metrics import StepMetrics
 from rlharness.producer.progress import BatchAllocation, ProduceProgress
 from rlharness.producer.strategies import ProduceStatus, ProduceStrategy
-from rlharness.replay_buffer import ReplayBuffer
-from rlharness.sampler import DataExhausted, Sampler
-from rlharness.types import Group, Status
+from rlharness.producer.replay_buffer import ReplayBuffer
+from rlharness.producer.sampler import DataExhausted, Sampler
+from rlharness.core.types import Group, Status
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from rlharness.health.bias import GenerationTally
 from rlharness.producer.staleness import admission_staleness
-from rlharness.replay_buffer import ReplayBuffer
-from rlharness.types import Group, staleness
+from rlharness.producer.replay_buffer import ReplayBuffer
+from rlharness.core.types import Group, staleness
 
 if TYPE_CHECKING:
     from rlharness.producer.context import ProduceContext

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from typing import Any, Awaitable, Callable, Iterable, Protocol
 
-from rlharness.types import Group
+from rlharness.core.types import Group
 
 log = logging.getLogger(__name__)
 

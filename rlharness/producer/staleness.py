@@ -14,7 +14,7 @@ staleness `train_step - v - 1` (DESIGN.md). A task's bound is its own
 Every group that starts without tokens is stamped with its admission (`stamp`); the
 staleness at admission is `admit_step - 1 - admit_version` (`admission_staleness`).
 
-Built once per run (`rlharness/build.py`, `staleness_policy`) and handed to the replay
+Built once per run (`rlharness/launch/build.py`, `staleness_policy`) and handed to the replay
 buffer, the strategy, each task's ProduceContext and the manager; nothing else computes
 a threshold.
 
@@ -31,7 +31,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from rlharness.config.schema import STALENESS_MODES
-from rlharness.types import Group, staleness
+from rlharness.core.types import Group, staleness
 
 # The config key each field comes from (for messages that name what to change).
 CONFIG_KEYS = {"max_staleness": "max_staleness", "sync_weights_interval": "sync_weights_interval",

@@ -31,7 +31,7 @@ from rlharness.config.schema import AsyncStrategyConf, StrategyConf, SyncStrateg
 from rlharness.producer.context import ProduceContext, stall_message
 from rlharness.producer.filters import build_group_filter
 from rlharness.producer.staleness import StalenessPolicy
-from rlharness.sampler import DataExhausted
+from rlharness.producer.sampler import DataExhausted
 
 log = logging.getLogger(__name__)
 

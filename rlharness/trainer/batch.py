@@ -19,7 +19,7 @@ import torch
 from rlharness.algo.advantages import compute_advantages
 from rlharness.algo.shaping import overlong_penalty, truncated_samples
 from rlharness.config.schema import AlgoConf
-from rlharness.types import Group, RolloutState, TrainBatch
+from rlharness.core.types import Group, RolloutState, TrainBatch
 
 
 def _score(s: RolloutState) -> float:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from rlharness.model import resolve_model_path
+from rlharness.model.load import resolve_model_path
 
 MB = 1024 * 1024
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -16,7 +16,7 @@ import logging
 import math
 from typing import Any
 
-from rlharness.types import TrainBatch
+from rlharness.core.types import TrainBatch
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class NonFiniteTraining(RuntimeError):
 
 def batch_problem(batch: TrainBatch) -> str | None:
     """Why `batch` cannot be trained (non-finite advantages), or None."""
-    import torch  # not at the top: train.py imports this module for its exception (see rlharness/model.py)
+    import torch  # not at the top: train.py imports this module for its exception (see rlharness/model/load.py)
 
     if not bool(torch.isfinite(batch.advantages).all()):
         return "the batch's advantages are non-finite"

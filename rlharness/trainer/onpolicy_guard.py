@@ -28,16 +28,16 @@ from pathlib import Path
 
 import torch
 
-from rlharness.checkpoint import save_state
-from rlharness.types import Group, TrainBatch
-from rlharness.weight_transfer import CHECKSUM_BLOCK
+from rlharness.core.checkpoint import save_state
+from rlharness.core.types import Group, TrainBatch
+from rlharness.weights.transfer import CHECKSUM_BLOCK
 
 # Groups named in the warning, worst first (the rest are counted).
 MAX_NAMED = 8
 
 
 def weights_verdict(trained: dict[str, torch.Tensor] | None, engine: dict[str, torch.Tensor] | None) -> str:
-    """What the engine computed with, from the block checksums (`weight_transfer.weight_checksums`) of
+    """What the engine computed with, from the block checksums (`rlharness.weights.transfer.weight_checksums`) of
     the weights being trained and of the engine's ('' when either side cannot say: a remote or another
     engine, LoRA, names or shapes that do not match). A differing tensor is named with the blocks of
     `CHECKSUM_BLOCK` elements that differ: a stale page reads apart from a stale tensor."""

@@ -28,23 +28,22 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from rlharness import fault_points
-from rlharness.build import Components
-from rlharness.checkpoint import (CheckpointError, CheckpointWriteError, begin_checkpoint, commit_checkpoint,
+from rlharness.core import fault_points
+from rlharness.trainer.components import Components
+from rlharness.core.checkpoint import (CheckpointError, CheckpointWriteError, begin_checkpoint, commit_checkpoint,
                                   latest_checkpoint, load_state, read_meta, save_state, writing)
 from rlharness.config.run import RunConf
 from rlharness.health import HealthMonitors
 from rlharness.health.bias import BiasMeter, distributions
-from rlharness.lora import state_bytes
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, format_step_line, read_metrics
 from rlharness.logging_utils.plots import write_plots
 from rlharness.logging_utils.progress import phase
 from rlharness.logging_utils.samples import forget_evals_after, write_eval_rows
 from rlharness.logging_utils.wandb_logger import WandbLogger
-from rlharness.run_dir import CHECKPOINTS, RunDir, step_name
-from rlharness.sampler import DataExhausted
-from rlharness.stopping import StopController
+from rlharness.core.run_dir import CHECKPOINTS, RunDir, step_name
+from rlharness.producer.sampler import DataExhausted
+from rlharness.core.stopping import StopController
 from rlharness.trainer.batch import build_train_batch
 from rlharness.trainer.onpolicy_guard import (all_tokens_on_policy, guard_on, onpolicy_gap_warning, save_evidence,
                                               weights_verdict)
@@ -269,12 +268,11 @@ class Trainer:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         await self.c.manager.pause()
-        weights = await self.c.backend.get_weights()
-        await asyncio.wait_for(self.c.engine.load_weights(weights, version), timeout=self.conf.timeout_s)
+        sent = await asyncio.wait_for(self.c.weights.sync(version), timeout=self.conf.timeout_s)
         self.model_version = version
         self.c.manager.set_model_step(version)
         self.c.manager.resume()
-        return loop.time() - t0, state_bytes(weights)
+        return loop.time() - t0, sent.bytes_sent
 
     def _judge_window(self) -> dict[str, float]:
         """The judgers' counts since the last call, as `judge/<name>` summed over tasks, and in a
@@ -396,7 +394,7 @@ class Trainer:
             self.c.manager.load_state_dict(state["producer"])
         except ValueError as exc:  # another set of tasks, another batch size: refused, naming them
             raise CheckpointError(f"checkpoint {path}: {exc}") from exc
-        await self.c.engine.load_weights(await self.c.backend.get_weights(), self.model_version)
+        await self.c.weights.sync(self.model_version)
         self.c.manager.set_model_step(self.model_version)
         log.info("resumed from %s (step %d, weight version %d)", path, self.step, self.model_version)
 

@@ -12,7 +12,7 @@ from rlharness.agent import build_agent_loop
 from rlharness.config.schema import ConfigError, EvalConf, SamplingConf, SimEngineConf, SingleTurnAgentConf
 from rlharness.data.base import PromptRow
 from rlharness.engine.sim import SimEngine
-from rlharness.evaluator import Evaluator, pass_at_k
+from rlharness.trainer.evaluator import Evaluator, pass_at_k
 from rlharness.judger.base import Judger
 from tests.helpers import compose_conf
 

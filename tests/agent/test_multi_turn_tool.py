@@ -22,10 +22,10 @@ from rlharness.config.schema import AlgoConf, ConfigError, MultiTurnToolAgentCon
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
 from rlharness.judger.base import Judger
 from rlharness.judger.math import MathJudger
-from rlharness.run_dir import RunDir
-from rlharness.tiny import DEFAULT_CHARS, build_char_tokenizer
+from rlharness.core.run_dir import RunDir
+from rlharness.model.tiny import DEFAULT_CHARS, build_char_tokenizer
 from rlharness.trainer.batch import build_train_batch
-from rlharness.types import Status, group_status, make_group
+from rlharness.core.types import Status, group_status, make_group
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -368,7 +368,7 @@ def test_without_partial_rollout_an_interrupted_group_restarts_from_scratch():
 def test_end_to_end_on_the_hf_engine_with_a_tiny_random_model():
     """Random weights, no EOS, "(" and ")" as call markers so the model makes calls by chance."""
     from rlharness.engine.hf import HFEngine
-    from rlharness.tiny import build_tiny_llama
+    from rlharness.model.tiny import build_tiny_llama
 
     tok = build_char_tokenizer(DEFAULT_CHARS)  # '(' and ')' are 2 of 24 tokens
     model = build_tiny_llama(len(tok), seed=3, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,

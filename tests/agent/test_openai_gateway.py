@@ -13,14 +13,14 @@ import pytest
 
 from rlharness.agent import build_agent_loop
 from rlharness.agent.gateway_render import ToolMarkers, render
-from rlharness.build import text_codec
+from rlharness.model.load import text_codec
 from rlharness.config.schema import (MathJudgerConf, ModelConf, MultiTurnToolAgentConf, OpenAIGatewayAgentConf,
                                      SamplingConf)
 from rlharness.engine.hf import HFEngine
 from rlharness.judger.math import MathJudger
-from rlharness.model import PROJECT_ROOT, load_model, load_tokenizer
-from rlharness.run_dir import RunDir
-from rlharness.types import Status, group_status, make_group
+from rlharness.model.load import PROJECT_ROOT, load_model, load_tokenizer
+from rlharness.core.run_dir import RunDir
+from rlharness.core.types import Status, group_status, make_group
 from tests.agent import gateway_agents
 from tests.helpers import run_cli
 

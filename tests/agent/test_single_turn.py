@@ -12,7 +12,7 @@ from rlharness.agent.single_turn import SingleTurnAgentLoop
 from rlharness.config.schema import AgentConf, SamplingConf, SimEngineConf, SingleTurnAgentConf
 from rlharness.engine.sim import SimEngine
 from rlharness.judger.base import Judger
-from rlharness.types import Status, group_status, make_group
+from rlharness.core.types import Status, group_status, make_group
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -152,7 +152,7 @@ class _CrashingMember(SingleTurnAgentLoop):
 
 def test_a_crashed_member_cancels_its_siblings_and_leaves_the_restored_group_alone():
     from rlharness.producer.pending import Started
-    from rlharness.replay_buffer import mark_aborted
+    from rlharness.producer.replay_buffer import mark_aborted
 
     loop = _CrashingMember(SingleTurnAgentConf(), None, FirstTokenParity(), decode)
     group = make_group(task="t", prompt_index=0, epoch=0, prompt_text="p", prompt_ids=[5, 6], label={}, k=3)

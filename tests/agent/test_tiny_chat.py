@@ -13,17 +13,17 @@ import torch
 
 from rlharness.agent import build_agent_loop
 from rlharness.algo.losses import token_logprobs
-from rlharness.build import text_codec
+from rlharness.model.load import text_codec
 from rlharness.config.schema import (AlgoConf, JsonlTaskConf, MathJudgerConf, ModelConf, MultiTurnToolAgentConf,
                                      SamplingConf, SingleTurnAgentConf, TorchBackendConf)
 from rlharness.data import build_task
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine, SamplingParams
 from rlharness.engine.hf import HFEngine
 from rlharness.judger.math import MathJudger
-from rlharness.model import PROJECT_ROOT, load_model, load_tokenizer
-from rlharness.run_dir import RunDir
+from rlharness.model.load import PROJECT_ROOT, load_model, load_tokenizer
+from rlharness.core.run_dir import RunDir
 from rlharness.trainer.batch import build_train_batch
-from rlharness.types import Status, make_group
+from rlharness.core.types import Status, make_group
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -8,7 +8,7 @@ import torch
 from rlharness.algo.shaping import overlong_penalty
 from rlharness.config.schema import AlgoConf, ConfigError
 from rlharness.trainer.batch import build_train_batch
-from rlharness.types import RolloutState, Status
+from rlharness.core.types import RolloutState, Status
 from tests.helpers import compose_conf
 
 

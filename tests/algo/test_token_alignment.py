@@ -16,7 +16,7 @@ import torch
 from rlharness.algo.losses import aggregate_loss, clipped_policy_loss, token_logprobs
 from rlharness.config.schema import AlgoConf
 from rlharness.trainer.batch import build_train_batch
-from rlharness.types import RolloutState, Status
+from rlharness.core.types import RolloutState, Status
 
 PAD, VOCAB = 0, 7
 

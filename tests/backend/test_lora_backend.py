@@ -9,12 +9,13 @@ import logging
 import pytest
 import torch
 
-from rlharness import lora
+from rlharness.model import lora
 from rlharness.algo.losses import token_logprobs
 from rlharness.backend.torch_backend import TorchBackend
-from rlharness.checkpoint import CheckpointError
+from rlharness.core.checkpoint import CheckpointError
 from rlharness.config.schema import AlgoConf, ConfigError, HFEngineConf, LoraConf, ModelConf, TorchBackendConf
 from rlharness.engine import GenerateRequest, SamplingParams, build_engine
+from rlharness.weights.transfer import state_bytes
 from tests.backend.test_torch_backend import make_batch, step
 
 pytestmark = pytest.mark.timeout(180)
@@ -34,7 +35,7 @@ def base_weights(model_dir: str) -> dict[str, torch.Tensor]:
 
 
 def test_only_adapters_train_and_counts_are_logged(tiny_model_dir, caplog):
-    with caplog.at_level(logging.INFO, logger="rlharness.lora"):
+    with caplog.at_level(logging.INFO, logger="rlharness.model.lora"):
         b = lora_backend(tiny_model_dir)
     trainable, total = lora.parameter_counts(b.model)
     assert 0 < trainable < total / 4
@@ -87,7 +88,7 @@ def test_adapter_sync_sends_only_a_and_b(tiny_model_dir):
     b = lora_backend(tiny_model_dir, sync="adapter")
     sent = asyncio.run(b.get_weights())
     assert sent and all(".lora_A." in k or ".lora_B." in k for k in sent)
-    assert lora.state_bytes(sent) == sum(p.numel() * 4 for p in b.model.parameters() if p.requires_grad)
+    assert state_bytes(sent) == sum(p.numel() * 4 for p in b.model.parameters() if p.requires_grad)
 
 
 def _engine_vs_trainer(b: TorchBackend, engine) -> float:

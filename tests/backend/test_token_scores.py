@@ -14,7 +14,7 @@ from rlharness.algo.losses import token_entropy, token_logprobs
 from rlharness.backend.token_scores import decoder_hidden_states, head_reproduces_logits, model_logits
 from rlharness.backend.torch_backend import TorchBackend
 from rlharness.config.schema import AlgoConf, ConfigError, ModelConf, TorchBackendConf
-from rlharness.tiny import DEFAULT_CHARS, save_tiny_model
+from rlharness.model.tiny import DEFAULT_CHARS, save_tiny_model
 from rlharness.trainer.batch import build_train_batch
 from tests.backend.test_torch_backend import make_groups
 

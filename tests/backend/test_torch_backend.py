@@ -15,7 +15,7 @@ from rlharness.backend import build_backend
 from rlharness.backend.torch_backend import TorchBackend, lr_multiplier
 from rlharness.config.schema import AlgoConf, ModelConf, TorchBackendConf
 from rlharness.trainer.batch import build_train_batch
-from rlharness.types import RolloutState, Status
+from rlharness.core.types import RolloutState, Status
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[2]

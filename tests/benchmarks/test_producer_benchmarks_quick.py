@@ -20,9 +20,9 @@ from rlharness.config.schema import AsyncStrategyConf
 from rlharness.engine.sim import lognormal_params
 from rlharness.producer.pending import _PendingTasks
 from rlharness.producer.staleness import StalenessPolicy
-from rlharness.replay_buffer import ReplayBuffer
-from rlharness.run_dir import RunDir
-from rlharness.types import Status, make_group
+from rlharness.producer.replay_buffer import ReplayBuffer
+from rlharness.core.run_dir import RunDir
+from rlharness.core.types import Status, make_group
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 

@@ -6,7 +6,7 @@ from rlharness.config.schema import ConfigError, CountdownTaskConf
 from rlharness.data import build_task
 from rlharness.data.countdown import generate_problem, generate_problems
 from rlharness.judger.countdown import CountdownJudger, evaluate
-from rlharness.tiny import DEFAULT_CHARS
+from rlharness.model.tiny import DEFAULT_CHARS
 
 
 def _conf(**kw):

@@ -5,7 +5,7 @@ import pytest
 from rlharness.config.schema import ConfigError, JsonlTaskConf
 from rlharness.data import build_task
 from rlharness.data.jsonl import DataFileError
-from rlharness.tiny import build_char_tokenizer
+from rlharness.model.tiny import build_char_tokenizer
 
 GSM8K_ROWS = [
     {"question": f"Tom has {i} apples and buys 1,000 more. How many?",

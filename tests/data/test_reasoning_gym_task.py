@@ -10,8 +10,8 @@ import pytest
 from rlharness.config.schema import ConfigError, ModelConf, ReasoningGymJudgerConf, ReasoningGymTaskConf
 from rlharness.data import build_task
 from rlharness.judger.reasoning_gym import ReasoningGymJudger, extract_answer
-from rlharness.model import load_tokenizer
-from rlharness.types import Status, make_group
+from rlharness.model.load import load_tokenizer
+from rlharness.core.types import Status, make_group
 
 # Two one-digit terms: 200 distinct questions (+ and -), so items repeat within a few hundred draws.
 SMALL = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}

@@ -19,7 +19,7 @@ def ray_session(tmp_path_factory):
     import ray
 
     from rlharness.config.schema import LocalRayClusterConf
-    from rlharness.launch import connect_ray
+    from rlharness.cluster import connect_ray
 
     if ray.is_initialized():
         yield ray

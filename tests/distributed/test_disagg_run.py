@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rlharness.run_dir import DONE, RunDir
+from rlharness.core.run_dir import DONE, RunDir
 from tests.helpers import run_cli, start_cli
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -113,7 +113,7 @@ def test_disagg_run_killed_mid_step_resumes_and_continues(tmp_path):
 
 def critic_updates(ckpt: Path) -> set[int]:
     """The critic's AdamW step count per parameter in a checkpoint (one update per training step here)."""
-    from rlharness.checkpoint import load_state
+    from rlharness.core.checkpoint import load_state
 
     state = load_state(ckpt / "backend" / "critic" / "critic_state.pt")["optimizer"]["state"]
     return {int(s["step"]) for s in state.values()}

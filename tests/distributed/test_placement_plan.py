@@ -1,12 +1,12 @@
-"""Which Slurm node hosts which actor (rlharness/placement_plan.py), checked before anything starts."""
+"""Which Slurm node hosts which actor (rlharness/distributed/placement_plan.py), checked before anything starts."""
 
 from __future__ import annotations
 
 import pytest
 
 from rlharness.config.schema import ConfigError
-from rlharness.placement_plan import NodePlan, actor_resources, plan_nodes, spread
-from rlharness.preflight import check_placement
+from rlharness.distributed.placement_plan import NodePlan, actor_resources, plan_nodes, spread
+from rlharness.launch.preflight import check_placement
 from tests.helpers import compose_conf
 
 SLURM = ["cluster=slurm", "mode=disagg"]

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.distributed.test_disagg_run import MAX_STALENESS, check_ledger, env, train_cmd
 
 pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.slow]

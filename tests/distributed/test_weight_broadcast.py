@@ -1,4 +1,4 @@
-"""Weight transfer by broadcast group (rlharness.weight_transfer, rlharness.distributed.weight_routes).
+"""Weight transfer by broadcast group (rlharness.weights.transfer, rlharness.distributed.weight_channel).
 
 The GPU path is NCCL; here the same code path runs with gloo between real Ray actors
 (a training actor hosting a TorchBackend, engine actors), which tests the mechanism:
@@ -22,8 +22,9 @@ from rlharness.config.schema import (AlgoConf, ConfigError, HFEngineConf, ModelC
 from rlharness.distributed.engine_actor import EngineActor
 from rlharness.distributed.spawn import spawn_engines
 from rlharness.distributed.train_actor import spawn_train_workers
-from rlharness.distributed.weight_routes import setup_weight_group
-from rlharness.weight_transfer import CollectiveWeights, TensorSpec, WeightGroupError, choose_route, plan_buckets
+from rlharness.distributed.weight_channel import (BroadcastChannel, ObjectStoreChannel, build_weight_channel,
+                                                  choose_route)
+from rlharness.weights.transfer import TensorSpec, WeightGroupError, plan_buckets
 
 SIM = SimEngineConf(mean_response_len=4, cv=0.5, time_per_token_s=0.001, slots=8)
 
@@ -103,12 +104,11 @@ def test_gloo_broadcast_group_delivers_the_trainers_exact_weights(ray_session, t
         try:
             expected = dict(await backend.get_weights())  # object-store path: the reference copy
             # The group's timeout also bounds each transfer: room for a busy CI box (other tests beside).
-            group = setup_weight_group(backend, engine, "gloo", timeout_s=10.0)
-            assert backend.weight_group is group and len(group.engine_actors) == 2
+            channel = build_weight_channel(backend, engine, "gloo", timeout_s=10.0)
+            assert isinstance(channel, BroadcastChannel) and len(channel.group.engine_actors) == 2
             for version in (1, 2):
-                weights = await backend.get_weights()
-                assert isinstance(weights, CollectiveWeights)
-                await engine.load_weights(weights, version)
+                assert (await channel.sync(version)).bytes_sent == sum(t.numel() * t.element_size()
+                                                                       for t in expected.values())
                 assert engine.version == version
                 for e in engine.engines:
                     got = await e.actor.last_loaded.remote()
@@ -120,17 +120,45 @@ def test_gloo_broadcast_group_delivers_the_trainers_exact_weights(ray_session, t
             assert engine.stats()["weight_loads"] == 4
 
             # Nobody sends: the receivers' own timeout ends the transfer with an error naming a member.
-            async def never_sends(method, *args):
-                await asyncio.sleep(3600)
+            class NeverSends:
+                async def send_to_group(self, version):
+                    await asyncio.Event().wait()
 
             with pytest.raises(WeightGroupError, match=r"version 3.*failed at engine"):
-                await engine.load_weights(CollectiveWeights(group, never_sends), 3)
+                await BroadcastChannel(NeverSends(), engine.engines, channel.group).sync(3)
             assert engine.version == 2
             # The group is still usable after a timed-out wait.
-            await engine.load_weights(await backend.get_weights(), 4)
+            await channel.sync(4)
             assert engine.version == 4
-            with pytest.raises(WeightGroupError, match="every member"):
-                await (await backend.get_weights()).transfer([engine.engines[0].actor], 5)
+        finally:
+            await engine.close()
+            await backend.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(180)
+def test_object_store_channel_puts_each_version_once_for_every_engine(ray_session, tiny_model_dir):
+    """The disaggregated default: training rank 0 puts a version into the store (after its step when
+    asked to), every engine actor reads that one object, and the engines hold the trainer's exact weights."""
+    backend = spawn_train_workers(_torch_backend_factory(tiny_model_dir), 1, 0.5, 0, {}, 60, name="store",
+                                  put_weights_after_step=True)
+    engine = spawn_engines(dataclasses.replace(SIM, num_engines=2), ModelConf(path=tiny_model_dir), seed=0,
+                           cpus=0.5, gpus=0, timeout_s=60, actor_cls=RecordingEngineActor, name="store-engine")
+
+    async def main():
+        try:
+            channel = build_weight_channel(backend, engine, "object_store", timeout_s=60.0)
+            assert isinstance(channel, ObjectStoreChannel)
+            expected = dict(await backend.get_weights())
+            assert (await channel.sync(1)).bytes_sent >= sum(t.numel() * t.element_size() for t in expected.values())
+            for e in engine.engines:
+                got = await e.actor.last_loaded.remote()
+                assert all(torch.equal(got[k], v) for k, v in expected.items())
+            assert [(await e.info())["versions_loaded"] for e in engine.engines] == [[1], [1]]
+            with pytest.raises(ValueError, match="must not go back"):
+                await channel.sync(0)
         finally:
             await engine.close()
             await backend.close()
@@ -151,8 +179,7 @@ def test_nccl_broadcast_group_on_two_gpus(ray_session, tiny_model_dir):
     async def main():
         try:
             expected = dict(await backend.get_weights())
-            setup_weight_group(backend, engine, "nccl", timeout_s=60.0)
-            await engine.load_weights(await backend.get_weights(), 1)
+            await build_weight_channel(backend, engine, "nccl", timeout_s=60.0).sync(1)
             got = await engine.actor.last_loaded.remote()
             assert set((await engine.actor.last_loaded_devices.remote()).values()) == {"cuda"}
             for name, tensor in expected.items():
@@ -170,8 +197,7 @@ def test_object_store_weights_are_copied_once_and_read_in_place(ray_session):
     store's memory (read-only, no copy), bit-exact for every dtype, bfloat16 and 0-dim included."""
     import ray
 
-    from rlharness.distributed.weight_routes import to_object_ref
-    from rlharness.weight_transfer import PackedWeights, RemoteWeights, unpacked
+    from rlharness.distributed.object_store_weights import PackedWeights, RemoteWeights, to_object_ref, unpacked
 
     g = torch.Generator().manual_seed(0)
     state = {"w": torch.randn(64, 32, generator=g), "b": torch.randn(7, generator=g).to(torch.bfloat16),

@@ -9,7 +9,7 @@ import socket
 import pytest
 import torch
 
-from rlharness.weight_transfer import WeightGroupMember, plan_buckets, tensor_specs
+from rlharness.weights.transfer import WeightGroupMember, plan_buckets, tensor_specs
 
 pytestmark = pytest.mark.timeout(120)
 

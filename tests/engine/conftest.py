@@ -9,7 +9,7 @@ import torch
 
 
 def lively_model(seed: int = 0, std: float = 0.25, layers: int = 2):
-    from rlharness.tiny import build_char_tokenizer, build_tiny_llama
+    from rlharness.model.tiny import build_char_tokenizer, build_tiny_llama
 
     tok = build_char_tokenizer()
     model = build_tiny_llama(len(tok), layers=layers, seed=seed, pad_token_id=tok.pad_token_id,

@@ -11,7 +11,7 @@ from rlharness.config.schema import SamplingConf, SimEngineConf, SingleTurnAgent
 from rlharness.engine.base import GenerateRequest, GenerateResult, SamplingParams
 from rlharness.engine.sim import SimEngine
 from rlharness.judger.format import FormatJudger
-from rlharness.types import Status, make_group
+from rlharness.core.types import Status, make_group
 
 
 def _engine(**kw) -> SimEngine:

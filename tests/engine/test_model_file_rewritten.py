@@ -1,7 +1,7 @@
 """A model file rewritten in place while a run holds the model loaded does not change its weights.
 
 transformers maps safetensors files privately: until the process writes a page, the page reads the
-file. Without `rlharness.model.own_memory` the engine (before its first weight sync) and a frozen KL
+file. Without `rlharness.model.load.own_memory` the engine (before its first weight sync) and a frozen KL
 reference computed with whatever the file held at that moment; and a file truncated and written again
 (`open(path, "wb")`: a copy, a re-fetch) took back even the pages a weight sync had written, so an
 engine went back to the file's weights mid-run (docs/resume_race.md).
@@ -19,7 +19,7 @@ import torch
 
 from rlharness.config.schema import HFEngineConf, ModelConf
 from rlharness.engine.hf import HFEngine
-from rlharness.model import load_model
+from rlharness.model.load import load_model
 from tests.helpers import ROOT
 
 

@@ -248,7 +248,7 @@ def test_collective_sync_on_the_cpu_build_loads_plain_weights_in_place_and_leave
 @vllm_test
 def test_weights_from_a_remote_trainers_group_and_a_sync_that_cannot_complete(vllm_env):
     """The disaggregated route: training rank 0 is another process's member; the specs come from its store."""
-    from rlharness.weight_transfer import WeightGroupMember
+    from rlharness.weights.transfer import WeightGroupMember
     from rlharness.engine.vllm import WeightSyncError, free_port
 
     run, engine, model, tok, prompts = vllm_env

@@ -17,7 +17,7 @@ import pytest
 from rlharness.config.schema import ModelConf, VLLMEngineConf
 from rlharness.engine import build_engine
 from rlharness.engine.base import GenerateRequest, SamplingParams
-from rlharness.model import PROJECT_ROOT, load_tokenizer
+from rlharness.model.load import PROJECT_ROOT, load_tokenizer
 
 ASSET = PROJECT_ROOT / "assets" / "tiny-chat"
 NUM_SAMPLES = 64

@@ -8,7 +8,7 @@ prefill that way for the last 16 requests: the defect's loss, to the last digit 
 scripts/vml_spy.c holds each function's first call, so that the other thread's call of the same
 function, if the process makes one, lands inside it: the race window is made wide on purpose, on
 any CPU (where MKL runs one kernel for every accuracy, as on AMD CPUs, the window is the same but
-the values come out right). Before rlharness.vml_warmup these tests failed: the engine's first
+the values come out right). Before rlharness.core.vml_warmup these tests failed: the engine's first
 prefill called vmsCos/vmsSin on two threads, a run's first optimizer step vmsSqrt.
 """
 

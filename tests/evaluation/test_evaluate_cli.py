@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rlharness.checkpoint import complete_checkpoints
-from rlharness.run_dir import RunDir
+from rlharness.core.checkpoint import complete_checkpoints
+from rlharness.core.run_dir import RunDir
 from tests.faults.test_refused_input import snapshot
 from tests.helpers import run_cli
 

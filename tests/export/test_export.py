@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlharness.checkpoint import complete_checkpoints
+from rlharness.core.checkpoint import complete_checkpoints
 from tests.helpers import ROOT, run_cli
 
 pytestmark = [pytest.mark.timeout(600)]

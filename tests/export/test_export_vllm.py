@@ -9,7 +9,7 @@ import asyncio
 import pytest
 import torch
 
-from rlharness.checkpoint import complete_checkpoints
+from rlharness.core.checkpoint import complete_checkpoints
 from tests.export.test_export import CHAT_RUN, export
 from tests.helpers import run_cli
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rlharness.checkpoint import latest_checkpoint
+from rlharness.core.checkpoint import latest_checkpoint
 from tests.faults.test_refused_input import SIM
 from tests.helpers import run_cli
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlharness import run_lock
+from rlharness.launch import run_lock
 from rlharness.config.schema import ConfigError
-from rlharness.preflight import preflight
-from rlharness.run_dir import RunDir
+from rlharness.launch.preflight import preflight
+from rlharness.core.run_dir import RunDir
 from tests.faults.test_refused_input import SIM, refused, snapshot
 from tests.helpers import ROOT, run_cli
 

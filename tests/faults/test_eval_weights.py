@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rlharness.checkpoint import complete_checkpoints
-from rlharness.evaluator import Evaluator
-from rlharness.run_dir import RunDir
+from rlharness.core.checkpoint import complete_checkpoints
+from rlharness.trainer.evaluator import Evaluator
+from rlharness.core.run_dir import RunDir
 from tests.faults.test_refused_input import SIM
 from tests.helpers import run_in_process
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from rlharness.checkpoint import latest_checkpoint
+from rlharness.core.checkpoint import latest_checkpoint
 from rlharness.logging_utils.metrics import read_metrics
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.faults.test_judging_faults import SERVER, col, write_task
 from tests.faults.test_refused_input import refused
 from tests.helpers import run_cli

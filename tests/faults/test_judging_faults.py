@@ -20,7 +20,7 @@ import pytest
 
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import read_metrics
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.helpers import run_cli, run_in_process
 
 SERVER = Path(__file__).with_name("judge_server.py")

@@ -22,7 +22,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlharness.backend.torch_backend import NonFiniteWeights, TorchBackend
-from rlharness.checkpoint import latest_checkpoint
+from rlharness.core.checkpoint import latest_checkpoint
 from rlharness.config.schema import (AlgoConf, ConfigError, ModelConf, RemoteJudgerConf, RouterJudgerConf,
                                      TorchBackendConf)
 from rlharness.judger.base import Judger
@@ -30,9 +30,9 @@ from rlharness.judger.remote import RemoteJudger
 from rlharness.judger.router import RouterJudger
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import json_line
-from rlharness.preflight import compose_checked
-from rlharness.run_dir import RunDir
-from rlharness.types import RolloutState, Status
+from rlharness.launch.preflight import compose_checked
+from rlharness.core.run_dir import RunDir
+from rlharness.core.types import RolloutState, Status
 from tests.faults.test_refused_input import refused
 from tests.helpers import run_cli
 
@@ -176,7 +176,7 @@ def test_a_remote_score_beyond_float32_fails_its_group(judge_replying):
 
 # ----------------------------------------------------------------------------- steps and checkpoints
 def make_batch(advantage: float):
-    from rlharness.types import TrainBatch
+    from rlharness.core.types import TrainBatch
 
     ids = torch.tensor([[1, 5, 6, 7, 8], [1, 5, 9, 10, 0]])
     attn = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])

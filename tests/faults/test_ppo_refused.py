@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlharness.config.schema import ConfigError
-from rlharness.preflight import compose_checked
+from rlharness.launch.preflight import compose_checked
 from tests.faults.test_refused_input import refused
 
 pytestmark = [pytest.mark.timeout(300)]

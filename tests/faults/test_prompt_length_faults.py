@@ -16,7 +16,7 @@ from rlharness.config.schema import ConfigError
 from rlharness.data.base import PromptRow
 from rlharness.data.prompt_length import PromptMeter, check_split
 from rlharness.logging_utils.ledger import read_ledger
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.helpers import run_cli, run_in_process
 
 

@@ -10,11 +10,11 @@ import gc
 
 import pytest
 
-from rlharness.checkpoint import CheckpointWriteError, complete_checkpoints, load_state
+from rlharness.core.checkpoint import CheckpointWriteError, complete_checkpoints, load_state
 from rlharness.config.schema import RemoteJudgerConf
 from rlharness.judger.base import gather_fail_fast
 from rlharness.judger.remote import RemoteJudgeError, RemoteJudger
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.faults.test_judging_faults import judge_server  # noqa: F401 - fixture
 from tests.faults.test_refused_input import SIM
 from tests.helpers import run_in_process

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlharness.checkpoint import CheckpointError, check_state_files, latest_checkpoint, load_state
+from rlharness.core.checkpoint import CheckpointError, check_state_files, latest_checkpoint, load_state
 from tests.helpers import ROOT, run_cli
 
 pytestmark = [pytest.mark.timeout(600)]
@@ -150,7 +150,7 @@ def test_a_crafted_checkpoint_does_not_execute(finished_run, tmp_path):
 
 def test_every_shipped_config_passes_the_preflight():
     """The checks refuse typos, never the project's own groups and experiments."""
-    from rlharness.preflight import compose_checked
+    from rlharness.launch.preflight import compose_checked
 
     choices = [f"{d.name}={f.stem}" for d in sorted((ROOT / "conf").iterdir()) if d.is_dir()
                for f in sorted(d.glob("*.yaml"))]
@@ -230,7 +230,7 @@ def test_a_model_with_its_own_code_needs_trust_remote_code(tmp_path):
     import json
 
     from rlharness.config.schema import ModelConf
-    from rlharness.model import check_model_files, load_model_config
+    from rlharness.model.load import check_model_files, load_model_config
 
     model = _model_copy(tmp_path, "custom")
     config = json.loads((model / "config.json").read_text())

@@ -9,7 +9,7 @@ import shutil
 
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, read_metrics
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.faults.test_refused_input import SIM
 from tests.helpers import run_in_process
 

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from rlharness import run_lock
-from rlharness.checkpoint import latest_checkpoint
-from rlharness.run_dir import DONE, RunDir
+from rlharness.launch import run_lock
+from rlharness.core.checkpoint import latest_checkpoint
+from rlharness.core.run_dir import DONE, RunDir
 from tests.faults.test_refused_input import SIM
 from tests.helpers import ROOT, run_cli, run_in_process, start_cli
 
 pytestmark = [pytest.mark.timeout(600)]
 
-HOLD = "import sys, time; from rlharness import run_lock; run_lock.acquire(sys.argv[1]); print('held', flush=True); time.sleep(600)"
+HOLD = "import sys, time; from rlharness.launch import run_lock; run_lock.acquire(sys.argv[1]); print('held', flush=True); time.sleep(600)"
 
 
 def _wait_for(predicate, timeout_s: float = 240.0) -> None:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from rlharness.checkpoint import latest_checkpoint
-from rlharness.fault_points import signal_at
+from rlharness.core.checkpoint import latest_checkpoint
+from rlharness.core.fault_points import signal_at
 from rlharness.logging_utils.metrics import read_metrics
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.helpers import start_cli
 from tests.resume.test_kill_resume import (ASYNC, SYNC, assert_nothing_lost_or_duplicated, assert_trains_like, launch,
                                            pick_point, step_rows)
@@ -40,7 +40,7 @@ def trained_steps(run_dir: Path) -> int:
 
 def stop_and_resume_until_done(run_dir: Path, overrides: list[str], signals: list[int], seed: int) -> None:
     """Run to the end, each life but the last stopped by one of `signals`, delivered at a named point
-    drawn from the seed (mid-production or right after an optimizer step: rlharness/fault_points.py)."""
+    drawn from the seed (mid-production or right after an optimizer step: rlharness/core/fault_points.py)."""
     rng = random.Random(seed)
     for sig in [*signals, None]:
         done = latest_checkpoint(run_dir)
@@ -97,7 +97,7 @@ def test_second_signal_exits_at_once_and_stop_timeout_bounds_the_stop():
     (the hard exit's call), never a sleep: the watchdog fires after stop_timeout_s, not before."""
     import threading
 
-    from rlharness.stopping import StopController
+    from rlharness.core.stopping import StopController
 
     exits: list[int] = []
     exited = threading.Event()
@@ -129,7 +129,7 @@ def test_submitit_preemption_signal_checkpoints_then_requeues(tmp_path):
     sweep = tmp_path / "multirun"
     overrides = [o for o in ASYNC if not o.startswith(("total_steps=", "save_every="))] + ["total_steps=30",
                                                                                             "save_every=10"]
-    # The job sends itself submitit's signal right after its step 3 (rlharness/fault_points.py): the
+    # The job sends itself submitit's signal right after its step 3 (rlharness/core/fault_points.py): the
     # real handlers, at a point that is the same on any machine; the requeued job resumes past it.
     proc = start_cli(["-m", "hydra/launcher=submitit_local", *overrides, f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
                      env={"WANDB_MODE": "disabled", **signal_at(signal.SIGUSR2, "step_trained", 3)})

@@ -1,14 +1,14 @@
-"""`python train.py ... explain=true` (rlharness/explain.py): what the config means per step, printed
+"""`python train.py ... explain=true` (rlharness/launch/explain.py): what the config means per step, printed
 without starting work or creating a directory, and the same numbers as a real run then logs."""
 
 from __future__ import annotations
 
 import pytest
 
-from rlharness.explain import explain
+from rlharness.launch.explain import explain
 from rlharness.logging_utils.metrics import read_metrics
-from rlharness.preflight import compose_typed
-from rlharness.run_dir import RunDir
+from rlharness.launch.preflight import compose_typed
+from rlharness.core.run_dir import RunDir
 from tests.helpers import run_cli, run_in_process
 
 pytestmark = [pytest.mark.timeout(600)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rlharness.config.schema import ConfigError, HealthConf
-from rlharness.preflight import compose_checked, compose_typed
+from rlharness.launch.preflight import compose_checked, compose_typed
 from tests.faults.test_refused_input import SIM, refused
 
 pytestmark = [pytest.mark.timeout(300)]

@@ -9,10 +9,10 @@ import statistics
 
 import pytest
 
-from rlharness.checkpoint import latest_checkpoint
+from rlharness.core.checkpoint import latest_checkpoint
 from rlharness.health.alarm import EXIT_HEALTH_STOP
 from rlharness.logging_utils.metrics import read_metrics
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.faults.test_refused_input import SIM
 from tests.helpers import run_cli
 

@@ -17,7 +17,7 @@ from rlharness.health.outputs import DegenerateOutputs, output_stats, repeated_s
 from rlharness.health.policy import EntropyCollapse, KLAcceleration
 from rlharness.health.reward_hacking import RewardHacking, proportion_drop_z
 from rlharness.health.trend import slope_t
-from rlharness.types import RolloutState, Status
+from rlharness.core.types import RolloutState, Status
 
 
 def feed(monitor, rows):

@@ -12,8 +12,8 @@ import textwrap
 import pytest
 
 from rlharness.logging_utils.metrics import read_metrics
-from rlharness.preflight import compose_typed
-from rlharness.run_dir import RunDir
+from rlharness.launch.preflight import compose_typed
+from rlharness.core.run_dir import RunDir
 from rlharness.trainer.memory_estimate import ModelShape
 from rlharness.trainer.probe import PROBE_AUTO_MIN_PARAMS, probe_on
 from tests.helpers import ROOT, run_in_process
@@ -53,7 +53,7 @@ OOM_SCRIPT = textwrap.dedent("""
     import psutil, torch
     from rlharness.backend.torch_backend import TorchBackend
     from rlharness.config.schema import ConfigError
-    from rlharness.preflight import compose_typed
+    from rlharness.launch.preflight import compose_typed
     from rlharness.trainer import probe
 
     torch.set_num_threads(1)

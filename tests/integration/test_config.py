@@ -6,7 +6,7 @@ import pytest
 
 from rlharness.config.schema import ConfigError
 from rlharness.config.store import SCHEMAS
-from rlharness.preflight import check_placement
+from rlharness.launch.preflight import check_placement
 from tests.helpers import ROOT, compose_conf, run_cli
 
 GROUP_OPTIONS = [
@@ -75,7 +75,7 @@ def test_config_validity_does_not_depend_on_what_is_installed():
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not {m for m in imported if m.startswith(("rlharness.engine", "rlharness.distributed",
-                                                      "rlharness.launch", "rlharness.placement_plan"))}
+                                                      "rlharness.launch", "rlharness.distributed.placement_plan"))}
     compose_conf(["cluster=slurm", "mode=disagg", "cluster.nodes=2", "engine=vllm"])  # valid, vLLM or not
 
 

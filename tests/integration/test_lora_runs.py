@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rlharness.logging_utils.metrics import read_metrics
-from rlharness.model import PROJECT_ROOT
-from rlharness.run_dir import RunDir
+from rlharness.model.load import PROJECT_ROOT
+from rlharness.core.run_dir import RunDir
 from tests.helpers import QUICK, run_in_process
 
 

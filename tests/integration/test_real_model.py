@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from rlharness.run_dir import DONE, RunDir
+from rlharness.core.run_dir import DONE, RunDir
 from tests.helpers import run_cli
 from tests.integration.conftest import fetch
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 
 
 def test_the_names_are_design_mds(tmp_path):

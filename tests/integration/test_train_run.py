@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import read_metrics
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.helpers import QUICK, ROOT, run_in_process
 
 REQUIRED_METRICS = [

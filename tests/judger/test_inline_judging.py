@@ -16,7 +16,7 @@ from rlharness.judger.format import FormatJudger
 from rlharness.judger.math import MathJudger
 from rlharness.judger.remote import RemoteJudger
 from rlharness.judger.router import RouterJudger
-from rlharness.types import Status, make_group
+from rlharness.core.types import Status, make_group
 
 
 def _group(texts: list[str], label: dict[str, Any]):

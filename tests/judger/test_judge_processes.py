@@ -21,7 +21,7 @@ import pytest
 from rlharness.config.schema import ConfigError, MathJudgerConf, RouterJudgerConf
 from rlharness.judger.math import MathJudger
 from rlharness.judger.router import RouterJudger
-from rlharness.types import Status, make_group
+from rlharness.core.types import Status, make_group
 
 TOWER = "\\boxed{9^{9^{9}}}"
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +117,7 @@ def test_ctrl_c_during_judging_stops_the_process_and_its_judging_processes(tmp_p
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's background job starts with it ignored
         from rlharness.config.schema import MathJudgerConf
         from rlharness.judger.math import MathJudger
-        from rlharness.types import Status, make_group
+        from rlharness.core.types import Status, make_group
 
         async def main():
             j = MathJudger(MathJudgerConf(num_workers=1))

@@ -16,8 +16,8 @@ from rlharness.config.schema import (ConfigError, HFEngineConf, LLMJudgerConf, M
 from rlharness.judger import build_judger
 from rlharness.judger.llm import LLMJudger
 from rlharness.judger.reward_model import RewardModelJudger, check_reward_model
-from rlharness.run_dir import RunDir
-from rlharness.types import RolloutState, Status
+from rlharness.core.run_dir import RunDir
+from rlharness.core.types import RolloutState, Status
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -31,7 +31,7 @@ def save_classifier(out: Path, num_labels: int = 1, seed: int = 0) -> Path:
     """A tiny random Llama sequence classifier with a character tokenizer (an ordinary HF folder)."""
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    from rlharness.tiny import build_char_tokenizer
+    from rlharness.model.tiny import build_char_tokenizer
 
     tok = build_char_tokenizer(RM_CHARS)
     torch.manual_seed(seed)
@@ -217,9 +217,9 @@ JUDGE = dict(template="{{ response }}+000=", max_tokens=4, temperature=0.0, rewa
 
 def judge_answers(model_dir: str, responses: list[str]) -> list[str]:
     """What the judge model writes for each rendered template (its own engine, greedy)."""
-    from rlharness.build import text_codec
+    from rlharness.model.load import text_codec
     from rlharness.engine import GenerateRequest, SamplingParams, build_engine
-    from rlharness.model import load_tokenizer
+    from rlharness.model.load import load_tokenizer
 
     async def go():
         engine = build_engine(HFEngineConf(), ModelConf(path=model_dir), seed=0)
@@ -288,7 +288,7 @@ def test_router_mixes_rules_with_a_reward_model_and_an_llm_judge(rm_dir):
 def test_an_out_of_range_learned_judger_value_is_named_by_its_whole_key(overrides, key):
     """The nested confs know only "judger."; the refusal names where the value is (judger=router's
     judger.reward_model / judger.llm, a task's own judger)."""
-    from rlharness.preflight import compose_checked
+    from rlharness.launch.preflight import compose_checked
 
     with pytest.raises(ConfigError) as err:
         compose_checked(overrides)
@@ -329,10 +329,10 @@ def test_a_run_on_a_reward_model_logs_true_correctness_and_evaluates_with_the_ve
 
 
 def test_a_tasks_own_learned_judger_is_checked_under_its_key(tiny_model_dir, rm_dir):
-    from rlharness.build import verifiable_judgers
+    from rlharness.launch.build import verifiable_judgers
     from rlharness.judger import check_learned_judgers
     from rlharness.judger.math import MathJudger
-    from rlharness.preflight import compose_typed
+    from rlharness.launch.preflight import compose_typed
 
     mix = ["experiment=arith_mix", "+judger@tasks.unpadded.judger=reward_model"]
     _, conf = compose_typed([*mix, f"tasks.unpadded.judger.path={tiny_model_dir}"])

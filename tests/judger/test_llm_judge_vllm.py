@@ -17,8 +17,8 @@ import pytest
 
 from rlharness.config.schema import LLMJudgerConf
 from rlharness.judger import build_judger
-from rlharness.run_dir import RunDir
-from rlharness.types import RolloutState, Status
+from rlharness.core.run_dir import RunDir
+from rlharness.core.types import RolloutState, Status
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 

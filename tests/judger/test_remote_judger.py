@@ -10,7 +10,7 @@ import pytest
 
 from rlharness.config.schema import ConfigError, RemoteJudgerConf
 from rlharness.judger.remote import RemoteJudgeError, RemoteJudger
-from rlharness.types import Status, make_group
+from rlharness.core.types import Status, make_group
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from rlharness.checkpoint import complete_checkpoints
+from rlharness.core.checkpoint import complete_checkpoints
 from rlharness.logging_utils.samples import eval_table, sample_table
-from rlharness.run_dir import RunDir
-from rlharness.types import Status, make_group
+from rlharness.core.run_dir import RunDir
+from rlharness.core.types import Status, make_group
 from tests.helpers import run_cli
 
 pytestmark = [pytest.mark.timeout(600)]

@@ -6,7 +6,7 @@ from collections import Counter, defaultdict
 from fractions import Fraction
 from pathlib import Path
 
-from rlharness.checkpoint import latest_checkpoint, load_state
+from rlharness.core.checkpoint import latest_checkpoint, load_state
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.producer.progress import BatchAllocation
 

@@ -81,8 +81,8 @@ def test_resumed_with_other_weights_the_producer_targets_follow_the_new_split():
     from rlharness.producer.manager import AgentLoopManager
     from rlharness.producer.staleness import StalenessPolicy
     from rlharness.producer.strategies import build_strategy
-    from rlharness.replay_buffer import ReplayBuffer
-    from rlharness.sampler import Sampler
+    from rlharness.producer.replay_buffer import ReplayBuffer
+    from rlharness.producer.sampler import Sampler
     from tests.producer.producer_harness import VOCAB, ParityJudger, decode, encode, make_rows, strategy_conf
 
     def manager(weights):

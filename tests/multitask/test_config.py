@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from rlharness.build import build_components
+from rlharness.launch.build import build_components
 from rlharness.config.schema import (ArithmeticTaskConf, ConfigError, CountdownJudgerConf, CountdownTaskConf,
                                      JsonlTaskConf, MathJudgerConf, MultiTurnToolAgentConf)
 from tests.helpers import compose_conf
@@ -98,7 +98,7 @@ def test_a_judger_that_cannot_score_its_task_is_refused_before_anything_starts(t
 
 def test_refusals_name_the_task_s_keys(tmp_path):
     from rlharness.data.jsonl import DataFileError
-    from rlharness.preflight import compose_checked
+    from rlharness.launch.preflight import compose_checked
 
     with pytest.raises(ConfigError, match=r"tasks.a.b: a task name cannot contain '.'"):
         compose_checked(["experiment=arith_mix", "+task@tasks.a.b.task=arithmetic"])

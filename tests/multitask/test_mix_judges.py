@@ -6,7 +6,7 @@ import pytest
 
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import read_metrics
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.helpers import run_in_process
 from tests.judger.test_remote_judger import server  # noqa: F401 - a real HTTP judge on 127.0.0.1
 from tests.multitask.test_mix_runs import BASE

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlharness.checkpoint import CheckpointError
+from rlharness.core.checkpoint import CheckpointError
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.producer.progress import BatchAllocation
 from tests.helpers import run_in_process

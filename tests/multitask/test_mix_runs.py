@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from rlharness.producer.progress import BatchAllocation
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.helpers import run_in_process
 from tests.multitask.mix_ledger import check_mix_ledger, producer_state
 

@@ -13,7 +13,7 @@ import pytest
 from rlharness.config.schema import ConfigError
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import read_metrics
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.helpers import compose_conf, run_in_process
 from tests.multitask.mix_ledger import check_mix_ledger
 from tests.multitask.test_mix_runs import BASE, BATCH, NUM_TRAIN, STEPS, WEIGHTS
@@ -67,7 +67,7 @@ def test_a_task_bound_outside_the_run_s_is_refused_naming_the_key(value, message
 def test_the_run_builds_one_staleness_policy_that_every_part_asks(tmp_path):
     """The bounds, the sync interval and the mode reach the buffer, strategy, contexts and manager as
     one object (producer/staleness.py), so no part can hold a threshold of its own."""
-    from rlharness.build import build_components
+    from rlharness.launch.build import build_components
 
     conf, _ = compose_conf([*BASE, "strategy=async", "max_staleness=2", "tasks.unpadded.max_staleness=0",
                             "sync_weights_interval=2", "strategy.staleness_mode=admission"], tmp_path)

@@ -11,7 +11,7 @@ from rlharness.data import build_task
 from rlharness.judger.reasoning_gym import ReasoningGymJudger
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import read_metrics
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.faults.test_refused_input import refused
 from tests.helpers import run_cli
 from tests.resume.test_kill_resume import assert_trains_like

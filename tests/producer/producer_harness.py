@@ -22,9 +22,9 @@ from rlharness.judger.base import Judger
 from rlharness.producer.manager import AgentLoopManager, ProducedBatch
 from rlharness.producer.staleness import StalenessPolicy
 from rlharness.producer.strategies import ProduceStrategy, build_strategy
-from rlharness.replay_buffer import KEPT_STATUSES, ReplayBuffer
-from rlharness.sampler import Sampler
-from rlharness.types import Group
+from rlharness.producer.replay_buffer import KEPT_STATUSES, ReplayBuffer
+from rlharness.producer.sampler import Sampler
+from rlharness.core.types import Group
 
 TASK = "t"
 VOCAB = 50

@@ -17,9 +17,9 @@ from producer_harness import TASK, build, check_nothing_lost, run_colocate, run_
 from rlharness.config.schema import AsyncStrategyConf, ConfigError, SimEngineConf
 from rlharness.producer.progress import ProduceProgress
 from rlharness.producer.staleness import StalenessPolicy
-from rlharness.replay_buffer import ReplayBuffer
-from rlharness.run_dir import RunDir
-from rlharness.types import Status, make_group
+from rlharness.producer.replay_buffer import ReplayBuffer
+from rlharness.core.run_dir import RunDir
+from rlharness.core.types import Status, make_group
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,7 +8,7 @@ import logging
 import pytest
 from producer_harness import build, check_batch, check_nothing_lost, run_colocate, run_disagg, strategy_conf
 
-from rlharness.sampler import DataExhausted
+from rlharness.producer.sampler import DataExhausted
 
 pytestmark = pytest.mark.timeout(120)
 STEPS, BATCH = 5, 4

@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from rlharness.gc_tuning import GC_THRESHOLDS, tune_gc, untune_gc
+from rlharness.core.gc_tuning import GC_THRESHOLDS, tune_gc, untune_gc
 from rlharness.producer.context import Signal
 from rlharness.producer.pending import _PendingTasks
-from rlharness.types import RolloutState, Status, group_status, make_group, member_seeds, new_uid
+from rlharness.core.types import RolloutState, Status, group_status, make_group, member_seeds, new_uid
 
 
 def _named(name: str):

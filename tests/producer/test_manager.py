@@ -24,8 +24,8 @@ from producer_harness import (
 from rlharness.config.schema import SimEngineConf
 from rlharness.engine.sim import SimEngine
 from rlharness.producer.strategies import ProductionStalled
-from rlharness.sampler import DataExhausted
-from rlharness.types import Status
+from rlharness.producer.sampler import DataExhausted
+from rlharness.core.types import Status
 
 pytestmark = pytest.mark.timeout(60)
 

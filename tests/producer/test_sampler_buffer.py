@@ -10,9 +10,9 @@ from producer_harness import TASK, encode, make_rows
 from rlharness.config.schema import ConfigError, SamplerConf
 from rlharness.producer.pending import _PendingTasks
 from rlharness.producer.staleness import StalenessPolicy
-from rlharness.replay_buffer import ReplayBuffer
-from rlharness.sampler import DataExhausted, ExpiredPoolEmpty, Sampler
-from rlharness.types import Status, group_status, make_group, stable_seed
+from rlharness.producer.replay_buffer import ReplayBuffer
+from rlharness.producer.sampler import DataExhausted, ExpiredPoolEmpty, Sampler
+from rlharness.core.types import Status, group_status, make_group, stable_seed
 
 
 def _sampler(n=10, k=2, seed=0, rollover=True, shuffle=True, rb=None):

@@ -14,7 +14,7 @@ from rlharness.config.schema import SimBackendConf, SimEngineConf
 from rlharness.engine.base import GenerateRequest, GenerateResult, SamplingParams
 from rlharness.engine.router import EngineRouter
 from rlharness.engine.sim import SimEngine, lognormal_params
-from rlharness.types import TrainBatch
+from rlharness.core.types import TrainBatch
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from rlharness.checkpoint import latest_checkpoint, load_state
-from rlharness.fault_points import signal_at
+from rlharness.core.checkpoint import latest_checkpoint, load_state
+from rlharness.core.fault_points import signal_at
 from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import read_metrics
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.helpers import CliProcess, start_cli
 
 pytestmark = [pytest.mark.slow]
@@ -42,7 +42,7 @@ def setting(overrides: list[str], key: str) -> int:
 
 
 def pick_point(rng: random.Random, overrides: list[str], done_steps: int) -> tuple[str, int]:
-    """A named point (rlharness/fault_points.py) that a life resumed after `done_steps` reaches before
+    """A named point (rlharness/core/fault_points.py) that a life resumed after `done_steps` reaches before
     it ends: a group put in the middle of its production, or one of its next steps trained. Where a
     life dies is drawn from the seed; that it dies there does not depend on the machine's speed."""
     left = min(2, setting(overrides, "total_steps") - done_steps)  # every step trained puts a batch first

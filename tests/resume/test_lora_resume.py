@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from rlharness.checkpoint import latest_checkpoint
+from rlharness.core.checkpoint import latest_checkpoint
 from rlharness.logging_utils.metrics import read_metrics
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.resume.test_kill_resume import SYNC, assert_trains_like, kill_and_resume_until_done, run_to_the_end
 
 pytestmark = [pytest.mark.slow]

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlharness.checkpoint import latest_checkpoint
+from rlharness.core.checkpoint import latest_checkpoint
 from tests.resume.test_kill_resume import launch, step_rows, trained_samples
 
 pytestmark = [pytest.mark.timeout(600)]

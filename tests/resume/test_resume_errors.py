@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlharness.checkpoint import CheckpointError
+from rlharness.core.checkpoint import CheckpointError
 from rlharness.config.schema import ConfigError
-from rlharness.overrides import prepare_resume_argv
-from rlharness.run_dir import RunDir
+from rlharness.launch.overrides import prepare_resume_argv
+from rlharness.core.run_dir import RunDir
 from tests.helpers import run_in_process
 
 SIM = ["engine=sim", "backend=sim", "eval_every=0", "logger.mode=disabled", "batch_size=8",
@@ -89,7 +89,7 @@ def test_corrupted_checkpoint_is_a_clear_error_and_damages_nothing(tmp_path):
 def test_input_refused_before_training_is_a_refused_input_carrying_its_error(tmp_path):
     """What train.py rolls back and prints as one line is told by type: `launcher.run` raises RefusedInput
     (the CheckpointError that refused it inside), and nothing of the run was touched."""
-    from rlharness.launcher import RefusedInput, run
+    from rlharness.launch.launcher import RefusedInput, run
     from tests.helpers import compose_conf
 
     run_dir = tmp_path / "run"

@@ -10,7 +10,7 @@ import pytest
 
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, read_metrics
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 
 
 def write_rows(path: Path, steps: range) -> None:

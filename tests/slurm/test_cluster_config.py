@@ -52,7 +52,7 @@ def test_other_clusters_keep_the_basic_launcher():
 
 @pytest.mark.timeout(60)
 def test_connect_ray_slurm_outside_a_job_says_so(monkeypatch):
-    from rlharness.launch import connect_ray
+    from rlharness.cluster import connect_ray
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     with pytest.raises(ConfigError, match="SLURM_JOB_ID is not set"):
@@ -62,7 +62,7 @@ def test_connect_ray_slurm_outside_a_job_says_so(monkeypatch):
 PROBE = """
 import ray
 from rlharness.config.schema import LocalRayClusterConf
-from rlharness.launch import connect_ray
+from rlharness.cluster import connect_ray
 connect_ray(LocalRayClusterConf(num_cpus=1, object_store_memory_mb=100, temp_dir={temp!r}))
 print("CPUS", ray.cluster_resources()["CPU"], "VALUE", ray.get(ray.put(41)) + 1)
 """

@@ -13,7 +13,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.helpers import run_cli
 
 pytestmark = [pytest.mark.slurm]
@@ -38,7 +38,7 @@ def _ray_probe(n: int) -> dict:
     import ray
 
     from rlharness.config.schema import SlurmClusterConf
-    from rlharness.launch import connect_ray
+    from rlharness.cluster import connect_ray
 
     connect_ray(SlurmClusterConf(cpus_per_task=1, ray_timeout_s=90))
 
@@ -136,7 +136,7 @@ def test_ray_head_started_inside_a_slurm_job(slurm_env, tmp_path):
     result = job.result()
     assert result["sum"] == 0 + 1 + 4 + 9
     assert result["nodes"] == 1
-    from rlharness.launch.ray_cluster import derive_port
+    from rlharness.cluster.ray_cluster import derive_port
 
     assert result["gcs"].endswith(f":{derive_port(result['job'], 0)}")
     # The head's daemons are stopped when the job process exits (after it returned its result).

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.helpers import CliProcess, start_cli
 
 pytestmark = [pytest.mark.slurm]

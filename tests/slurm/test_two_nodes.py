@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rlharness.run_dir import DONE, RunDir
+from rlharness.core.run_dir import DONE, RunDir
 from tests.helpers import CliProcess, run_cli, start_cli
 
 from .test_train_on_slurm import _job_id, _slurm, _steps, _wait, start_requeued_job_soon

@@ -1,6 +1,6 @@
-"""The weight broadcast group (rlharness.weight_transfer) between two Slurm nodes:
+"""The weight broadcast group (rlharness.weights.transfer) between two Slurm nodes:
 training rank 0 pinned to node 1, an engine actor pinned to node 2, inside one two-node
-Slurm job whose Ray spans both (rlharness.launch.connect_ray).
+Slurm job whose Ray spans both (rlharness.cluster.connect_ray).
 
 On GPU nodes the group is NCCL (`gpu` test; it cannot run on this machine). Its CPU twin,
 gloo, is the same code path (rendezvous at rank 0's node address, specs through the
@@ -54,12 +54,11 @@ def _broadcast_between_nodes(model_dir: str, backend_name: str, gpus: int) -> di
 
     from rlharness.backend.torch_backend import TorchBackend
     from rlharness.config.schema import AlgoConf, ModelConf, SimEngineConf, SlurmClusterConf, TorchBackendConf
-    from rlharness.distributed.weight_routes import setup_weight_group
+    from rlharness.distributed.weight_channel import build_weight_channel
     from rlharness.distributed.spawn import spawn_engines
     from rlharness.distributed.train_actor import spawn_train_workers
-    from rlharness.launch import connect_ray
-    from rlharness.launch.ray_cluster import serve_worker_node
-    from rlharness.weight_transfer import CollectiveWeights
+    from rlharness.cluster import connect_ray
+    from rlharness.cluster.ray_cluster import serve_worker_node
 
     rank = int(os.environ["SLURM_NODEID"])
     if gpus:
@@ -81,19 +80,17 @@ def _broadcast_between_nodes(model_dir: str, backend_name: str, gpus: int) -> di
     async def main() -> dict:
         try:
             expected = dict(await trainer.get_weights())  # through the object store: the reference copy
-            group = setup_weight_group(trainer, engine, backend_name, timeout_s=60.0)
+            channel = build_weight_channel(trainer, engine, backend_name, timeout_s=60.0)
             exact = []
             for version in (1, 2):
-                weights = await trainer.get_weights()
-                assert isinstance(weights, CollectiveWeights), weights
-                await engine.load_weights(weights, version)
+                await channel.sync(version)
                 got, devices = await engine.actor.last_loaded.remote()
                 exact.append(list(got) == list(expected) and all(
                     got[k].dtype == v.dtype and torch.equal(got[k], v.cpu()) for k, v in expected.items()))
             info = await engine.info()
             return {"trainer_node": trainer.nodes[0], "engine_node": engine.node, "exact": exact,
                     "versions": info["versions_loaded"], "engine_devices": devices,
-                    "group": group.backend, "tensors": len(expected)}
+                    "group": channel.route, "tensors": len(expected)}
         finally:
             await engine.close()
             await trainer.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from tests.helpers import run_cli
 
 SMALL = ["engine=sim", "backend=sim", "total_steps=3", "batch_size=2", "sampler.prompt_repeat_k=2",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 from rlharness.sweep import main, read_metrics, summarize_sweep, write_summary
 
 

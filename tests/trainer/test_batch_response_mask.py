@@ -16,7 +16,7 @@ import torch
 from rlharness.algo.losses import aggregate_loss, clipped_policy_loss, loss_denominator, token_logprobs
 from rlharness.config.schema import AlgoConf
 from rlharness.trainer.batch import build_train_batch
-from rlharness.types import RolloutState, Status
+from rlharness.core.types import RolloutState, Status
 
 PAD, VOCAB = 0, 9
 DRGRPO = AlgoConf(name="drgrpo", advantage="drgrpo")  # advantages r - mean: +0.5 / -0.5

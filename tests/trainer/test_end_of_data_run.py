@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rlharness.run_dir import DONE, RunDir
+from rlharness.core.run_dir import DONE, RunDir
 from tests.helpers import run_in_process
 
 pytestmark = pytest.mark.timeout(180)

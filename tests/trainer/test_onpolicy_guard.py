@@ -113,8 +113,8 @@ def test_a_run_whose_engine_lost_a_weight_says_which(tmp_path, caplog, monkeypat
     assert "differ from the trained ones in 1 of 20 tensors (blocks of 1024 elements): " \
            "model.norm.weight (all of it)" in warnings[0]
     # The step is kept for study offline: its batch, the engine's log-probs and both sides' checksums.
-    from rlharness.checkpoint import load_state
-    from rlharness.run_dir import RunDir
+    from rlharness.core.checkpoint import load_state
+    from rlharness.core.run_dir import RunDir
 
     evidence = RunDir(tmp_path / "run").onpolicy_evidence(2)
     assert str(evidence) in warnings[0]

@@ -29,7 +29,7 @@ import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from rlharness.run_dir import HYDRA, HYDRA_YAML, OVERRIDES_YAML, RunDir
+from rlharness.core.run_dir import HYDRA, HYDRA_YAML, OVERRIDES_YAML, RunDir
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +233,3 @@ def main(argv: Optional[list[str]] = None) -> int:
     log.info("wrote %s/summary.csv, summary.md, summary.png", args.sweep_dir)
     return 0 if all(j.status == "ok" for j in jobs) else 1
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

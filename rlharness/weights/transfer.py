@@ -1,22 +1,16 @@
-"""How a weight version travels from the trainer to the engines: the pieces every route shares.
+"""The pieces every weight route shares: tensors of a version and how they travel in a group.
 
-Needs only torch (Ray is imported where an object-store payload is fetched), so the
-engines, the training actors and the Ray layer all build on it without importing one
-another. What lives here:
+Needs only torch, so the engines, the training backends and the Ray layer all build on it
+without importing one another. (How a version is routed to the engines, and the Ray
+payloads, are the weight channel's: `rlharness.distributed.weight_channel`.) What lives here:
 
 - the tensor specs of a version (name, shape, dtype) and their plain-data rows, for an
   RPC channel that carries no tensors (vLLM's `collective_rpc`);
+- exact block checksums of a version (the on-policy guard compares both ends with them);
 - bucket planning: same-dtype tensors flattened into buckets of at most `BUCKET_BYTES`, the
   parts of a layer an engine fuses (q/k/v, gate/up) kept in one bucket;
 - group membership: `WeightGroupMember`, one process's place in a broadcast group of its
-  own (NCCL between GPUs, gloo otherwise: one code path), and `WeightGroup`, the driver's
-  list of who is in one;
-- the payloads the driver hands an engine proxy: `RemoteWeights` (a version in the Ray
-  object store, stored as `PackedWeights`: its bytes copied once, read without a copy) and
-  `CollectiveWeights` (a version that travels by broadcast from training rank 0 when the
-  engines load it);
-- the route, chosen once when the run is built (`choose_route`) from the engine's
-  declared `engine.weight_sync`.
+  own (NCCL between GPUs, gloo otherwise: one code path).
 
 A broadcast transfer is:
 
@@ -27,18 +21,14 @@ A broadcast transfer is:
    wire, and a receiver posts bucket k+1 before it hands bucket k to the loader;
 3. each engine loads the received tensors as that version, as they arrive.
 
-Every step is bounded by the group's timeout: reading the specs (the store's timeout),
+Every step is bounded by the group's timeout: reading the specs (the store's timeout) and
 each broadcast (`Work.wait(timeout)`; NCCL's watchdog also aborts a communicator stuck
-past it), and the driver's wait (`WeightSyncTimeout`). A hung peer raises; it never
-blocks forever. A broadcast needs every member, so a group's transfer always includes
-every engine; an engine restarted by Ray cannot rejoin the communicator.
+past it). A hung peer raises; it never blocks forever.
 """
 
 from __future__ import annotations
 
-import asyncio
 import pickle
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -48,29 +38,6 @@ import torch
 
 BUCKET_BYTES = 32 << 20  # 2 kept buffers per member; several buckets for the pipeline to overlap
 _SPECS_KEY = "weights/specs/{version}"
-
-# The routes a weight version can take to disaggregated engines.
-OBJECT_STORE, NCCL, GLOO = "object_store", "nccl", "gloo"
-
-
-def choose_route(weight_sync: str, engine_gpus: float, trainer_gpus: float) -> str:
-    """How weights reach disaggregated engines, from the engine's declared `engine.weight_sync`.
-
-    `disk` (vLLM reads a folder its engine process writes): the object store to the
-    engine. Engines and trainers both on GPUs: an NCCL broadcast group. `collective` (an
-    engine whose workers live in a process of their own, reachable only by a group):
-    a gloo group when either side is on CPU. `auto`: the object store.
-    """
-    if weight_sync == "disk":
-        return OBJECT_STORE
-    if engine_gpus > 0 and trainer_gpus > 0:
-        return NCCL
-    return GLOO if weight_sync == "collective" else OBJECT_STORE
-
-
-class WeightSyncTimeout(TimeoutError):
-    """A weight transfer to an engine did not finish in time (the engine is hung, not slow)."""
-
 
 class WeightGroupError(RuntimeError):
     """The weight broadcast group could not be formed or a transfer failed (names the member)."""
@@ -92,6 +59,13 @@ class TensorSpec:
     @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
+
+
+def state_bytes(state: Any) -> int:
+    """Bytes of the tensors in a state dict (0 for anything else)."""
+    if not isinstance(state, Mapping):
+        return 0
+    return sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
 
 
 def tied_once(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -327,132 +301,3 @@ class WeightGroupMember:
                 n = specs[i].numel
                 yield specs[i].name, flat[offset:offset + n].view(specs[i].shape)
                 offset += n
-
-
-class PackedWeights:
-    """A state dict in the form the Ray object store holds without extra copies.
-
-    Ray pickles a torch tensor through `torch.save` (its bytes serialized, then copied into
-    the store, then deserialized by the reader: three copies of 513 MB for SmolLM2), but a
-    numpy array out of band: one copy into the store, and the reader's array is a view of
-    the store's memory. So each tensor travels as a uint8 numpy view of its bytes (any
-    dtype, bfloat16 included) next to its spec; `tensors()` rebuilds the named tensors as
-    views of those bytes, read-only where they live in the store: readers copy from them
-    (an engine's load), never write into them."""
-
-    def __init__(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.specs = tensor_specs(state)
-        self.arrays = [t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
-                       for t in state.values()]
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        with warnings.catch_warnings():  # "non-writable array": the store's memory, only read (see above)
-            warnings.simplefilter("ignore", UserWarning)
-            return {s.name: torch.from_numpy(a).view(s.torch_dtype).view(s.shape)
-                    for s, a in zip(self.specs, self.arrays)}
-
-
-def for_object_store(state: Mapping[str, Any]) -> Any:
-    """What to `ray.put` for a weight version: `PackedWeights` when every value is a tensor
-    (a state dict), else the plain dict (e.g. the sim backend's version counter)."""
-    state = dict(state)
-    return PackedWeights(state) if state and all(isinstance(t, torch.Tensor) for t in state.values()) else state
-
-
-def unpacked(state: Any) -> Any:
-    """The named tensors of a `PackedWeights`; anything else as it is."""
-    return state.tensors() if isinstance(state, PackedWeights) else state
-
-
-class RemoteWeights(Mapping):
-    """A state dict that lives in the Ray object store; behaves as a (lazily fetched) mapping.
-
-    The training worker (rank 0) puts the state dict into the object store itself and
-    hands the driver only the reference: the tensors go trainer -> object store -> every
-    engine, never through the driver, and every engine reads the same object."""
-
-    def __init__(self, ref: Any, timeout_s: float) -> None:
-        self.ref = ref
-        self.timeout_s = timeout_s
-        self._value: dict[str, Any] | None = None
-
-    def _fetch(self) -> dict[str, Any]:
-        import ray  # only a process that fetches a payload needs Ray
-
-        if self._value is None:
-            self._value = unpacked(ray.get(self.ref, timeout=self.timeout_s))
-        return self._value
-
-    def __getitem__(self, key: str) -> Any:
-        return self._fetch()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._fetch())
-
-    def __len__(self) -> int:
-        return len(self._fetch())
-
-    def __repr__(self) -> str:
-        return f"RemoteWeights({self.ref})"
-
-    @property
-    def nbytes(self) -> int:
-        """The stored object's size (the weights sent, serialized), without fetching it here."""
-        import ray.experimental
-
-        found = ray.experimental.get_object_locations([self.ref], timeout_ms=int(self.timeout_s * 1000))
-        return int(found.get(self.ref, {}).get("object_size") or 0)
-
-
-@dataclass
-class WeightGroup:
-    """Driver-side handle: who is in the group (training actors, engine actors in rank order)."""
-
-    train_actors: list[Any]
-    engine_actors: list[Any]
-    backend: str
-    timeout_s: float
-
-
-class CollectiveWeights:
-    """A weight version that travels by broadcast from training rank 0 when an engine loads it."""
-
-    def __init__(self, group: WeightGroup, call_trainers: Any) -> None:
-        self.group = group
-        self._call_trainers = call_trainers  # async (method, *args) -> results: every training rank
-
-    def __repr__(self) -> str:
-        return f"CollectiveWeights({self.group.backend}, {len(self.group.engine_actors)} engine(s))"
-
-    async def transfer(self, engine_actors: list[Any], version: int) -> list[dict[str, float]]:
-        """Broadcast to every engine and load as `version`; the engines' counters come back."""
-        if set(map(id, engine_actors)) != set(map(id, self.group.engine_actors)):
-            raise WeightGroupError(f"a broadcast needs every member: {len(engine_actors)} engine(s) given, "
-                                   f"the group has {len(self.group.engine_actors)}")
-        send = asyncio.ensure_future(self._call_trainers("weight_group_send", version))
-        receives = [asyncio.ensure_future(_await(a.weight_group_receive.remote(version)))
-                    for a in self.group.engine_actors]
-        members = [send, *receives]
-        names = ["training rank 0", *(f"engine {i}" for i in range(len(receives)))]
-        try:
-            # The members time out on their own (timeout_s); the margin covers the calls' round trips.
-            done, pending = await asyncio.wait(members, timeout=self.group.timeout_s + 5.0,
-                                               return_when=asyncio.FIRST_EXCEPTION)
-            failed = [(n, f.exception()) for n, f in zip(names, members) if f in done and f.exception()]
-            if failed:
-                name, exc = failed[0]
-                raise WeightGroupError(f"weight broadcast (version {version}, {self.group.backend}) failed at "
-                                       f"{name}: {type(exc).__name__}: {exc}") from exc
-            if pending:
-                late = [n for n, f in zip(names, members) if f in pending]
-                raise WeightSyncTimeout(f"weight broadcast (version {version}, {self.group.backend}): {late} did "
-                                        f"not finish within timeout_s={self.group.timeout_s:g}")
-        finally:
-            for f in members:
-                if not f.done():
-                    f.cancel()
-        return [f.result() for f in receives]
-
-
-async def _await(ref: Any) -> Any:
-    return await ref

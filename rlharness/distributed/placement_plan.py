@@ -5,10 +5,10 @@
   engines (the last `cluster.engine_nodes`) and which the training actors (the rest,
   node 0 with the driver among them); `None` on one node (nothing is pinned).
 - `check_fits(conf)`: every node's actors fit its CPUs and GPUs, else a one-line
-  `ConfigError` before anything starts (`rlharness.preflight.check_placement` calls it: with
+  `ConfigError` before anything starts (`rlharness.launch.preflight.check_placement` calls it: with
   engine=vllm the installed vLLM build decides the engines' device, so it is no part of RunConf).
 
-The Ray side (`rlharness.distributed.placement`) pins a bundle to node rank r by asking
+The Ray side (`rlharness.cluster.placement`) pins a bundle to node rank r by asking
 for one unit of the custom resource `rlh_node_<r>` each node advertises.
 """
 

@@ -7,28 +7,14 @@ where they are handed out.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable
 
 from rlharness.config.run import RunConf
-from rlharness.model import text_codec  # noqa: F401 - also imported from here by scripts and tests
+from rlharness.model.load import text_codec
+from rlharness.trainer.components import Components
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Components:
-    tokenizer: Any
-    encode: Callable[[str], list[int]]
-    decode: Callable[[list[int]], str]
-    task_data: dict[str, Any]  # task name -> TaskData
-    judgers: dict[str, Any]  # task name -> Judger
-    engine: Any
-    manager: Any
-    backend: Any
-    evaluator: Any
-    # task name -> the judger eval scores with, where it is not the training one (a learned reward).
-    eval_judgers: dict[str, Any] = field(default_factory=dict)
 
 
 def validate_data(conf: RunConf, task_data: dict[str, Any]) -> None:
@@ -92,7 +78,7 @@ def _load_task(conf: RunConf, name: str, entry, tokenizer):
 def fit_prompt_lengths(conf: RunConf, entry, task_data, tokenizer):
     """Prompts over `task.max_prompt_tokens` refused or dropped at load (rlharness/data/prompt_length.py)."""
     from rlharness.data.prompt_length import fit_prompts, model_positions
-    from rlharness.model import load_model_config
+    from rlharness.model.load import load_model_config
 
     encode, _ = text_codec(tokenizer)
     response_tokens = conf.sampling_for(entry).max_tokens
@@ -118,7 +104,7 @@ def load_tasks(conf: RunConf, check_data: Callable[[RunConf, dict[str, Any]], No
     """(tokenizer, task data, judgers) of every task: data fitted, then `check_data`, then each
     judger checked against its task's rows. What training and `evaluate.py` both start from."""
     from rlharness.judger import build_judger
-    from rlharness.model import check_token_ids, load_tokenizer
+    from rlharness.model.load import check_token_ids, load_tokenizer
 
     tokenizer = load_tokenizer(conf.model)
     entries = conf.task_entries()
@@ -176,7 +162,7 @@ def agent_loop_factory(conf: RunConf, engine, judgers: dict[str, Any], tokenizer
 
 def build_evaluator(conf: RunConf, task_data: dict[str, Any], encode, agent_loop_with):
     """The run's evaluator: one task's, or every evaluated task's (`MultiTaskEvaluator`)."""
-    from rlharness.evaluator import Evaluator, MultiTaskEvaluator
+    from rlharness.trainer.evaluator import Evaluator, MultiTaskEvaluator
 
     entries = conf.task_entries()
     evaluators = {}
@@ -205,23 +191,27 @@ def staleness_policy(conf: RunConf):
                                         if e.max_staleness is not None})
 
 
-def build_components(conf: RunConf, engine=None, backend=None) -> Components:
-    """Build everything; `engine`/`backend` may be passed in (e.g. Ray actor proxies)."""
+def build_components(conf: RunConf, remote=None) -> Components:
+    """Build everything; the parts on Ray actors were started first (`remote`, a `RemoteParts`)."""
     from rlharness.backend import build_backend
+    from rlharness.distributed.weight_channel import IN_PROCESS, build_weight_channel
     from rlharness.logging_utils.progress import phase
     from rlharness.producer.manager import AgentLoopManager
     from rlharness.producer.strategies import build_strategy
-    from rlharness.replay_buffer import ReplayBuffer
-    from rlharness.sampler import Sampler
+    from rlharness.producer.replay_buffer import ReplayBuffer
+    from rlharness.producer.sampler import Sampler
 
     tokenizer, task_data, judgers = load_tasks(conf, validate_data)
     encode, decode = text_codec(tokenizer)
     entries = conf.task_entries()
+    engine, backend = (remote.engine, remote.backend) if remote is not None else (None, None)
     if engine is None:
         engine = build_engine_for(conf, tokenizer, decode)
     if backend is None:
         with phase(f"loading {conf.model.path} into backend={conf.backend.name}"):
             backend = build_backend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed)
+    weights = build_weight_channel(backend, engine, remote.weight_route if remote is not None else IN_PROCESS,
+                                   conf.timeout_s)
 
     staleness = staleness_policy(conf)
     replay_buffer = ReplayBuffer(staleness)
@@ -245,5 +235,5 @@ def build_components(conf: RunConf, engine=None, backend=None) -> Components:
     eval_judgers = verifiable_judgers(conf, judgers)
     evaluator = build_evaluator(conf, task_data, encode, agent_loop_with if eval_judgers == judgers else
                                 agent_loop_factory(conf, engine, eval_judgers, tokenizer, decode))
-    return Components(tokenizer, encode, decode, task_data, judgers, engine, manager, backend, evaluator,
+    return Components(tokenizer, encode, decode, task_data, judgers, engine, manager, backend, weights, evaluator,
                       {k: j for k, j in eval_judgers.items() if j is not judgers[k]})

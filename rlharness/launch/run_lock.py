@@ -7,7 +7,7 @@ file itself stays in the run directory (deleting a lock file while another proce
 opening it would let two processes lock two different files); it is not a sign of a run.
 
 `train.py` takes the lock before Hydra writes anything into the directory
-(`rlharness.preflight`); `launcher.run` takes it too (a no-op when this process holds it
+(`rlharness.launch.preflight`); `launcher.run` takes it too (a no-op when this process holds it
 already), which covers jobs that never pass through `train.py`'s preflight: multirun
 points, submitit and Slurm jobs, and their requeued lives.
 """
@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from rlharness.config.schema import ConfigError
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 
 _HELD: dict[Path, int] = {}  # run directory -> file descriptor of its lock, for this process
 

@@ -30,7 +30,7 @@ from rlharness.agent.base import AgentLoop
 from rlharness.config.schema import EvalConf
 from rlharness.data.base import PromptRow
 from rlharness.logging_utils.samples import eval_rows
-from rlharness.types import Group, Status, make_group
+from rlharness.core.types import Group, Status, make_group
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 from rlharness.config.schema import ConfigError, ModelConf
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 # Any one of these makes a directory loadable by AutoTokenizer (fast, SentencePiece, BPE, tiktoken).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tokenizer.tiktoken",
@@ -161,9 +161,9 @@ def load_model(conf: ModelConf, device: str = "cpu"):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlharness.vml_warmup import warm_up_vml
+    from rlharness.core.vml_warmup import warm_up_vml
 
-    warm_up_vml()  # before any forward pass of this process (rlharness/vml_warmup.py)
+    warm_up_vml()  # before any forward pass of this process (rlharness/core/vml_warmup.py)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     model = AutoModelForCausalLM.from_pretrained(
         str(resolve_model_path(conf.path)),

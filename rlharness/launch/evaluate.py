@@ -30,8 +30,8 @@ from typing import Any
 
 from rlharness.config.run import RunConf
 from rlharness.config.schema import ConfigError
-from rlharness.overrides import merge_overrides, override_key
-from rlharness.run_dir import EVALUATE_PREFIX, HYDRA, RunDir
+from rlharness.launch.overrides import merge_overrides, override_key
+from rlharness.core.run_dir import EVALUATE_PREFIX, HYDRA, RunDir
 
 log = logging.getLogger("rlharness")
 
@@ -80,10 +80,10 @@ class OutputGuard:
 def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, OutputGuard | None]:
     """Check the command line before Hydra makes a directory; `resume=<run dir>` becomes that run's
     overrides plus `model.path=<its checkpoint's model>`. Returns (argv for Hydra, source, guard)."""
-    from rlharness.checkpoint import CheckpointError
+    from rlharness.core.checkpoint import CheckpointError
     from rlharness.export import find_checkpoint, lora_base, model_dir
-    from rlharness.overrides import read_run_overrides
-    from rlharness.preflight import ConfigSource, compose_checked
+    from rlharness.launch.overrides import read_run_overrides
+    from rlharness.launch.preflight import ConfigSource, compose_checked
 
     evaluate_conf = ConfigSource(config_name="evaluate")  # evaluate.py's primary config, same conf/
 
@@ -143,12 +143,12 @@ def check_eval_splits(conf: RunConf, task_data: dict[str, Any]) -> None:
 def run_evaluation(conf: RunConf, run_dir: Path, source: Source) -> dict[str, Any]:
     """Load, evaluate, write `evals/<label>.jsonl`, `summary.json`, `summary.md`. Input errors
     (ConfigError, DataFileError) are raised before anything is written."""
-    from rlharness.build import (agent_loop_factory, build_engine_for, build_evaluator, load_tasks,
+    from rlharness.launch.build import (agent_loop_factory, build_engine_for, build_evaluator, load_tasks,
                                  verifiable_judgers)
-    from rlharness.launcher import _close, set_threads_from_env
+    from rlharness.launch.launcher import _close, set_threads_from_env
     from rlharness.logging_utils.progress import phase
     from rlharness.logging_utils.samples import write_eval_rows
-    from rlharness.model import text_codec
+    from rlharness.model.load import text_codec
     from rlharness.trainer.trainer import seed_everything
 
     if conf.engine.name == "vllm":

@@ -22,8 +22,8 @@ import numpy as np
 
 from rlharness.config.schema import SamplerConf, check_prompt_repeat_k
 from rlharness.data.base import PromptRow
-from rlharness.replay_buffer import ReplayBuffer
-from rlharness.types import Group, Status, make_group
+from rlharness.producer.replay_buffer import ReplayBuffer
+from rlharness.core.types import Group, Status, make_group
 
 log = logging.getLogger(__name__)
 

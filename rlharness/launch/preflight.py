@@ -24,7 +24,7 @@ from the same search path Hydra builds (`--config-dir`, `--config-name`, `--conf
   compared by value with the run's first `.hydra/config.yaml`, so an edited experiment
   file or another `--config-dir` cannot change it either;
 - `-m` with `resume=<dir>` (a sweep continues by running the same command again);
-- a directory another live process holds (`rlharness.run_lock`, taken here, before Hydra
+- a directory another live process holds (`rlharness.launch.run_lock`, taken here, before Hydra
   writes anything, and held until the process ends);
 - a resume with nothing left to train (`total_steps` at or below the checkpoint's step)
   ends here with one line (`Finished`).
@@ -44,20 +44,20 @@ from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from rlharness import run_lock
+from rlharness.launch import run_lock
 from rlharness.config.run import adopt_strategy_max_staleness
 from rlharness.config.schema import ConfigError, LocalRayClusterConf, ReasoningGymTaskConf
 from rlharness.launch.slurm_capacity import check_capacity
-from rlharness.placement_plan import check_fits
-from rlharness.overrides import FROZEN_ON_RESUME, override_key, override_value, path_override, prepare_resume_argv
-from rlharness.run_dir import HYDRA, HYDRA_YAML, RESUMED_PREFIX, RunDir
+from rlharness.distributed.placement_plan import check_fits
+from rlharness.launch.overrides import FROZEN_ON_RESUME, override_key, override_value, path_override, prepare_resume_argv
+from rlharness.core.run_dir import HYDRA, HYDRA_YAML, RESUMED_PREFIX, RunDir
 
 # Hydra's flags after which it does not run the job (help, printing the config, completion,
 # a rerun of a pickled config): nothing is checked, `resume=<dir>` is still rewritten.
 _NO_RUN = ("help", "hydra_help", "cfg", "info", "shell_completion", "experimental_rerun")
 # More sweep points than this are not each composed up front (each costs ~0.1 s).
 MAX_SWEEP_POINTS_CHECKED = 64
-TRAIN_PY = Path(__file__).resolve().parent.parent / "train.py"
+TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
 
 
 class Finished(Exception):
@@ -65,7 +65,7 @@ class Finished(Exception):
 
 
 class Explained(Exception):
-    """`explain=true`: the message is what the config means per step (rlharness/explain.py); nothing starts."""
+    """`explain=true`: the message is what the config means per step (rlharness/launch/explain.py); nothing starts."""
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
 
 
 def explain_text(conf) -> str:
-    from rlharness.explain import explain
+    from rlharness.launch.explain import explain
 
     return explain(conf).text()
 
@@ -321,7 +321,7 @@ def _differences(old, new, prefix: str):
 
 
 def _refuse_if_finished(run_dir: Path, total_steps: int) -> None:
-    from rlharness.checkpoint import latest_checkpoint
+    from rlharness.core.checkpoint import latest_checkpoint
 
     found = latest_checkpoint(run_dir) if run_dir.is_dir() else None
     if found is not None and found[0] >= total_steps:
@@ -380,7 +380,7 @@ def compose_typed(overrides: list[str], source: ConfigSource = ConfigSource()):
         adopt_strategy_max_staleness(job, overrides)  # as train.py
         conf = OmegaConf.to_object(job)  # the schemas' __post_init__ checks
         if conf.model.lora.enabled:  # its targets exist in model.path (reads the model's layout)
-            from rlharness.lora import check_model_conf
+            from rlharness.model.lora import check_model_conf
 
             check_model_conf(conf.model)
     except ConfigError as exc:
@@ -416,11 +416,11 @@ def nested_judger_key(exc: ConfigError, job) -> ConfigError:
 
 
 def check_model(conf, checked: set[tuple] | None = None) -> None:
-    """The model folder before the job loads it (rlharness/model.py): there, no GGUF file, no code of
+    """The model folder before the job loads it (rlharness/model/load.py): there, no GGUF file, no code of
     its own without model.trust_remote_code, and a chat template where a task asks for one.
     `checked`: what a sweep's earlier points already passed (each distinct model is checked once)."""
     from rlharness.judger import check_learned_judgers
-    from rlharness.model import check_model_files, load_tokenizer, require_chat_template
+    from rlharness.model.load import check_model_files, load_tokenizer, require_chat_template
 
     check_learned_judgers(conf)  # cheap (config.json and tensor names): every sweep point
     asking = [f"tasks.{name}.task.apply_chat_template" if conf.tasks else "task.apply_chat_template"
@@ -449,7 +449,7 @@ def check_agent_entrypoints(conf, with_model: bool = True) -> None:
     (`with_model`: the model folder is readable here) the model has a chat template."""
     from rlharness.agent.entrypoint import load_entrypoint
     from rlharness.config.schema import ConfigError
-    from rlharness.model import load_tokenizer
+    from rlharness.model.load import load_tokenizer
 
     for name, entry in conf.task_entries().items():
         agent = conf.agent_for(entry)

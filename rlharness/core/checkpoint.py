@@ -22,8 +22,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rlharness import fault_points
-from rlharness.run_dir import DONE, RunDir, step_name
+from rlharness.core import fault_points
+from rlharness.core.run_dir import DONE, RunDir, step_name
 
 log = logging.getLogger(__name__)
 

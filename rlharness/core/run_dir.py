@@ -1,19 +1,19 @@
 """A run directory's layout: every file and folder of one, named here once (DESIGN.md's table).
 
     .hydra/                         Hydra's composed config: config.yaml, overrides.yaml, hydra.yaml;
-      resumed-<time>/               a resumed life's (rlharness/launcher.py)
-      evaluate-<time>/              evaluate.py's, when it writes beside a run (rlharness/evaluation.py)
+      resumed-<time>/               a resumed life's (rlharness/launch/launcher.py)
+      evaluate-<time>/              evaluate.py's, when it writes beside a run (rlharness/launch/evaluate.py)
     train.log                       the log (Hydra names it after the script)
-    .lock                           one live process per run directory (rlharness/run_lock.py)
+    .lock                           one live process per run directory (rlharness/launch/run_lock.py)
     metrics.jsonl                   one row per step and eval (rlharness/logging_utils/metrics.py)
-    checkpoints/step_XXXXXXXX/      complete checkpoints, DONE last (rlharness/checkpoint.py)
+    checkpoints/step_XXXXXXXX/      complete checkpoints, DONE last (rlharness/core/checkpoint.py)
     rollouts/step_XXXXXXXX.jsonl    the ledger, and rollouts/dropped.jsonl (rlharness/logging_utils/ledger.py)
     evals/step_XXXXXXXX.jsonl       eval completions (rlharness/logging_utils/samples.py)
     diagnostics/onpolicy_step_XXXXXXXX.pt   an on-policy step the guard warned about: its batch and both
                                     sides' weight checksums (rlharness/trainer/onpolicy_guard.py)
     plots/*.png                     (rlharness/logging_utils/plots.py)
     wandb/                          W&B's own files
-    .slurm-<job id>-run-ended       multi-node Slurm: node 0's run ended (rlharness/launch/ray_cluster.py)
+    .slurm-<job id>-run-ended       multi-node Slurm: node 0's run ended (rlharness/cluster/ray_cluster.py)
 
 evaluate.py's output directory has `evals/<model or step>.jsonl`, `summary.json` and `summary.md`.
 

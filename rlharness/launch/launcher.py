@@ -3,7 +3,7 @@
 `run(cfg)` is what `train.py` calls in every launcher (basic, submitit local or
 Slurm). Resuming: `resume=auto` continues from the newest complete checkpoint in
 the run directory; `resume=<run dir>` was rewritten before Hydra started
-(`rlharness.overrides.prepare_resume_argv`).
+(`rlharness.launch.overrides.prepare_resume_argv`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 
-from rlharness import run_lock
-from rlharness.checkpoint import CheckpointError
+from rlharness.launch import run_lock
+from rlharness.core.checkpoint import CheckpointError
 from rlharness.config.run import RunConf
 from rlharness.config.schema import ConfigError
 from rlharness.data.jsonl import DataFileError
-from rlharness.preflight import check_installed
-from rlharness.run_dir import RunDir
+from rlharness.launch.preflight import check_installed
+from rlharness.core.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +62,13 @@ def uses_ray(conf: RunConf) -> bool:
 
 
 def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
-    """Build, fit, close. SIGTERM/SIGINT stop it cleanly (rlharness/stopping.py): it then raises
+    """Build, fit, close. SIGTERM/SIGINT stop it cleanly (rlharness/core/stopping.py): it then raises
     SystemExit(128 + signum) after the final checkpoint, W&B and the actors are done."""
-    from rlharness.stopping import StopController
+    from rlharness.core.stopping import StopController
 
     if int(os.environ.get("SLURM_NODEID") or 0) > 0 and conf.cluster.name == "slurm":
         # Node k > 0 of a multi-node job: a Ray worker until the head (node 0, which trains) is gone.
-        from rlharness.launch.ray_cluster import serve_worker_node
+        from rlharness.cluster.ray_cluster import serve_worker_node
 
         return serve_worker_node(conf.cluster, uses_ray(conf), conf.run_dir)
     run_dir = Path(conf.run_dir)
@@ -89,7 +89,7 @@ def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
         raise RefusedInput(exc) from exc
     multi_node = conf.cluster.name == "slurm" and conf.cluster.nodes > 1 and "SLURM_JOB_ID" in os.environ
     if multi_node:  # the other nodes' Ray workers tell a finished run from a dead node 0 by this marker
-        from rlharness.launch.ray_cluster import mark_run_ended
+        from rlharness.cluster.ray_cluster import mark_run_ended
 
         mark_run_ended(conf.run_dir, os.environ["SLURM_JOB_ID"], ended=False)
     stop = StopController(conf.stop_timeout_s).install()
@@ -118,8 +118,8 @@ def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
 
 
 def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, stop):
-    from rlharness.build import build_components
-    from rlharness.gc_tuning import tune_gc, untune_gc
+    from rlharness.launch.build import build_components
+    from rlharness.core.gc_tuning import tune_gc, untune_gc
     from rlharness.trainer.trainer import Trainer, seed_everything
 
     if conf.engine.name == "vllm":  # before anything starts: say how to install it
@@ -131,20 +131,20 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
     log.info("run directory: %s (follow it with: tail -f %s)", run_dir, RunDir(run_dir).log())
     os.environ.setdefault("WANDB_MODE", getattr(conf.logger, "mode", "disabled"))
     seed_everything(conf.seed)
-    engine = backend = components = trainer = None
+    remote = components = trainer = None
     try:
         if uses_ray(conf):
-            from rlharness.distributed import build_remote_components
+            from rlharness.distributed.remote_parts import start_remote_parts
             from rlharness.logging_utils.progress import phase
 
             with phase("starting Ray and its actors (engines, training workers)"):
-                engine, backend = build_remote_components(conf)
+                remote = start_remote_parts(conf)
             stop.install()  # ray.init installed its own SIGTERM handler (abort with a C++ stack)
-        components = build_components(conf, engine=engine, backend=backend)
+        components = build_components(conf, remote)
         if stop.requested:
             return {}, None
         trainer = Trainer(conf, components, run_dir, config_dict, stop=stop)
-        gc_thresholds = tune_gc()  # start-up is done: freeze it, collect less often (rlharness/gc_tuning.py)
+        gc_thresholds = tune_gc()  # start-up is done: freeze it, collect less often (rlharness/core/gc_tuning.py)
         try:
             return asyncio.run(trainer.fit()), trainer
         finally:
@@ -158,8 +158,8 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
         if components is not None:
             asyncio.run(_close(components.engine, components.backend,
                                [*components.judgers.values(), *components.eval_judgers.values()]))
-        elif engine is not None or backend is not None:
-            asyncio.run(_close(engine, backend))
+        elif remote is not None:
+            asyncio.run(_close(remote.engine, remote.backend))
 
 
 async def _close(engine, backend, judgers=()) -> None:

@@ -21,7 +21,7 @@ from collections import Counter, OrderedDict
 from typing import Any, Iterable
 
 from rlharness.producer.staleness import StalenessPolicy
-from rlharness.types import Group, RolloutState, Status, group_status, oldest_version, stable_seed
+from rlharness.core.types import Group, RolloutState, Status, group_status, oldest_version, stable_seed
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import torch
 
 from rlharness.config.schema import ConfigError, LoraConf, ModelConf
-from rlharness.weight_transfer import tied_once
+from rlharness.weights.transfer import tied_once
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def targets_for(model_conf: ModelConf) -> list[str]:
     """`resolve_targets` on the layout of `model.path` (a weightless copy on the meta device)."""
     from transformers import AutoModelForCausalLM
 
-    from rlharness.model import load_model_config
+    from rlharness.model.load import load_model_config
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(load_model_config(model_conf),
@@ -173,13 +173,6 @@ class WeightSync:
         return out
 
 
-def state_bytes(state: Any) -> int:
-    """Bytes of the tensors in a state dict; a remote one's size as its holder reports it (`nbytes`), else 0."""
-    if not isinstance(state, dict):
-        return int(getattr(state, "nbytes", 0) or 0)
-    return sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
-
-
 # ----------------------------------------------------------------------------- engines
 def wrap_for_engine(model: torch.nn.Module, model_conf: ModelConf) -> torch.nn.Module:
     """An engine's model with (zero) adapters injected, so `adapter_weights` names load into it.
@@ -233,7 +226,7 @@ def saved_lora(directory: str | Path) -> dict[str, Any] | None:
 
 def check_resume(directory: str | Path, conf: LoraConf, targets: list[str] | None) -> None:
     """Refuse resuming a LoRA checkpoint without LoRA (or the reverse), or with another rank or targets."""
-    from rlharness.checkpoint import CheckpointError
+    from rlharness.core.checkpoint import CheckpointError
 
     saved = saved_lora(directory)
     now = None if not conf.enabled else {"rank": conf.rank, "target_modules": sorted(targets or [])}

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from rlharness.checkpoint import latest_checkpoint
+from rlharness.core.checkpoint import latest_checkpoint
 from rlharness.config.schema import ConfigError
-from rlharness.run_dir import HYDRA, OVERRIDES_YAML, RESUMED_PREFIX, RunDir
+from rlharness.core.run_dir import HYDRA, OVERRIDES_YAML, RESUMED_PREFIX, RunDir
 
 
 def override_key(override: str) -> str:

@@ -45,7 +45,7 @@ def build_tiny_llama(vocab_size: int, *, layers: int = 2, hidden: int = 128, hea
 
 
 def save_tiny_model(out_dir: str | Path, *, chars: str = DEFAULT_CHARS, seed: int = 0, **model_kwargs) -> Path:
-    """A randomly initialised tiny model + tokenizer, loadable by `rlharness.model`."""
+    """A randomly initialised tiny model + tokenizer, loadable by `rlharness.model.load`."""
     out = Path(out_dir)
     tok = build_char_tokenizer(chars)
     model = build_tiny_llama(len(tok), seed=seed, pad_token_id=tok.pad_token_id,

@@ -29,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from rlharness.checkpoint import CheckpointError, complete_checkpoints
-from rlharness.run_dir import RunDir
+from rlharness.core.checkpoint import CheckpointError, complete_checkpoints
+from rlharness.core.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,8 @@ def lora_base(ckpt_dir: Path) -> Path | None:
     """The base model folder of a LoRA run's checkpoint (its `backend/` holds only the adapter), else None."""
     import yaml
 
-    from rlharness.lora import is_lora_checkpoint
-    from rlharness.model import resolve_model_path
+    from rlharness.model.lora import is_lora_checkpoint
+    from rlharness.model.load import resolve_model_path
 
     if not is_lora_checkpoint(Path(ckpt_dir) / BACKEND_SUBDIR):
         return None
@@ -89,7 +89,7 @@ def checkpoint_state_dict(ckpt_dir: Path) -> dict:
 
     base = lora_base(ckpt_dir)
     if base is not None:
-        from rlharness.lora import merged_state_dict_from_checkpoint
+        from rlharness.model.lora import merged_state_dict_from_checkpoint
 
         return merged_state_dict_from_checkpoint(Path(ckpt_dir) / BACKEND_SUBDIR, base)
     d = model_dir(ckpt_dir)
@@ -166,6 +166,3 @@ def main(argv: list[str] | None = None) -> int:
           f"vllm serve {args.out_dir})", file=sys.stderr)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

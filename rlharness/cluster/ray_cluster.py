@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from rlharness.config.schema import ClusterConf, ConfigError, LocalRayClusterConf, SlurmClusterConf
-from rlharness.run_dir import RunDir
+from rlharness.core.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +378,7 @@ def serve_as_worker(layout: SlurmRayLayout, timeout_s: float, head_ended=None, r
         log.error(message)
         raise RayNodeDied(message)
     if head_ended is not None and not _ended_within(head_ended, HEAD_END_GRACE_S):
-        from rlharness.checkpoint import latest_checkpoint
+        from rlharness.core.checkpoint import latest_checkpoint
 
         found = latest_checkpoint(run_dir) if run_dir else None
         message = (f"the Ray head on node {layout.hostnames[0]} ({layout.head_ip}, node 0 of job {layout.job_id}) "

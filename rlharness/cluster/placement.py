@@ -11,7 +11,7 @@ import ray
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlharness.launch.ray_cluster import node_resource
+from rlharness.cluster.ray_cluster import node_resource
 
 log = logging.getLogger(__name__)
 

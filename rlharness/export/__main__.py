@@ -1,0 +1,7 @@
+"""`python -m rlharness.export ...`"""
+
+import sys
+
+from rlharness.export import main
+
+sys.exit(main())
