@@ -15,7 +15,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from omegaconf import II, MISSING
 
@@ -1135,21 +1135,33 @@ class TrainerConf:
 ON_ALARM = ("warn", "stop")
 
 
-def _check_on_alarm(key: str, value: Optional[str]) -> None:
-    _check(value is None or value in ON_ALARM, key, value, "null (health.on_alarm) or one of " + ", ".join(ON_ALARM))
+@dataclass
+class MonitorConf:
+    """What every health monitor's section (`health.<section>`) has: its action when it fires."""
 
+    section: ClassVar[str] = ""
+    on_alarm: Optional[str] = None  # warn | stop | null: health.on_alarm
 
-def _check_window(key: str, value: int, least: int = 2) -> None:
-    _check(isinstance(value, int) and value >= least, key, value, f"an integer >= {least}")
+    def __post_init__(self) -> None:
+        _check(self.on_alarm is None or self.on_alarm in ON_ALARM, f"health.{self.section}.on_alarm", self.on_alarm,
+               "null (health.on_alarm) or one of " + ", ".join(ON_ALARM))
+
+    def _check(self, key: str, ok: bool, allowed: str) -> None:
+        _check(ok, f"health.{self.section}.{key}", getattr(self, key), allowed)
+
+    def _check_steps(self, key: str, least: int) -> None:
+        value = getattr(self, key)
+        self._check(key, isinstance(value, int) and value >= least, f"an integer >= {least}")
 
 
 @dataclass
-class RewardHackingConf:
+class RewardHackingConf(MonitorConf):
     """A trained reward that rises while an independent score falls (rlharness/health/reward_hacking.py).
 
     Independent scores: `eval/accuracy` when the trained reward is not the eval's judger (a learned
     or LLM judge), and the parts of a router judger (`rollout/reward_<part>_mean`)."""
 
+    section: ClassVar[str] = "reward_hacking"
     # The independent score fell this many standard errors below its best earlier value ...
     drop_z: float = 3.0
     # ... and by at least this much (absolute, in the score's units) ...
@@ -1158,62 +1170,62 @@ class RewardHackingConf:
     rise_t: float = 3.0
     # Router parts: the slopes are taken over this many steps.
     window_steps: int = 20
-    on_alarm: Optional[str] = None
 
     def __post_init__(self) -> None:
-        _check(self.drop_z > 0, "health.reward_hacking.drop_z", self.drop_z, "> 0")
-        _check(self.min_drop >= 0, "health.reward_hacking.min_drop", self.min_drop, ">= 0")
-        _check(self.rise_t > 0, "health.reward_hacking.rise_t", self.rise_t, "> 0")
-        _check_window("health.reward_hacking.window_steps", self.window_steps, 3)
-        _check_on_alarm("health.reward_hacking.on_alarm", self.on_alarm)
+        super().__post_init__()
+        self._check("drop_z", self.drop_z > 0, "> 0")
+        self._check("min_drop", self.min_drop >= 0, ">= 0")
+        self._check("rise_t", self.rise_t > 0, "> 0")
+        self._check_steps("window_steps", 3)
 
 
 @dataclass
-class EntropyCollapseConf:
+class EntropyCollapseConf(MonitorConf):
     """`train/entropy` over the last `window_steps` below `min_ratio` x its mean over the first `window_steps`,
     while the trained reward did not rise by `min_reward_gain` standard deviations of the first window's
     rewards (a policy that narrows onto answers that score is converging, not collapsing)."""
 
+    section: ClassVar[str] = "entropy_collapse"
     min_ratio: float = 0.2
     min_reward_gain: float = 0.5
     window_steps: int = 5
-    on_alarm: Optional[str] = None
 
     def __post_init__(self) -> None:
-        _check(0 < self.min_ratio < 1, "health.entropy_collapse.min_ratio", self.min_ratio, "0 < ratio < 1")
-        _check(self.min_reward_gain >= 0, "health.entropy_collapse.min_reward_gain", self.min_reward_gain, ">= 0")
-        _check_window("health.entropy_collapse.window_steps", self.window_steps, 1)
-        _check_on_alarm("health.entropy_collapse.on_alarm", self.on_alarm)
+        super().__post_init__()
+        self._check("min_ratio", 0 < self.min_ratio < 1, "0 < ratio < 1")
+        self._check("min_reward_gain", self.min_reward_gain >= 0, ">= 0")
+        self._check_steps("window_steps", 1)
 
 
 @dataclass
-class KLAccelerationConf:
+class KLAccelerationConf(MonitorConf):
     """`train/kl` (a KL term: algo.kl_coef > 0) growing faster and faster: over three windows of
     `window_steps`, the last window's growth `ratio` x the one before and at least `min_growth` x the
     KL before it (1: it doubled), `rise_t` standard errors sure, and the KL above `min_kl`."""
 
+    section: ClassVar[str] = "kl_acceleration"
     ratio: float = 3.0
     min_growth: float = 1.0
     min_kl: float = 0.05
     rise_t: float = 2.5
     window_steps: int = 5
-    on_alarm: Optional[str] = None
 
     def __post_init__(self) -> None:
-        _check(self.ratio > 1, "health.kl_acceleration.ratio", self.ratio, "> 1")
-        _check(self.min_growth >= 0, "health.kl_acceleration.min_growth", self.min_growth, ">= 0")
-        _check(self.min_kl >= 0, "health.kl_acceleration.min_kl", self.min_kl, ">= 0")
-        _check(self.rise_t > 0, "health.kl_acceleration.rise_t", self.rise_t, "> 0")
-        _check_window("health.kl_acceleration.window_steps", self.window_steps, 2)
-        _check_on_alarm("health.kl_acceleration.on_alarm", self.on_alarm)
+        super().__post_init__()
+        self._check("ratio", self.ratio > 1, "> 1")
+        for key in ("min_growth", "min_kl"):
+            self._check(key, getattr(self, key) >= 0, ">= 0")
+        self._check("rise_t", self.rise_t > 0, "> 0")
+        self._check_steps("window_steps", 2)
 
 
 @dataclass
-class DegenerateOutputsConf:
+class DegenerateOutputsConf(MonitorConf):
     """Responses that repeat n-grams, are made of one token, or hit the length budget at a rising rate
     (rlharness/health/outputs.py): each share's mean over the last `window_steps` against its mean over
     the first `window_steps`."""
 
+    section: ClassVar[str] = "degenerate_outputs"
     ngram: int = 3
     # A response repeats itself when at least this share of its n-grams occurred earlier in it.
     repeat_share: float = 0.5
@@ -1224,63 +1236,60 @@ class DegenerateOutputsConf:
     # Responses cut by the budget (`rollout/truncated_frac`): alarm `truncated_rise` above the start.
     truncated_rise: float = 0.3
     window_steps: int = 10
-    on_alarm: Optional[str] = None
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.ngram, int) and self.ngram >= 1, "health.degenerate_outputs.ngram", self.ngram,
-               "an integer >= 1")
+        super().__post_init__()
+        self._check_steps("ngram", 1)
         for key in ("repeat_share", "max_frac", "min_rise", "truncated_rise"):
-            _check(0 < getattr(self, key) <= 1, f"health.degenerate_outputs.{key}", getattr(self, key), "0 < x <= 1")
-        _check_window("health.degenerate_outputs.window_steps", self.window_steps, 1)
-        _check_on_alarm("health.degenerate_outputs.on_alarm", self.on_alarm)
+            self._check(key, 0 < getattr(self, key) <= 1, "0 < x <= 1")
+        self._check_steps("window_steps", 1)
 
 
 @dataclass
-class ZeroSignalConf:
+class ZeroSignalConf(MonitorConf):
     """Every group of `steps` consecutive steps had equal rewards (`rollout/groups_zero_signal_frac` = 1)."""
 
+    section: ClassVar[str] = "zero_signal"
     steps: int = 5
-    on_alarm: Optional[str] = None
 
     def __post_init__(self) -> None:
-        _check_window("health.zero_signal.steps", self.steps, 1)
-        _check_on_alarm("health.zero_signal.on_alarm", self.on_alarm)
+        super().__post_init__()
+        self._check_steps("steps", 1)
 
 
 @dataclass
-class RewardFrozenConf:
+class RewardFrozenConf(MonitorConf):
     """The reward distribution stopped moving: over `window_steps`, the step-to-step spread of
     `rollout/reward_mean` below `max_ratio` x the standard error sampling alone gives it."""
 
+    section: ClassVar[str] = "reward_frozen"
     max_ratio: float = 0.1
     window_steps: int = 10
-    on_alarm: Optional[str] = None
 
     def __post_init__(self) -> None:
-        _check(self.max_ratio > 0, "health.reward_frozen.max_ratio", self.max_ratio, "> 0")
-        _check_window("health.reward_frozen.window_steps", self.window_steps, 3)
-        _check_on_alarm("health.reward_frozen.on_alarm", self.on_alarm)
+        super().__post_init__()
+        self._check("max_ratio", self.max_ratio > 0, "> 0")
+        self._check_steps("window_steps", 3)
 
 
 @dataclass
-class HostMemoryConf:
+class HostMemoryConf(MonitorConf):
     """The run's resident memory (this process and its children) growing step after step: a slope over
     the last `window_steps` (after `warmup_steps`) above `max_mb_per_step`, or one that would use up the
     memory still available before `total_steps`."""
 
+    section: ClassVar[str] = "host_memory"
     max_mb_per_step: float = 100.0
     rise_t: float = 3.0
     warmup_steps: int = 10
     window_steps: int = 20
-    on_alarm: Optional[str] = None
 
     def __post_init__(self) -> None:
-        _check(self.max_mb_per_step > 0, "health.host_memory.max_mb_per_step", self.max_mb_per_step, "> 0")
-        _check(self.rise_t > 0, "health.host_memory.rise_t", self.rise_t, "> 0")
-        _check(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "health.host_memory.warmup_steps",
-               self.warmup_steps, "an integer >= 0")
-        _check_window("health.host_memory.window_steps", self.window_steps, 3)
-        _check_on_alarm("health.host_memory.on_alarm", self.on_alarm)
+        super().__post_init__()
+        self._check("max_mb_per_step", self.max_mb_per_step > 0, "> 0")
+        self._check("rise_t", self.rise_t > 0, "> 0")
+        self._check_steps("warmup_steps", 0)
+        self._check_steps("window_steps", 3)
 
 
 HEALTH_MONITORS = ("reward_hacking", "entropy_collapse", "kl_acceleration", "degenerate_outputs", "zero_signal",
