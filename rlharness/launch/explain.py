@@ -21,6 +21,7 @@ from rlharness.config.schema import (AsyncStrategyConf, OpenAIGatewayAgentConf, 
 from rlharness.producer.progress import BatchAllocation
 from rlharness.producer.staleness import stale_threshold
 from rlharness.trainer.memory_estimate import ModelShape, model_shape, training_memory_mb
+from rlharness.trainer.probe import longest_micro_batch_rows
 from rlharness.trainer.zero_signal import greedy_reason
 
 
@@ -75,20 +76,34 @@ def lora_params(shape: ModelShape, rank: int) -> int:
 
 
 def explain(conf: RunConf) -> Explanation:
+    samples = conf.batch_size * conf.sampler.prompt_repeat_k
+    shape, positions, longest = _longest(conf)
+    lines: list[str] = []
+    groups_in_flight, tokens = _production(conf, lines)
+    optimizer_steps, micros, minis = _training(conf, longest, lines)
+    max_stale, syncs, evals, saves = _staleness_and_schedule(conf, lines)
+    memory = _memory(conf, shape, longest, lines)
+    return Explanation(
+        samples_per_step=samples, groups_in_flight=groups_in_flight, tokens_generated_at_most=tokens,
+        optimizer_steps=optimizer_steps, micro_batches_per_rank=micros,
+        micro_batches_exact=getattr(conf.backend, "micro_batch_tokens", None) is None,
+        max_staleness=max_stale, weight_syncs=syncs, evals=evals, checkpoints=saves, longest_sample_tokens=longest,
+        memory_mb=memory, lines=lines, suspicious=suspicious(conf, samples, positions, longest) + too_big(conf, memory))
+
+
+def _production(conf: RunConf, lines: list[str]) -> tuple[int, int]:
+    """Prompts and samples of a step, the groups in flight, the tokens generated at most."""
     entries = conf.task_entries()
     k = conf.sampler.prompt_repeat_k
-    samples = conf.batch_size * k
-    lines = [f"per step: {conf.batch_size} prompt groups x {k} samples = {samples} samples "
-             f"(batch_size x sampler.prompt_repeat_k)"]
+    lines.append(f"per step: {conf.batch_size} prompt groups x {k} samples = {conf.batch_size * k} samples "
+                 f"(batch_size x sampler.prompt_repeat_k)")
     if conf.tasks:
         split = BatchAllocation(conf.batch_size, {n: e.weight for n, e in entries.items()}).sizes(1)
         lines.append("  tasks at step 1: " + ", ".join(f"{n} {g} groups" for n, g in split.items())
                      + " (split by weight, the remainder carried to the next steps)")
-
-    # Production: groups in flight and tokens generated.
     extra = 0
     if isinstance(conf.strategy, AsyncStrategyConf):
-        for name, e in entries.items():
+        for e in entries.values():
             share = math.ceil(conf.batch_size * e.weight / sum(x.weight for x in entries.values()))
             threshold = (conf.strategy.over_sample_threshold if e.over_sample_threshold is None
                          else e.over_sample_threshold)
@@ -101,20 +116,22 @@ def explain(conf: RunConf) -> Explanation:
         lines.append(f"in flight: exactly the step's {conf.batch_size} groups (strategy=sync); a filtered or failed "
                      f"group is replaced by a new one")
     budgets = {n: conf.sampling_for(e).max_tokens for n, e in entries.items()}
-    groups_in_flight = conf.batch_size + extra
-    tokens = groups_in_flight * k * max(budgets.values())
-    lines.append(f"tokens generated at most: {tokens} per step ({groups_in_flight} groups x {k} samples x "
+    groups = conf.batch_size + extra
+    tokens = groups * k * max(budgets.values())
+    lines.append(f"tokens generated at most: {tokens} per step ({groups} groups x {k} samples x "
                  f"{max(budgets.values())} tokens, agent.sampling.max_tokens"
                  + (f"; per task {budgets}" if conf.tasks else "") + ")"
                  + (" plus refills of filtered groups" if conf.strategy.group_filter != "none" else ""))
+    return groups, tokens
 
-    # Training: mini-batches, micro-batches, optimizer steps.
-    algo, backend = conf.algo, conf.backend
-    workers = backend.workers
+
+def _training(conf: RunConf, longest: int | None, lines: list[str]) -> tuple[int, int, list[int]]:
+    """(optimizer steps, micro-batches per rank, rows of each mini-batch) of one training step."""
+    algo, workers = conf.algo, conf.backend.workers
+    samples = conf.batch_size * conf.sampler.prompt_repeat_k
     minis = mini_batch_rows(samples, algo.mini_batches)
     optimizer_steps = algo.ppo_epochs * len(minis)
-    budget = getattr(backend, "micro_batch_tokens", None)
-    shape, positions, longest = _longest(conf)
+    budget = getattr(conf.backend, "micro_batch_tokens", None)
     micros = algo.ppo_epochs * sum(micro_batches(n, workers, algo.micro_batch_size, budget, longest) for n in minis)
     lines.append(f"training: {samples} rows in {len(minis)} mini-batch(es) of {minis[0]} rows (algo.mini_batches="
                  f"{algo.mini_batches}) x {algo.ppo_epochs} epoch(s) = {optimizer_steps} optimizer step(s) per batch")
@@ -125,23 +142,25 @@ def explain(conf: RunConf) -> Explanation:
                  + (f"; plus a no-grad pass for the old log-probs (algo.proximal=recompute, {optimizer_steps} updates)"
                     if optimizer_steps > 1 and algo.proximal == "recompute" else "")
                  + ("; plus the reference model's pass (algo.kl_coef)" if algo.kl_coef > 0 else ""))
+    return optimizer_steps, micros, minis
 
-    # Staleness and weight syncs.
+
+def _staleness_and_schedule(conf: RunConf, lines: list[str]) -> tuple[int | None, int, int, int]:
+    """(the staleness a token may reach, weight syncs, evals and checkpoints over the run)."""
     w = conf.sync_weights_interval
-    mode = conf.strategy.staleness_mode
-    if isinstance(conf.strategy, AsyncStrategyConf):
-        threshold = stale_threshold(conf.max_staleness, w)
-        if mode == "token":
-            max_stale = threshold - 1
-            lines.append(f"staleness: a trained token is at most {max_stale} weight version(s) old ((max_staleness "
-                         f"+ 1) x sync_weights_interval - 1); a group reaching {threshold} expires and is resampled")
-        else:
-            max_stale = None
-            lines.append(f"staleness: a group starts at most {threshold - 1} version(s) behind (admission mode); "
-                         f"started groups continue on newer weights, so a token's staleness is not bounded")
-    else:
+    if not isinstance(conf.strategy, AsyncStrategyConf):
         max_stale = w - 1
         lines.append(f"staleness: {max_stale} (strategy=sync: each step samples with the weights of the last sync)")
+    elif conf.strategy.staleness_mode == "token":
+        threshold = stale_threshold(conf.max_staleness, w)
+        max_stale = threshold - 1
+        lines.append(f"staleness: a trained token is at most {max_stale} weight version(s) old ((max_staleness "
+                     f"+ 1) x sync_weights_interval - 1); a group reaching {threshold} expires and is resampled")
+    else:
+        max_stale = None
+        lines.append(f"staleness: a group starts at most {stale_threshold(conf.max_staleness, w) - 1} version(s) "
+                     f"behind (admission mode); started groups continue on newer weights, so a token's staleness "
+                     f"is not bounded")
     eval_steps = run_steps(conf.total_steps, conf.eval_every) | {conf.total_steps}
     sync_steps = run_steps(conf.total_steps, w) | eval_steps
     save_steps = run_steps(conf.total_steps, conf.save_every) | {conf.total_steps}
@@ -150,35 +169,31 @@ def explain(conf: RunConf) -> Explanation:
     lines.append(f"evals: {len(eval_steps) + 1} (step 0, every {conf.eval_every or '-'} steps and the last) of "
                  f"{conf.eval.num_prompts} prompts; checkpoints: {len(save_steps)} (save_every={conf.save_every}, "
                  f"keep_checkpoints={conf.keep_checkpoints})")
+    return max_stale, len(sync_steps), len(eval_steps) + 1, len(save_steps)
 
-    # Memory of the longest sample.
-    memory = None
-    if shape is not None and longest is not None:
-        rows = min(algo.micro_batch_size, math.ceil(minis[0] / workers)) if budget is None else \
-            min(max(1, budget // longest), math.ceil(minis[0] / workers))
-        trainable = lora_params(shape, conf.model.lora.rank) if conf.model.lora.enabled else shape.parameters
-        memory = training_memory_mb(
-            shape, dtype=conf.model.dtype, trainable_params=trainable, rows=rows, seq_len=longest,
-            response_tokens=max(budgets.values()), chunk_tokens=getattr(backend, "logprob_chunk_tokens", 1024),
-            reference=algo.kl_coef > 0 and not conf.model.lora.enabled,
-            gradient_checkpointing=getattr(backend, "gradient_checkpointing", False),
-            eager_attention=conf.model.attn_implementation == "eager")
-        parts = ", ".join(f"{k} {v:,.0f}" for k, v in memory.items() if k != "total" and v >= 0.5)
-        lines.append(f"memory of one training micro-batch of the longest sample ({rows} rows x {longest} tokens; "
-                     f"model {shape.parameters / 1e6:.1f}M parameters, {shape.layers} layers, hidden {shape.hidden}, "
-                     f"vocabulary {shape.vocab}): about {memory['total']:,.0f} MB per rank ({parts} MB)"
-                     + ("; task.max_prompt_tokens=0 lets a prompt take the model's positions minus the budget: set it "
-                        "to your data's longest prompt for the figure of your data (trainer.probe_longest measures "
-                        "that one at start)" if any(e.task.max_prompt_tokens == 0 for e in entries.values()) else ""))
-    else:
+
+def _memory(conf: RunConf, shape: ModelShape | None, longest: int | None, lines: list[str]) -> dict[str, float] | None:
+    """The memory one training micro-batch of the longest sample needs, from the model's shape."""
+    if shape is None or longest is None:
         lines.append("memory: the model's config.json does not tell its shape or the prompt length is unbounded")
-
-    return Explanation(
-        samples_per_step=samples, groups_in_flight=groups_in_flight, tokens_generated_at_most=tokens,
-        optimizer_steps=optimizer_steps, micro_batches_per_rank=micros, micro_batches_exact=budget is None,
-        max_staleness=max_stale, weight_syncs=len(sync_steps), evals=len(eval_steps) + 1,
-        checkpoints=len(save_steps), longest_sample_tokens=longest, memory_mb=memory,
-        lines=lines, suspicious=suspicious(conf, samples, positions, longest) + too_big(conf, memory))
+        return None
+    algo, backend, lora = conf.algo, conf.backend, conf.model.lora
+    rows = longest_micro_batch_rows(conf, longest)
+    memory = training_memory_mb(
+        shape, dtype=conf.model.dtype, trainable_params=lora_params(shape, lora.rank) if lora.enabled
+        else shape.parameters, rows=rows, seq_len=longest, response_tokens=conf.max_response_tokens(),
+        chunk_tokens=getattr(backend, "logprob_chunk_tokens", 1024), reference=algo.kl_coef > 0 and not lora.enabled,
+        gradient_checkpointing=getattr(backend, "gradient_checkpointing", False),
+        eager_attention=conf.model.attn_implementation == "eager")
+    parts = ", ".join(f"{k} {v:,.0f}" for k, v in memory.items() if k != "total" and v >= 0.5)
+    lines.append(f"memory of one training micro-batch of the longest sample ({rows} rows x {longest} tokens; "
+                 f"model {shape.parameters / 1e6:.1f}M parameters, {shape.layers} layers, hidden {shape.hidden}, "
+                 f"vocabulary {shape.vocab}): about {memory['total']:,.0f} MB per rank ({parts} MB)"
+                 + ("; task.max_prompt_tokens=0 lets a prompt take the model's positions minus the budget: set it "
+                    "to your data's longest prompt for the figure of your data (trainer.probe_longest measures "
+                    "that one at start)" if any(e.task.max_prompt_tokens == 0 for e in conf.task_entries().values())
+                    else ""))
+    return memory
 
 
 def too_big(conf: RunConf, memory: dict[str, float] | None) -> list[str]:
@@ -189,8 +204,8 @@ def too_big(conf: RunConf, memory: dict[str, float] | None) -> list[str]:
     if memory["total"] <= total:
         return []
     return [f"one training micro-batch of the longest sample the config allows needs about {memory['total']:,.0f} MB, "
-            f"more than this machine's {total:,.0f} MB: lower algo.micro_batch_size (or set backend.micro_batch_tokens), "
-            f"task.max_prompt_tokens or agent.sampling.max_tokens"]
+            f"more than this machine's {total:,.0f} MB: lower algo.micro_batch_size (or set "
+            f"backend.micro_batch_tokens), task.max_prompt_tokens or agent.sampling.max_tokens"]
 
 
 def _longest(conf: RunConf) -> tuple[ModelShape | None, int | None, int | None]:

@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 from rlharness.config.run import RunConf
 from rlharness.config.schema import ConfigError
-from rlharness.trainer.memory_estimate import model_shape
 from rlharness.data.prompt_length import longest_prompt_tokens
+from rlharness.trainer.memory_estimate import model_shape
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +42,17 @@ def probe_shape(conf: RunConf, task_data: dict[str, Any], encode: Callable[[str]
         p, r = longest_prompt_tokens(task_data[name].train, encode), conf.sampling_for(entry).max_tokens
         if p + r > prompt + response:
             prompt, response = p, r
+    return longest_micro_batch_rows(conf, prompt + response), prompt, response
+
+
+def longest_micro_batch_rows(conf: RunConf, longest: int) -> int:
+    """Rows of the largest micro-batch of samples `longest` tokens long: `algo.micro_batch_size`, or what
+    `backend.micro_batch_tokens` holds, at most one rank's share of a mini-batch."""
     samples = conf.batch_size * conf.sampler.prompt_repeat_k
     per_rank = math.ceil(math.ceil(samples / conf.algo.mini_batches) / conf.backend.workers)
     budget = getattr(conf.backend, "micro_batch_tokens", None)
-    rows = conf.algo.micro_batch_size if budget is None else max(1, budget // (prompt + response))
-    return min(rows, per_rank), prompt, response
+    rows = conf.algo.micro_batch_size if budget is None else max(1, budget // longest)
+    return min(rows, per_rank)
 
 
 def oom_message(rows: int, prompt: int, response: int, error: str, conf: RunConf) -> str:
