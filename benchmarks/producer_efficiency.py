@@ -139,7 +139,7 @@ during it; i.i.d. lengths; no re-paid prefill, no waste. No schedule beats X* on
 
 
 CEILING_FORMULA = """\
-Ceiling of async + partial rollout under max_staleness=s (per-token expiry of whole groups, DESIGN.md):
+Ceiling of async + partial rollout under max_staleness=s (per-token expiry of whole groups):
 a group whose oldest token has version v is trained at step v+s+1 at the latest, and version v reaches
 the engines T_busy = T_train + T_sync after the batch of step v was taken. At throughput F (one step
 per T = B*K/F) a group has at most W(F) = (s+1)*T - T_busy from its first token to that batch. A member

@@ -9,7 +9,7 @@ of that step is on-policy (sync, no partial rollout, float32 on both sides), so 
 life is rounding (about 5e-7); a life whose engine computed on another state shows 1e-4 or more.
 With `--vml-spy` every life runs under scripts/vml_spy.c, and its line says which MKL VML functions
 had their first call on two threads at once (`raced`): the window of the defect's cause
-(docs/resume_race.md), whatever the CPU (on AMD CPUs such a call still computes right).
+(docs/notes/resume_race.md), whatever the CPU (on AMD CPUs such a call still computes right).
 
     .venv/bin/python benchmarks/resumed_lives.py --lives 200 --parallel 2 --vml-spy
 """

@@ -1,5 +1,5 @@
 """Issue 21's defect, made on purpose: resumed lives whose engine got MKL's low-accuracy cos/sin in
-one thread's chunk of its first prefill, as a raced first VML call leaves it (docs/resume_race.md).
+one thread's chunk of its first prefill, as a raced first VML call leaves it (docs/notes/resume_race.md).
 
 One sync run is SIGKILLed inside checkpoint 2 (as in benchmarks/resumed_lives.py); each variant is a
 resumed life from a copy of it, run with benchmarks/vml_race/ on PYTHONPATH: EP_VARIANT="cos:1" puts

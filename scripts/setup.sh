@@ -12,5 +12,12 @@ venv_install .venv "torch==2.13.0"
 venv_install .venv -e ".[dev]"
 # DeepSpeed without its CUDA ops, built against the torch above (ENVIRONMENT.md).
 DS_BUILD_OPS=0 venv_install .venv --no-build-isolation "deepspeed>=0.16"
+# A headless browser for the documentation test (tests/docs/test_site.py renders the built site):
+# Debian's chromium, installed as root where apt-get exists; elsewhere that test says what is missing.
+if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends chromium >/dev/null; } \
+    || echo "warning: apt-get could not install chromium; tests/docs/test_site.py needs it" >&2
+fi
 # The embedded default model ships in the repo; rebuild it only if it is missing.
 [ -f assets/tiny-arith/config.json ] || .venv/bin/python scripts/make_tiny_model.py --out assets/tiny-arith

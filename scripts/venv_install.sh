@@ -1,7 +1,7 @@
 # Sourced by scripts/setup.sh and scripts/setup_vllm.sh: `venv_install VENV ARGS...` is
 # `pip install ARGS` into VENV, done by uv (installed into VENV from PyPI by pip on first use).
 # uv resolves, fetches and unpacks in parallel native code: the .venv's packages took pip about
-# 2 minutes here and uv about 25 s of CPU, the vLLM venv's ~180 CPU-s and 40 (docs/benchmarks.md),
+# 2 minutes here and uv about 25 s of CPU, the vLLM venv's ~180 CPU-s and 40 (docs/notes/benchmarks-log.md, "Issue 21: uv"),
 # the same versions either way. It reads no pip configuration: pip's wheel folders (where
 # these machines keep the CPU build of torch) and certificate are passed on.
 export PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -31,6 +31,22 @@ def _torch_threads_restored(_torch_threads):
         torch.set_num_threads(_torch_threads)
 
 
+@pytest.fixture(autouse=True)
+def _logged_metrics_are_in_the_catalog(request):
+    """Every key of every `metrics.jsonl` a test's runs wrote under its `tmp_path` is in the metrics
+    catalog (rlharness/logging_utils/metric_catalog.py, which docs/reference/metrics.md is made from):
+    a metric added without its entry fails the tests that run it."""
+    # Asked for here, before the test, so that it is torn down after this check.
+    tmp_path = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if tmp_path is not None:
+        from tests.helpers import uncataloged_metrics
+
+        unknown = uncataloged_metrics(tmp_path)
+        assert unknown == {}, (f"metric keys that rlharness/logging_utils/metric_catalog.py does not list: {unknown}; "
+                               f"add them there and run python scripts/gen_reference.py")
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A randomly initialised 2-layer character-level Llama in Hugging Face format."""

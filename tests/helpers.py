@@ -40,6 +40,19 @@ def run_in_process(run_dir: str | Path, overrides: list[str]) -> dict:
         raise exc.error from None
 
 
+def uncataloged_metrics(folder: str | Path) -> dict[str, list[str]]:
+    """metrics.jsonl under `folder` -> its keys that the metrics catalog does not list (files with none left out)."""
+    from rlharness.logging_utils.metric_catalog import unknown_keys
+    from rlharness.logging_utils.metrics import read_metrics
+
+    found = {}
+    for path in sorted(Path(folder).rglob("metrics.jsonl")):
+        unknown = unknown_keys({k for row in read_metrics(path) for k in row})
+        if unknown:
+            found[str(path)] = unknown
+    return found
+
+
 def run_cli(args: list[str], cwd: str | Path, timeout_s: float = 600, check: bool = True,
             env: dict | None = None, fresh_interpreter: bool = False,
             script: str = "train.py") -> subprocess.CompletedProcess:

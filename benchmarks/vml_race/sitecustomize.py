@@ -1,7 +1,7 @@
 """Loaded by benchmarks/vml_race_simulation.py's lives (PYTHONPATH): with EP_VARIANT="cos:1" (or
 "sin:0", "cos+sin:1", ...), the hf-engine thread's first cos/sin of at least 4096 values gets MKL's
 AVX2 EP values (ep.py, in a subprocess with MKL_ENABLE_INSTRUCTIONS=AVX2) in chunk 0 or 1 of the
-two-thread split: what a raced first VML call leaves (docs/resume_race.md)."""
+two-thread split: what a raced first VML call leaves (docs/notes/resume_race.md)."""
 
 import os
 import sys

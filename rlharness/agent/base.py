@@ -45,7 +45,10 @@ async def gather_or_cancel(aws: Iterable[Awaitable[T]]) -> list[T]:
 
 class AgentLoop(abc.ABC):
     def __init__(self, conf: AgentConf, engine: RolloutEngine, judger: Judger,
-                 decode: Callable[[list[int]], str]) -> None:
+                 decode: Callable[[list[int]], str], encode: Callable[[str], list[int]] | None = None,
+                 tokenizer=None) -> None:
+        """`encode` (text -> ids, no special tokens added) is for loops that insert text; `tokenizer`
+        (its chat template) for loops that render messages. Every loop takes the same arguments."""
         self.conf = conf
         self.engine = engine
         self.judger = judger

@@ -83,8 +83,11 @@ class MultiTurnToolAgentLoop(SingleTurnAgentLoop):
     conf: MultiTurnToolAgentConf
 
     def __init__(self, conf: MultiTurnToolAgentConf, engine: RolloutEngine, judger: Judger,
-                 decode: Callable[[list[int]], str], encode: Callable[[str], list[int]]) -> None:
+                 decode: Callable[[list[int]], str], encode: Callable[[str], list[int]] | None = None,
+                 tokenizer=None) -> None:
         super().__init__(conf, engine, judger, decode)
+        if encode is None:
+            raise ValueError("agent=multi_turn_tool needs `encode` (it appends tool output as tokens)")
         self.encode = encode
         if conf.tool_call_end not in self.stop_strings:  # the engine stops at the end of a call
             self.stop_strings.append(conf.tool_call_end)

@@ -71,8 +71,11 @@ class GatewayAgentLoop(AgentLoop):
     conf: OpenAIGatewayAgentConf
 
     def __init__(self, conf: OpenAIGatewayAgentConf, engine: RolloutEngine, judger: Judger,
-                 decode: Callable[[list[int]], str], tokenizer) -> None:
+                 decode: Callable[[list[int]], str], encode: Callable[[str], list[int]] | None = None,
+                 tokenizer=None) -> None:
         super().__init__(conf, engine, judger, decode)
+        if tokenizer is None:
+            raise ValueError("agent=openai_gateway needs the tokenizer (it renders messages with its chat template)")
         self.tokenizer = tokenizer
         self.entrypoint = load_entrypoint(conf.entrypoint, "agent.entrypoint")
         self.markers = ToolMarkers(conf.tool_call_start, conf.tool_call_end, conf.tool_output_start,

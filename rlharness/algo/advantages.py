@@ -1,7 +1,7 @@
 """Advantage estimators: rewards of a batch of groups [num_groups, k] -> per-sample advantages.
 
-Pure tensor functions registered by name (as verl's `core_algos.py`); `algo.advantage`
-picks one. Every estimator gives exactly 0 (never NaN, never a rounding residue) to a
+Pure tensor functions picked by name (as verl's `core_algos.py`): `algo.advantage` names one
+in the table `ADVANTAGES` (rlharness/config/schema.py). Every estimator gives exactly 0 (never NaN, never a rounding residue) to a
 group whose rewards are all equal: such groups stay in the batch and contribute
 nothing to the gradient. (Without the explicit zero, the group mean's rounding error,
 ~1e-7, divided by std + eps would push every member the same way: 0.106 each for
@@ -28,26 +28,18 @@ from typing import Callable
 
 import torch
 
-from rlharness.config.schema import AlgoConf
+from rlharness.config.registry import resolve
+from rlharness.config.schema import ADVANTAGES, AlgoConf
 
 AdvantageFn = Callable[..., torch.Tensor]
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
-
-
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    def wrap(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} registered twice")
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-
-    return wrap
 
 
 def get_advantage_estimator(name: str) -> AdvantageFn:
-    if name not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"algo.advantage={name!r} is not allowed: expected one of {sorted(ADVANTAGE_ESTIMATORS)}")
-    return ADVANTAGE_ESTIMATORS[name]
+    """The estimator `algo.advantage=name` names (the table: `ADVANTAGES` in rlharness/config/schema.py)."""
+    if ADVANTAGES.get(name) is None:
+        estimators = sorted(k for k, v in ADVANTAGES.items() if v is not None)
+        raise ValueError(f"algo.advantage={name!r} is not a group estimator: expected one of {estimators}")
+    return resolve(ADVANTAGES[name])
 
 
 def _check_rewards(rewards: torch.Tensor) -> torch.Tensor:
@@ -70,7 +62,6 @@ def _std(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     return x.std() if dim is None else x.std(dim=dim)
 
 
-@register_advantage("grpo")
 def grpo_advantages(rewards: torch.Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
     r = _check_rewards(rewards)
     adv = r - r.mean(dim=1, keepdim=True)
@@ -79,13 +70,11 @@ def grpo_advantages(rewards: torch.Tensor, *, norm_adv_by_std: bool = True, eps:
     return _zero_all_equal(adv, r)
 
 
-@register_advantage("drgrpo")
 def drgrpo_advantages(rewards: torch.Tensor, **_: object) -> torch.Tensor:
     r = _check_rewards(rewards)
     return _zero_all_equal(r - r.mean(dim=1, keepdim=True), r)
 
 
-@register_advantage("rloo")
 def rloo_advantages(rewards: torch.Tensor, **_: object) -> torch.Tensor:
     r = _check_rewards(rewards)
     k = r.shape[1]
@@ -94,7 +83,6 @@ def rloo_advantages(rewards: torch.Tensor, **_: object) -> torch.Tensor:
     return _zero_all_equal((r - r.mean(dim=1, keepdim=True)) * (k / (k - 1)), r)
 
 
-@register_advantage("reinforce_pp")
 def reinforce_pp_advantages(rewards: torch.Tensor, *, eps: float = 1e-6, **_: object) -> torch.Tensor:
     r = _check_rewards(rewards)
     centred = _zero_all_equal(r - r.mean(dim=1, keepdim=True), r)

@@ -10,7 +10,7 @@ Three log-probs meet in the loss: `logprobs` (the policy being trained), `old` (
 trainer's log-prob before this update: the PPO ratio's denominator) and `rollout`
 (what the engine reported when it sampled the token). Two separate, pure pieces use them:
 
-- a policy loss, picked by name (`algo.policy_loss`, registry `POLICY_LOSSES`), of
+- a policy loss, picked by name (`algo.policy_loss`, table `POLICY_LOSSES` in rlharness/config/schema.py), of
   (logprobs, old, advantages, mask) -> per-token loss and where its clip was active:
     ppo:       -min(r A, clip(r, 1 - low, 1 + high) A), r = exp(logprobs - old)
                (asymmetric clip: DAPO's clip-higher);
@@ -44,6 +44,9 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+
+from rlharness.config.registry import resolve
+from rlharness.config.schema import POLICY_LOSSES
 
 LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 CORRECTION_LEVELS = ("token", "sequence")
@@ -145,23 +148,13 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, mode: str, *, ma
 # A policy loss: (logprobs, old_logprobs, advantages, mask, **knobs) -> (loss [B, T], clipped [B, T] bool).
 # `clipped` marks tokens whose gradient a clip removed or changed, for `train/clip_frac`.
 PolicyLossFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-POLICY_LOSSES: dict[str, PolicyLossFn] = {}
-
-
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    def wrap(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} registered twice")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return wrap
 
 
 def get_policy_loss(name: str) -> PolicyLossFn:
+    """The loss `algo.policy_loss=name` names (the table: `POLICY_LOSSES` in rlharness/config/schema.py)."""
     if name not in POLICY_LOSSES:
         raise ValueError(f"algo.policy_loss={name!r} is not allowed: expected one of {sorted(POLICY_LOSSES)}")
-    return POLICY_LOSSES[name]
+    return resolve(POLICY_LOSSES[name])
 
 
 def compute_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
@@ -185,13 +178,11 @@ def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, adva
     return torch.maximum(unclipped, clipped_term), clipped_term > unclipped
 
 
-@register_policy_loss("ppo")
 def ppo_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps_low: float, clip_eps_high: float,
              **_: float) -> tuple[torch.Tensor, torch.Tensor]:
     return clipped_policy_loss(logprobs, old_logprobs, advantages, clip_eps_low, clip_eps_high)
 
 
-@register_policy_loss("dual_clip")
 def dual_clip_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps_low: float, clip_eps_high: float,
                    clip_ratio_c: float, **_: float) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO, and for A < 0: min(ppo loss, -c A). The cap removes the gradient of tokens with r > c."""
@@ -204,7 +195,6 @@ def dual_clip_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps_low: fl
     return torch.where(negative, torch.minimum(loss, cap), loss), clipped | capped
 
 
-@register_policy_loss("gspo")
 def gspo_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps_low: float, clip_eps_high: float,
               **_: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped loss on the sequence ratio s_i = exp(mean over the response of (logprobs - old)).
@@ -222,7 +212,6 @@ def gspo_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps_low: float, 
     return torch.maximum(unclipped, clipped_term), clipped_term > unclipped
 
 
-@register_policy_loss("cispo")
 def cispo_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps_low: float, clip_eps_high: float,
                **_: float) -> tuple[torch.Tensor, torch.Tensor]:
     """-sg[clip(r, 1-low, 1+high)] * A * logprobs: REINFORCE weighted by a clipped, detached IS ratio."""

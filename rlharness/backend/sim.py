@@ -23,7 +23,8 @@ _STATE_FILE = "sim_backend.json"
 
 
 class SimBackend(TrainingBackend):
-    def __init__(self, conf: SimBackendConf) -> None:
+    def __init__(self, conf: SimBackendConf, *run: Any) -> None:
+        """`run` (the model, algorithm, steps and seed a real backend takes) means nothing to a simulation."""
         self.conf = conf
         self.version = 0  # weight version: number of train steps taken
         self.tokens_trained = 0

@@ -39,15 +39,20 @@ class RunConf(TaskWiring):
     # task `task` with `judger`, named by its task (today's runs, unchanged).
     tasks: dict[str, TaskEntryConf] = field(default_factory=dict)
 
+    # Seeds the data order and the per-sample sampling seeds; a run repeats for a seed on one machine.
     seed: int = 0
     mode: str = "colocate"  # colocate | disagg
+    # How many weight versions a trained token may lag (0 = on-policy); strategy.max_staleness follows it.
     max_staleness: int = 0
+    # Training steps (one batch each); resuming with a larger value extends the run.
     total_steps: int = 400
     batch_size: int = 64  # prompt groups per training step
     eval_every: int = 50  # 0 = only before and after training
     save_every: int = 50  # 0 = only at the end
     resume: str = "auto"  # auto | never | <run dir>
+    # Sync the engines' weights every this many steps (eval steps always sync first).
     sync_weights_interval: int = 1
+    # The newest complete checkpoints kept; older ones are deleted.
     keep_checkpoints: int = 2
     # Seconds any wait for a batch, a transfer or a pause may take before it is an error.
     timeout_s: float = 600.0

@@ -163,7 +163,9 @@ def check_prompt_repeat_k(k: Any, advantage: str | None = None, group_filter: st
 
 @dataclass
 class SamplerConf:
+    # Samples per prompt: a group of k copies of one prompt (GRPO's group size).
     prompt_repeat_k: int = 8
+    # Shuffle the training prompts (each epoch anew, from the run's seed).
     shuffle: bool = True
     # When the dataset is exhausted, start a new (reshuffled) epoch; else stop the run.
     allow_epoch_rollover: bool = True
@@ -175,10 +177,15 @@ class SamplerConf:
 # ----------------------------------------------------------------------------- agent
 @dataclass
 class SamplingConf:
+    # Sampling temperature of rollouts; the trainer scores log-probs at the same one.
     temperature: float = 1.0
+    # Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p (1 = off).
     top_p: float = 1.0
+    # Sample among the k most likely tokens (0 = off).
     top_k: int = 0
+    # The response budget in tokens (per turn for the tool loop); a longer response is cut.
     max_tokens: int = 8
+    # Strings that end a response.
     stop: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -211,15 +218,20 @@ class MultiTurnToolAgentConf(AgentConf):
     # Model turns per sample (a turn ends with a tool call or the response's end), so
     # at most max_turns - 1 tool calls are run.
     max_turns: int = 4
+    # Tool names the model may call (rlharness/agent/tools.py); the first is the default.
     tools: list[str] = field(default_factory=lambda: ["calculator"])
     # The model calls a tool by writing start + argument + end (generation stops at the
     # end marker); "name: argument" picks a tool other than the first of `tools`.
     tool_call_start: str = "<tool>"
+    # End marker of a tool call; generation stops there and the tool runs.
     tool_call_end: str = "</tool>"
     # The loop appends output_start + tool output + output_end (not trained).
     tool_output_start: str = "<output>"
+    # End marker of a tool output.
     tool_output_end: str = "</output>"
+    # A tool output is cut to this many characters.
     max_tool_output_chars: int = 256
+    # Seconds a tool call may take; past it the tool output is an error message.
     tool_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
@@ -252,8 +264,11 @@ class OpenAIGatewayAgentConf(AgentConf):
     # Tool calls in the model's text (the convention of agent=multi_turn_tool): start + argument + end,
     # answered inline by output_start + tool message + output_end.
     tool_call_start: str = "<tool>"
+    # End marker of a tool call in the model's text.
     tool_call_end: str = "</tool>"
+    # Start marker of a tool message rendered into the assistant turn.
     tool_output_start: str = "<output>"
+    # End marker of a tool message.
     tool_output_end: str = "</output>"
 
     def __post_init__(self) -> None:
@@ -345,13 +360,17 @@ class RewardModelJudgerConf(JudgerConf):
 
     name: str = "reward_model"
     path: Optional[str] = None  # the folder (required; relative paths as model.path)
+    # Where the reward model runs: cpu or cuda.
     device: str = "cpu"
+    # The reward model's weights' dtype.
     dtype: str = "float32"
     max_length: int = 512  # tokens scored; longer texts lose their start (the response's end is kept)
     batch_size: int = 16  # texts per forward pass
     # The logit read as the reward: required when the head has more than one label.
     label_index: Optional[int] = None
+    # Added to the logit before scaling (centre the scores).
     reward_shift: float = 0.0
+    # Multiplies the shifted logit (normalise the scores).
     reward_scale: float = 1.0
     torch_threads: int = 1  # of the scoring process (the trainer and engines share the cores)
     # mode=disagg: CPUs reserved for the reward-model actor (its own placement group; GPU 1 when
@@ -391,12 +410,16 @@ class LLMJudgerConf(JudgerConf):
     path: str = II("model.path")
     engine: str = "hf"  # hf | vllm
     device: str = "cpu"  # engine=hf
+    # Jinja template of the judge's prompt; must use {{ response }} (prompt and label optional).
     template: str = LLM_JUDGE_TEMPLATE
     apply_chat_template: bool = True  # wrap the rendered template as a user turn when the judge has a template
     # The first match's group 1 (else the whole match) is the number read; reward = number * reward_scale + shift.
     score_pattern: str = r"(-?\d+(?:\.\d+)?)"
+    # The number read is multiplied by this (0.1: a 0-10 grade becomes 0-1).
     reward_scale: float = 0.1
+    # Added after scaling.
     reward_shift: float = 0.0
+    # Tokens the judge may write.
     max_tokens: int = 8
     temperature: float = 0.0  # 0 = greedy
     # An answer with no match (counted as judge/unparseable) or none within agent.judge_timeout_s:
@@ -436,6 +459,7 @@ class RouterJudgerConf(RuleJudgerConf):
     name: str = "router"
     # judger name -> weight; the score is the weighted sum of their scores.
     weights: dict[str, float] = field(default_factory=lambda: {"math": 1.0, "format": 0.1})
+    # The regular expression the `format` part matches (full match scores 1).
     format_pattern: str = r"(?s).*\S.*"
     # The configs of the learned parts, used when `weights` names them ("reward_model", "llm").
     reward_model: RewardModelJudgerConf = field(default_factory=RewardModelJudgerConf)
@@ -445,6 +469,7 @@ class RouterJudgerConf(RuleJudgerConf):
 @dataclass
 class RemoteJudgerConf(JudgerConf):
     name: str = "remote"
+    # Where each member is POSTed as {"response", "label"}, answered by {"score": ...}.
     url: str = "http://127.0.0.1:8008/judge"
     # When set, a whole group is judged in one POST {"items": [{"response", "label"}, ...]}
     # answered by {"results": [{"score": ...}, ...]} (same order); else one POST per member.
@@ -454,7 +479,9 @@ class RemoteJudgerConf(JudgerConf):
     # Connection errors, timeouts, HTTP 429 and 5xx are retried this many times, waiting
     # backoff_s, 2 x backoff_s, ... (at most backoff_max_s, with jitter) in between.
     max_retries: int = 3
+    # The first wait before a retry (doubled at each retry).
     backoff_s: float = 0.5
+    # The longest wait between retries.
     backoff_max_s: float = 8.0
     # Sent with every request. A value "env:NAME" is read from the environment variable NAME
     # when each request is made, so a token never reaches .hydra/, logs, W&B or checkpoints:
@@ -494,6 +521,7 @@ VLLM_MAX_LORA_RANK = 512  # the largest of vLLM's max_lora_rank values (vllm.con
 class LoraConf:
     """LoRA adapters through peft (rlharness/model/lora.py); rank 0 trains every weight."""
 
+    # Rank of the adapters; 0 = no LoRA (every weight trains).
     rank: int = 0
     alpha: float = 16.0  # the update is scaled by alpha / rank
     # > 0 makes the trainer's log-probs differ from the engine's (dropout is on only in training).
@@ -522,8 +550,11 @@ class LoraConf:
 class ModelConf:
     # Any Hugging Face causal-LM directory; relative paths resolve against the project.
     path: str = "assets/tiny-arith"
+    # Weights' dtype on the engine and the trainer (the on-policy guard checks float32 runs only).
     dtype: str = "float32"
+    # transformers' attention (eager, sdpa, ...) for the hf engine and the trainer.
     attn_implementation: str = "eager"
+    # Allow a model whose config maps to code of its own (auto_map); refused otherwise.
     trust_remote_code: bool = False
     lora: LoraConf = field(default_factory=LoraConf)
 
@@ -535,6 +566,7 @@ class ModelConf:
 @dataclass
 class EngineConf:
     name: str = MISSING
+    # Rollout engines; requests are spread over them (mode=disagg: one Ray actor each).
     num_engines: int = 1
     # How new weights reach the engine, declared here so the route is chosen once when the
     # run is built (rlharness/weights/transfer.py `choose_route`): `auto` (mode=disagg: the Ray
@@ -554,6 +586,7 @@ class EngineConf:
 @dataclass
 class HFEngineConf(EngineConf):
     name: str = "hf"
+    # Where the hf engine runs: cpu or cuda.
     device: str = "cpu"
     # Most sequences decoded together; waiting requests join as others finish.
     max_batch_size: int = 128
@@ -566,8 +599,11 @@ class HFEngineConf(EngineConf):
 @dataclass
 class VLLMEngineConf(EngineConf):
     name: str = "vllm"
+    # Share of the GPU's memory vLLM may take (weights and KV cache).
     gpu_memory_utilization: float = 0.5
+    # GPUs per vLLM engine (tensor parallelism).
     tensor_parallel_size: int = 1
+    # No CUDA graphs (faster start, slower decoding).
     enforce_eager: bool = True
     # How new weights reach vLLM's workers, colocated too: `collective` (broadcast in a
     # process group with the weights' holder: NCCL between GPUs, gloo otherwise) or `disk`
@@ -580,7 +616,7 @@ class VLLMEngineConf(EngineConf):
     # vLLM's CPU build, `weight_sync=collective`: `onednn` keeps vLLM's packed linear weights (re-packed
     # on every sync: the sync costs ~5x a broadcast); `torch` puts the linear layers on torch's F.linear
     # over plain weights at the first sync, each sync then loads in place (~1.3x a broadcast) but
-    # decoding is ~2x slower (docs/benchmarks.md, "Issue 25: vLLM collective sync on the CPU build").
+    # decoding is ~2x slower (docs/benchmarks.md, "Trainer and weight-sync throughput").
     cpu_linear: str = "onednn"
 
     def weight_sync_routes(self) -> tuple[str, ...]:
@@ -601,9 +637,13 @@ class SimEngineConf(EngineConf):
     name: str = "sim"
     # Response lengths ~ lognormal(mean, cv), capped at max_len (= agent max_tokens if 0).
     mean_response_len: float = 64.0
+    # Coefficient of variation of the response lengths (0 = all the same length).
     cv: float = 1.0
+    # Cap on a response's length; 0 = agent.sampling.max_tokens.
     max_len: int = 0
+    # Simulated decode time per token of each request.
     time_per_token_s: float = 0.001
+    # Simulated time before a request's first token.
     prefill_s: float = 0.0
     slots: int = 64  # concurrent requests per engine
     # Probability a sampled token is the right answer is irrelevant here: rewards come
@@ -633,7 +673,9 @@ class BackendConf:
 @dataclass
 class TorchBackendConf(BackendConf):
     name: str = "torch"
+    # Where the trainer runs: cpu or cuda.
     device: str = "cpu"
+    # Recompute activations in the backward pass: less memory, more compute.
     gradient_checkpointing: bool = False
     # Response tokens whose vocabulary projection and log-softmax are computed at once
     # (rlharness/algo/logprobs.py): bounds the trainer's largest tensor to this x vocab floats.
@@ -651,9 +693,13 @@ class TorchBackendConf(BackendConf):
 @dataclass
 class DeepSpeedBackendConf(BackendConf):
     name: str = "deepspeed"
+    # ZeRO stage: 0 (plain data parallel), 1 (optimizer states), 2 (+ gradients), 3 (+ weights).
     zero_stage: int = 2
+    # Training ranks, each a Ray actor.
     num_workers: int = 2
+    # Where the ranks train: cpu (gloo) or cuda (NCCL).
     device: str = "cpu"
+    # As backend=torch's.
     gradient_checkpointing: bool = False
     logprob_chunk_tokens: int = 1024  # as backend=torch's
     micro_batch_tokens: Optional[int] = None  # as backend=torch's, within each rank's share
@@ -676,7 +722,9 @@ class DeepSpeedBackendConf(BackendConf):
 @dataclass
 class SimBackendConf(BackendConf):
     name: str = "sim"
+    # Simulated seconds per training step.
     step_time_s: float = 0.05
+    # Simulated training seconds per trained token, on top of step_time_s.
     time_per_token_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -685,9 +733,22 @@ class SimBackendConf(BackendConf):
 
 
 # ----------------------------------------------------------------------------- algo
-# Names registered in rlharness.algo (checked against the registries by tests/algo).
-ADVANTAGES = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gae")
-POLICY_LOSSES = ("ppo", "dual_clip", "gspo", "cispo")
+# The algorithms by name: what algo.advantage and algo.policy_loss accept, and the pure function each
+# names ("module:function", imported by rlharness.algo when used: this layer loads no torch). gae needs
+# the critic's values: the backend computes it (rlharness/algo/gae.py).
+ADVANTAGES: dict[str, str | None] = {
+    "grpo": "rlharness.algo.advantages:grpo_advantages",
+    "drgrpo": "rlharness.algo.advantages:drgrpo_advantages",
+    "rloo": "rlharness.algo.advantages:rloo_advantages",
+    "reinforce_pp": "rlharness.algo.advantages:reinforce_pp_advantages",
+    "gae": None,
+}
+POLICY_LOSSES: dict[str, str] = {
+    "ppo": "rlharness.algo.losses:ppo_loss",
+    "dual_clip": "rlharness.algo.losses:dual_clip_loss",
+    "gspo": "rlharness.algo.losses:gspo_loss",
+    "cispo": "rlharness.algo.losses:cispo_loss",
+}
 
 
 @dataclass
@@ -697,8 +758,11 @@ class CriticConf:
     # A causal-LM folder whose decoder becomes the critic's body (a fresh scalar value head on top);
     # None = model.path (the policy's starting checkpoint).
     path: Optional[str] = None
+    # The critic's learning rate (constant).
     lr: float = 1e-4
+    # The critic's AdamW weight decay.
     weight_decay: float = 0.0
+    # Clip the critic's gradient norm to this (0 = off).
     grad_clip: float = 1.0
     # The value loss's clip: a new value may move at most this far from the step's old value before
     # its squared error stops shrinking (verl's critic.cliprange_value).
@@ -723,9 +787,11 @@ class AlgoConf:
     # baseline, so they need sampler.prompt_repeat_k >= 2. gae: per-token GAE against a learned
     # critic (algo=ppo; `critic`, `gamma`, `lam`, `kl_reward_coef` below; rlharness/algo/gae.py).
     advantage: str = "grpo"
+    # Divide a group's advantages by its reward std (GRPO); off: Dr.GRPO's unscaled advantages.
     norm_adv_by_std: bool = True
     # GAE's discount and lambda (verl's algorithm.gamma / lam; lam=1: Monte-Carlo returns - values).
     gamma: float = 1.0
+    # GAE's lambda (1: Monte-Carlo returns minus values).
     lam: float = 1.0
     # gae only: -kl_reward_coef x (old - reference log-prob) added to every response token's reward
     # (verl's use_kl_in_reward with a fixed kl_ctrl.kl_coef); 0 = off. Loads the reference model.
@@ -738,12 +804,16 @@ class AlgoConf:
     # Loss aggregation: token_mean (DAPO), seq_mean_token_mean (GRPO paper),
     # seq_mean_token_sum_norm (Dr.GRPO: token sum / max_tokens).
     loss_agg: str = "token_mean"
+    # The ratio's clip range is [1 - clip_eps_low, 1 + clip_eps_high] (DAPO's clip-higher: raise high).
     clip_eps_low: float = 0.2
+    # The upper half of the clip range.
     clip_eps_high: float = 0.2
     clip_ratio_c: float = 3.0  # dual_clip's bound (> 1), verl's default
+    # Weight of the KL-to-reference term in the loss; > 0 loads a frozen reference model.
     kl_coef: float = 0.0
     kl_estimator: str = "k3"  # k1 | k3
     kl_clamp: float = 0.0  # caps k3 per token (verl uses 10); 0 = off
+    # Weight of the entropy bonus (subtracted from the loss).
     entropy_coef: float = 0.0
     # Off-policy correction between the engine's (rollout) and the trainer's log-probs:
     # truncated importance sampling min(rho, tis_cap), rho per token or per sequence; 0 disables.
@@ -753,12 +823,15 @@ class AlgoConf:
     # get no loss. none | token | sequence (TRL's default is a sequence mask).
     rejection: str = "none"
     rejection_low: float = 0.0  # 0 = no lower bound
+    # Upper bound of the ratio rejection keeps.
     rejection_high: float = 3.0
     # DAPO overlong shaping: penalty up to -overlong_penalty_factor over the last
     # overlong_buffer_len tokens of the budget (0 = off); mask_truncated: responses cut
     # by the budget get no loss.
     overlong_buffer_len: int = 0
+    # The largest overlong penalty (at the budget's last token).
     overlong_penalty_factor: float = 1.0
+    # Give no loss to responses cut by the token budget.
     mask_truncated: bool = False
     # The on-policy guard: in a step where every trained token was sampled by the weights being
     # trained (version step - 1), the engine's and the trainer's log-probs differ by rounding
@@ -774,21 +847,29 @@ class AlgoConf:
     # one no-grad forward otherwise); loglinear: AReaL's approximation from the tokens'
     # versions (no extra forward); behaviour: the rollout policy (the coupled objective).
     proximal: str = "recompute"
+    # The policy's peak learning rate (AdamW).
     lr: float = 3e-4
+    # AdamW's weight decay.
     weight_decay: float = 0.0
+    # AdamW's beta1.
     adam_beta1: float = 0.9
+    # AdamW's beta2.
     adam_beta2: float = 0.99
+    # Clip the policy's gradient norm to this (0 = off).
     grad_clip: float = 1.0
     lr_schedule: str = "cosine"  # constant | cosine | linear (decays to min_lr_ratio at total_steps)
+    # Steps of linear LR warm-up from 0.
     warmup_steps: int = 0
+    # The LR schedule's floor, as a share of lr.
     min_lr_ratio: float = 0.1
+    # Passes over each batch (each pass takes mini_batches optimizer steps).
     ppo_epochs: int = 1
     mini_batches: int = 1  # optimizer steps per training step (per epoch)
     micro_batch_size: int = 512  # samples per forward/backward (gradient accumulation)
 
     def __post_init__(self) -> None:
-        _one_of("algo.advantage", self.advantage, ADVANTAGES)
-        _one_of("algo.policy_loss", self.policy_loss, POLICY_LOSSES)
+        _one_of("algo.advantage", self.advantage, tuple(ADVANTAGES))
+        _one_of("algo.policy_loss", self.policy_loss, tuple(POLICY_LOSSES))
         _one_of("algo.loss_agg", self.loss_agg,
                 ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"))
         if self.policy_loss == "gspo" and self.loss_agg != "seq_mean_token_mean":
@@ -847,6 +928,7 @@ class AlgoConf:
 class TaskConf:
     name: str = MISSING
     seed: int = 1234  # data generation / split seed (not the run seed)
+    # Held-out prompts (never trained on); eval.num_prompts of them are evaluated.
     num_eval: int = 200
     default_judger: str = "math"  # used when judger=auto (the default)
     # Longest prompt in tokens; 0 = the model's positions minus the response budget
@@ -866,8 +948,11 @@ class TaskConf:
 @dataclass
 class ArithmeticTaskConf(TaskConf):
     name: str = "arithmetic"
+    # Digits per operand.
     digits: int = 3
+    # Operators drawn from (+, -, *).
     operators: list[str] = field(default_factory=lambda: ["+"])
+    # Training problems (all distinct, none in the eval split).
     num_train: int = 20000
     # Leading zeros make every operand exactly `digits` long ("042+917=").
     zero_pad: bool = True
@@ -892,9 +977,13 @@ class ArithmeticTaskConf(TaskConf):
 @dataclass
 class CountdownTaskConf(TaskConf):
     name: str = "countdown"
+    # The countdown judger checks the expression and its numbers.
     default_judger: str = "countdown"
+    # Numbers given per problem.
     num_numbers: int = 3
+    # The largest number given.
     max_number: int = 20
+    # Training problems.
     num_train: int = 20000
 
     def __post_init__(self) -> None:
@@ -909,8 +998,11 @@ class JsonlTaskConf(TaskConf):
     name: str = "jsonl"
     path: str = MISSING  # JSONL or Parquet training file
     eval_path: Optional[str] = None  # held-out file; else the last num_eval rows of path
+    # The row's field holding the question.
     prompt_field: str = "question"
+    # The row's field holding the answer.
     answer_field: str = "answer"
+    # Python format string of the prompt; row fields by name ({question}, ...).
     prompt_template: str = "{question}"
     # GSM8K keeps the final answer after '####'; other layouts use the whole field.
     answer_delimiter: str = "####"
@@ -927,14 +1019,17 @@ class ReasoningGymTaskConf(TaskConf):
     """One reasoning-gym dataset (rlharness/data/reasoning_gym.py); scored by its own `score_answer`."""
 
     name: str = "reasoning_gym"
+    # Scored by the dataset's own score_answer.
     default_judger: str = "reasoning_gym"
     dataset: str = "basic_arithmetic"  # a reasoning-gym registry name: basic_arithmetic, chain_sum, ...
     # Keyword arguments of reasoning_gym.create_dataset (the dataset's config dataclass fields,
     # but seed and size, which come from task.seed and the split sizes).
     dataset_config: dict[str, Any] = field(default_factory=dict)
+    # Training items (eval items are distinct and never in train).
     num_train: int = 20000
     # Appended to the question after a space (what the model must write, e.g. "Give only the final number.").
     instruction: str = ""
+    # Wrap the question in the model's chat template.
     apply_chat_template: bool = True
 
     def __post_init__(self) -> None:
@@ -958,6 +1053,7 @@ class TaskEntryConf:
     """
 
     task: TaskConf = MISSING
+    # This task's share of every batch (weights are normalised over the tasks).
     weight: float = 1.0
     judger: Optional[JudgerConf] = None  # None = auto: the task's own judger
     agent: Optional[AgentConf] = None
@@ -989,10 +1085,13 @@ class LocalClusterConf(ClusterConf):
 @dataclass
 class LocalRayClusterConf(ClusterConf):
     name: str = "local_ray"
+    # CPUs of the local Ray instance.
     num_cpus: int = 2
+    # Ray's object store (weights travel through it in mode=disagg); 0 = Ray's default.
     object_store_memory_mb: int = 512
     # CPUs for each engine actor and each training actor (fractions allowed).
     engine_cpus: float = 1.0
+    # CPUs for each training actor (fractions allowed).
     trainer_cpus: float = 1.0
     # Ray's session files; "" = a short per-process dir under the system temp dir.
     temp_dir: str = ""
@@ -1008,15 +1107,25 @@ class LocalRayClusterConf(ClusterConf):
 @dataclass
 class SlurmClusterConf(ClusterConf):
     name: str = "slurm"
+    # Slurm partition (null: the cluster's default).
     partition: Optional[str] = None
+    # Slurm account to charge (null: yours).
     account: Optional[str] = None
+    # Slurm quality of service (null: the default).
     qos: Optional[str] = None
+    # Nodes per job (mode=disagg spreads engines and trainers over them; see engine_nodes).
     nodes: int = 1
+    # GPUs to request on each node.
     gpus_per_node: int = 0
+    # CPUs per node (one task per node); threads follow it.
     cpus_per_task: int = 2
+    # Memory per node in GB.
     mem_gb: int = 8
+    # The job's time limit in minutes; at its end the job is requeued and resumes.
     timeout_min: int = 60
+    # Slurm --constraint (node features).
     constraint: Optional[str] = None
+    # Shell lines run in the job before the run (module load, env activation).
     setup: list[str] = field(default_factory=list)
     max_num_timeout: int = 3  # requeues on preemption/timeout
     # A job that reads as failed but is being requeued (preemption, timeout) reads PENDING
@@ -1032,6 +1141,7 @@ class SlurmClusterConf(ClusterConf):
     object_store_memory_mb: int = 0
     # Logical CPUs per engine actor and per training actor (fractions allowed).
     engine_cpus: float = 1.0
+    # Logical CPUs per training actor (fractions allowed).
     trainer_cpus: float = 1.0
     # mode=disagg on several nodes: the last `engine_nodes` nodes host the engine actors,
     # the others the training actors (node 0 also runs the driver). 0 = auto: enough
@@ -1066,14 +1176,18 @@ class LoggerConf:
 @dataclass
 class WandbLoggerConf(LoggerConf):
     name: str = "wandb"
+    # W&B project.
     project: str = "rlharness"
+    # W&B entity (team or user; null: your default).
     entity: Optional[str] = None
     mode: str = "offline"  # offline | online | disabled
+    # W&B run tags.
     tags: list[str] = field(default_factory=list)
     # A wandb.Table of the step's samples every this many steps (0 = never); every eval also
     # logs a table of its completions. Each table holds at most max_sample_rows rows, whole
     # groups (whole prompts for eval) only.
     log_samples_every: int = 10
+    # The most rows a samples table holds.
     max_sample_rows: int = 64
 
     def __post_init__(self) -> None:
@@ -1094,6 +1208,7 @@ class EvalConf:
     # n samples per prompt at `temperature` (0 = pass_k): eval/avg@n (mean accuracy of the samples)
     # and the unbiased eval/pass@k from n >= k samples (Chen et al. 2021). eval/accuracy stays greedy.
     num_samples: int = 0
+    # k of eval/pass@k; above 1 the eval samples eval.num_samples per prompt (k when that is 0).
     pass_k: int = 1
     temperature: float = 1.0  # for the n samples; eval/accuracy is greedy
     max_tokens: int = 0  # 0 = agent.sampling.max_tokens
@@ -1321,18 +1436,3 @@ class HealthConf:
         """warn | stop for one monitor: its own `on_alarm`, else the run's."""
         own = getattr(self, monitor).on_alarm
         return self.on_alarm if own is None else own
-
-
-# Judger schemas by name: Hydra's `judger=<name>` (config/store.py) and a task's default judger
-# (`TaskEntryConf.judger` left at auto, config/tasks.py).
-JUDGER_SCHEMAS: dict[str, type] = {
-    "auto": AutoJudgerConf,
-    "math": MathJudgerConf,
-    "countdown": CountdownJudgerConf,
-    "format": FormatJudgerConf,
-    "reasoning_gym": ReasoningGymJudgerConf,
-    "router": RouterJudgerConf,
-    "remote": RemoteJudgerConf,
-    "reward_model": RewardModelJudgerConf,
-    "llm": LLMJudgerConf,
-}

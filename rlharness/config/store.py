@@ -7,25 +7,12 @@ values that differ. The primary config `conf/config.yaml` starts from `schema/ru
 
 from hydra.core.config_store import ConfigStore
 
-from rlharness.config import schema as s
+from rlharness.config.registry import GROUPS
 from rlharness.config.run import RunConf
 
-SCHEMAS: dict[str, dict[str, type]] = {
-    "strategy": {"sync": s.SyncStrategyConf, "async": s.AsyncStrategyConf},
-    "sampler": {"default": s.SamplerConf},
-    "agent": {"single_turn": s.SingleTurnAgentConf, "multi_turn_tool": s.MultiTurnToolAgentConf,
-              "openai_gateway": s.OpenAIGatewayAgentConf},
-    "judger": s.JUDGER_SCHEMAS,
-    "model": {"default": s.ModelConf, "smollm2": s.ModelConf, "tiny_chat": s.ModelConf},
-    "engine": {"hf": s.HFEngineConf, "vllm": s.VLLMEngineConf, "sim": s.SimEngineConf},
-    "backend": {"torch": s.TorchBackendConf, "deepspeed": s.DeepSpeedBackendConf, "sim": s.SimBackendConf},
-    "algo": {"grpo": s.AlgoConf, "drgrpo": s.AlgoConf, "rloo": s.AlgoConf, "reinforce_pp": s.AlgoConf,
-             "gspo": s.AlgoConf, "ppo": s.AlgoConf},
-    "task": {"arithmetic": s.ArithmeticTaskConf, "arithmetic_unpadded": s.ArithmeticTaskConf, "countdown": s.CountdownTaskConf, "jsonl": s.JsonlTaskConf,
-             "reasoning_gym": s.ReasoningGymTaskConf},
-    "cluster": {"local": s.LocalClusterConf, "local_ray": s.LocalRayClusterConf, "slurm": s.SlurmClusterConf},
-    "logger": {"wandb": s.WandbLoggerConf, "none": s.NoneLoggerConf},
-}
+# schema/<group>/<name> for every implementation a group registers (rlharness/config/registry.py).
+SCHEMAS: dict[str, dict[str, type]] = {group: {name: impl.schema for name, impl in impls.items()}
+                                       for group, impls in GROUPS.items()}
 
 
 def register_configs() -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rlharness.config.schema import (JUDGER_SCHEMAS, AgentConf, JudgerConf, RuleJudgerConf, SamplingConf,
+from rlharness.config import registry
+from rlharness.config.schema import (AgentConf, JudgerConf, RuleJudgerConf, SamplingConf,
                                      TaskEntryConf)
 
 
@@ -30,7 +31,7 @@ class TaskWiring:
         """The judger config a task is scored with; `auto` (or none given) = the task's own."""
         judger = entry.judger
         if judger is None or judger.name == "auto":
-            schema = JUDGER_SCHEMAS[entry.task.default_judger]
+            schema = registry.schema_of("judger", entry.task.default_judger)
             if isinstance(judger, RuleJudgerConf) and issubclass(schema, RuleJudgerConf):  # judger=auto's settings
                 return schema(num_workers=judger.num_workers, worker_memory_mb=judger.worker_memory_mb,
                               on_timeout=judger.on_timeout)

@@ -1,4 +1,4 @@
-"""A run directory's layout: every file and folder of one, named here once (DESIGN.md's table).
+"""A run directory's layout: every file and folder of one, named here once (the README's table).
 
     .hydra/                         Hydra's composed config: config.yaml, overrides.yaml, hydra.yaml;
       resumed-<time>/               a resumed life's (rlharness/launch/launcher.py)

@@ -29,7 +29,7 @@ class Status(str, Enum):
     ARCHIVED = "archived"
 
 
-# A group's status is the worst of its members' (DESIGN.md). INIT and ARCHIVED rank
+# A group's status is the worst of its members'. INIT and ARCHIVED rank
 # below COMPLETED: an INIT member means "not generated yet", which the group as a
 # whole reports only when no member is worse.
 _STATUS_PRIORITY = {
@@ -270,7 +270,7 @@ def oldest_version(group: Group) -> float:
 
 
 def staleness(version: float, train_step: int) -> float:
-    """Staleness of a token of weight `version` if trained at `train_step` (DESIGN.md):
+    """Staleness of a token of weight `version` if trained at `train_step`:
     train_step - version - 1. Measured per token: a group's oldest token decides (-inf
     for a group without tokens, which is never stale)."""
     return train_step - version - 1

@@ -9,7 +9,7 @@ was asked for (pytorch/pytorch#188792, Intel CPUs with AVX-512; on AMD CPUs MKL 
 generic kernel for every accuracy, so nothing changes there). The next call is exact, so
 the error is silent and transient.
 
-In a resumed run this was the perturbed first step of issue 21 (docs/resume_race.md): the
+In a resumed run this was the perturbed first step of issue 21 (docs/notes/resume_race.md): the
 engine's first prefill (32 rows x 8 tokens) was the process's first `cos`/`sin` (rotary
 embeddings), split in two chunks of 16 rows; the worker thread's chunk (the last 16 requests)
 got EP values, so those rows' keys and queries, hence every log-prob of those 4 groups, were off

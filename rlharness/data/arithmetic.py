@@ -21,7 +21,7 @@ def format_problem(a: int, op: str, b: int, digits: int, zero_pad: bool) -> str:
     return f"{fmt.format(a)}{op}{fmt.format(b)}="
 
 
-def make_arithmetic_task(conf: ArithmeticTaskConf) -> TaskData:
+def make_arithmetic_task(conf: ArithmeticTaskConf, tokenizer=None) -> TaskData:
     rng = random.Random(conf.seed)
     hi = 10**conf.digits - 1
     space = (hi + 1) ** 2 * len(conf.operators)

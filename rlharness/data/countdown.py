@@ -92,7 +92,7 @@ def generate_problems(conf: CountdownTaskConf) -> list[CountdownProblem]:
     return problems
 
 
-def make_countdown_task(conf: CountdownTaskConf) -> TaskData:
+def make_countdown_task(conf: CountdownTaskConf, tokenizer=None) -> TaskData:
     problems = generate_problems(conf)
 
     def split(part: list[CountdownProblem]) -> list[PromptRow]:

@@ -96,7 +96,7 @@ class HFEngine(RolloutEngine):
     """
 
     def __init__(self, conf: HFEngineConf, model_conf: ModelConf | None = None, seed: int = 0, *,
-                 model=None, tokenizer=None, eos_token_ids: list[int] | None = None,
+                 name: str | None = None, model=None, tokenizer=None, eos_token_ids: list[int] | None = None,
                  join_min_free: int | None = None, command_timeout_s: float = 300.0,
                  idle_poll_s: float = 0.05):
         from rlharness.model.lora import engine_serves_adapter, wrap_for_engine
@@ -106,6 +106,7 @@ class HFEngine(RolloutEngine):
         # The first admission is often this process's first forward pass: MKL must have picked its
         # kernels before that pass splits a cos/sin over two threads (rlharness/core/vml_warmup.py).
         warm_up_vml()
+        self.name = name or "hf engine"
         if model is None:
             if model_conf is None:
                 raise ValueError("HFEngine needs model_conf (to load model.path) or an explicit model")

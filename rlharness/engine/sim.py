@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rlharness.config.schema import SimEngineConf
+from rlharness.config.schema import ModelConf, SimEngineConf
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,18 @@ class SimEngine(RolloutEngine):
         self._num_requests = 0
         self._num_aborted = 0
 
+
+    @classmethod
+    def for_model(cls, conf: SimEngineConf, model_conf: ModelConf, seed: int, name: str | None = None,
+                  **kw: Any) -> "SimEngine":
+        """`engine=sim` for a run: the vocabulary, EOS and decoding of `model_conf`'s tokenizer unless given."""
+        if "vocab_size" not in kw:
+            from rlharness.model.load import load_tokenizer
+
+            tok = load_tokenizer(model_conf)
+            kw = {"vocab_size": len(tok), "eos_token_id": tok.eos_token_id,
+                  "decode": lambda ids: tok.decode(ids, skip_special_tokens=True), **kw}
+        return cls(conf, seed, **kw)
     @property
     def version(self) -> int:
         return self._version

@@ -112,13 +112,13 @@ class _InFlight:
 
 
 class VLLMEngine(RolloutEngine):
-    def __init__(self, conf: VLLMEngineConf, model_conf: ModelConf, seed: int, name: str = "vllm engine",
+    def __init__(self, conf: VLLMEngineConf, model_conf: ModelConf, seed: int, name: str | None = None,
                  **engine_kwargs: Any):
         vllm = import_vllm()
         from vllm.sampling_params import RequestOutputKind
 
         self.conf = conf
-        self.name = name
+        self.name = f"vllm engine {name}" if name else "vllm engine"
         self.device = vllm_device()
         if conf.sleep_mode and self.device != "cuda":
             raise ConfigError(f"engine.sleep_mode=true needs the CUDA build of vLLM (installed: {self.device}); "

@@ -145,10 +145,6 @@ class WeightSyncExtension:
             module.cpu_linear = F.linear
         return True
 
-    def rlh_weight_names(self) -> list[str]:
-        """The model's parameter names as vLLM holds them (tests, diagnostics)."""
-        return [name for name, _ in self._rlh_model().named_parameters()]
-
     def _rlh_model(self) -> Any:
         runner = self.model_runner
         return runner.get_model() if hasattr(runner, "get_model") else runner.model

@@ -2,46 +2,13 @@
 
 from __future__ import annotations
 
-from rlharness.config.schema import ConfigError, JudgerConf
+from rlharness.config import registry
+from rlharness.config.schema import JudgerConf
 from rlharness.judger.base import Judger
 
-JUDGERS = ("math", "countdown", "format", "router", "remote", "reasoning_gym", "reward_model", "llm")
-
-
 def build_judger(conf: JudgerConf) -> Judger:
-    if conf.name == "math":
-        from rlharness.judger.math import MathJudger
-
-        return MathJudger(conf)
-    if conf.name == "countdown":
-        from rlharness.judger.countdown import CountdownJudger
-
-        return CountdownJudger(conf)
-    if conf.name == "format":
-        from rlharness.judger.format import FormatJudger
-
-        return FormatJudger(conf)
-    if conf.name == "router":
-        from rlharness.judger.router import RouterJudger
-
-        return RouterJudger(conf, build_learned=build_judger)
-    if conf.name == "reasoning_gym":
-        from rlharness.judger.reasoning_gym import ReasoningGymJudger
-
-        return ReasoningGymJudger(conf)
-    if conf.name == "remote":
-        from rlharness.judger.remote import RemoteJudger
-
-        return RemoteJudger(conf)
-    if conf.name == "reward_model":
-        from rlharness.judger.reward_model import RewardModelJudger
-
-        return RewardModelJudger(conf)
-    if conf.name == "llm":
-        from rlharness.judger.llm import LLMJudger
-
-        return LLMJudger(conf)
-    raise ConfigError(f"judger.name={conf.name!r} is not allowed: expected one of {', '.join(JUDGERS)}")
+    """The judger `conf.name` names (rlharness/config/registry.py)."""
+    return registry.build("judger", conf)
 
 
 def check_learned_judgers(run_conf) -> None:
@@ -67,4 +34,4 @@ def check_learned_judgers(run_conf) -> None:
                 model_folder(part.path, part_key)
 
 
-__all__ = ["JUDGERS", "Judger", "build_judger", "check_learned_judgers"]
+__all__ = ["Judger", "build_judger", "check_learned_judgers"]

@@ -114,7 +114,7 @@ class RewardModelScorer:
         hf_logging.disable_progress_bar()  # a bar per (re)start of the process would clutter the run's log
         folder = model_folder(conf.path, "judger")
         self.conf = conf
-        self.tokenizer = load_tokenizer(ModelConf(path=str(folder)))  # pad = eos when it has no pad token
+        self.tokenizer = load_tokenizer(ModelConf(path=str(folder)), shared=False)  # its own: padding side set below
         self.tokenizer.padding_side = "right"
         self.encode = text_codec(self.tokenizer)[0]
         self.model = AutoModelForSequenceClassification.from_pretrained(

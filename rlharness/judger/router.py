@@ -39,18 +39,15 @@ def _build_part(name: str, conf: RouterJudgerConf) -> Judger:
 class RouterJudger(Judger):
     name = "router"
 
-    def __init__(self, conf: RouterJudgerConf | None = None,
-                 build_learned: Callable[[Any], Judger] | None = None):
-        """`build_learned` makes a learned part from its config (`judger.build_judger`, which passes
-        itself: the router is one of the judgers it builds)."""
+    def __init__(self, conf: RouterJudgerConf | None = None):
+        from rlharness.config import registry  # a learned part is built as any judger is
+
         self.conf = conf or RouterJudgerConf()
         if not self.conf.weights:
             raise ConfigError("judger.weights is empty: name at least one judger and its weight")
         self.parts = {name: _build_part(name, self.conf) for name in self.conf.weights if name not in LEARNED}
-        learned = [name for name in self.conf.weights if name in LEARNED]
-        if learned and build_learned is None:
-            raise ValueError(f"RouterJudger with learned parts {learned}: pass build_learned (judger.build_judger)")
-        self.learned = {name: build_learned(getattr(self.conf, name)) for name in learned}
+        self.learned = {name: registry.build("judger", getattr(self.conf, name))
+                        for name in self.conf.weights if name in LEARNED}
         self.label_keys = tuple(dict.fromkeys(k for j in self.parts.values() for k in j.label_keys))
 
     def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:

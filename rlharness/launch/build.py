@@ -129,7 +129,7 @@ def verifiable_judgers(conf: RunConf, judgers: dict[str, Any]) -> dict[str, Any]
     """The judgers eval scores with: a task trained on a learned reward (judger=reward_model, llm, or
     a router with such a part) is evaluated by its task's own rule judger, so `eval/accuracy` stays
     the verifiable accuracy; other tasks by their training judger."""
-    from rlharness.config.schema import JUDGER_SCHEMAS
+    from rlharness.config import registry
     from rlharness.judger import build_judger
     from rlharness.judger.router import LEARNED
 
@@ -137,7 +137,7 @@ def verifiable_judgers(conf: RunConf, judgers: dict[str, Any]) -> dict[str, Any]
     for name, entry in conf.task_entries().items():
         judger = conf.judger_for(entry)
         if judger.name in LEARNED or (judger.name == "router" and set(judger.weights) & set(LEARNED)):
-            out[name] = build_judger(JUDGER_SCHEMAS[entry.task.default_judger]())
+            out[name] = build_judger(registry.schema_of("judger", entry.task.default_judger)())
     return out
 
 

@@ -246,7 +246,7 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
     if explained:
         raise Explained("\n\n".join(explained))
     # A sweep into a directory that holds its runs is allowed: the same command run again resumes each
-    # point in its own directory (resume=auto; docs/slurm.md), as a preempted Slurm sweep is continued.
+    # point in its own directory (resume=auto; docs/how-to/slurm.md), as a preempted Slurm sweep is continued.
     return hydra_argv(argv0, ns, overrides), applied, None
 
 

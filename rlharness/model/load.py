@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from rlharness.config.schema import ConfigError, ModelConf
 
@@ -134,10 +134,36 @@ def text_codec(tokenizer) -> tuple[Callable[[str], list[int]], Callable[[list[in
     return encode, decode
 
 
-def load_tokenizer(conf: ModelConf):
+# Tokenizers this process loaded, by folder (and its tokenizer files' stamps: a rewritten folder is read
+# again): the build, the engine, the backend and preflight share one instead of loading it four times.
+_TOKENIZERS: dict[tuple, Any] = {}
+
+
+def load_tokenizer(conf: ModelConf, shared: bool = True):
+    """`conf.path`'s tokenizer (pad = eos when it has none). Shared within the process unless `shared` is
+    False (a caller that changes it, e.g. its padding side, takes its own)."""
+    path = resolve_model_path(conf.path)
+    stamps = tuple((f, st.st_mtime_ns, st.st_size) for f in TOKENIZER_FILES
+                   if (st := _stat(Path(path) / f)) is not None)
+    key = (str(path), conf.trust_remote_code, stamps)
+    if shared and key in _TOKENIZERS:
+        return _TOKENIZERS[key]
+    tok = _read_tokenizer(conf, path)
+    if shared:
+        _TOKENIZERS[key] = tok
+    return tok
+
+
+def _stat(path: Path):
+    try:
+        return path.stat()
+    except OSError:
+        return None
+
+
+def _read_tokenizer(conf: ModelConf, path):
     from transformers import AutoTokenizer
 
-    path = resolve_model_path(conf.path)
     if Path(path).is_dir() and not any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
         # transformers would guess at a missing package ("install sentencepiece or tiktoken").
         raise ConfigError(f"model.path={conf.path!r}: the directory holds no tokenizer (none of "
@@ -157,7 +183,7 @@ def load_model_config(conf: ModelConf):
 
 def load_model(conf: ModelConf, device: str = "cpu"):
     # torch here, not at the top: train.py imports this module, and a start refused for its
-    # config should not pay for importing torch (most of its CPU time; docs/benchmarks.md, issue 21 CI).
+    # config should not pay for importing torch (most of its CPU time; docs/notes/benchmarks-log.md, issue 21 CI).
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -182,7 +208,7 @@ def own_memory(model):
     is going (a re-fetched or regenerated model, a hard-linked copy written through another link)
     would change the weights a frozen model (the KL reference, the engine before its first
     weight sync) computes with, and a truncated one kills the process with SIGBUS. Copied once here,
-    the run computes with what it loaded, whatever happens to the file (docs/resume_race.md).
+    the run computes with what it loaded, whatever happens to the file (docs/notes/resume_race.md).
     """
     import torch  # not at the top: see load_model
 

@@ -1,7 +1,7 @@
 """The run's staleness policy: one frozen object every part of the producer asks.
 
 A sample trained at `train_step` whose oldest token came from weight version v has
-staleness `train_step - v - 1` (DESIGN.md). A task's bound is its own
+staleness `train_step - v - 1`. A task's bound is its own
 `tasks.<name>.max_staleness` or the run's `max_staleness`; with `sync_weights_interval`
 = w the threshold is `(bound + 1) * w` (one sync period of lag is inherent, hence +1).
 

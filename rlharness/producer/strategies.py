@@ -27,6 +27,7 @@ import logging
 import math
 from enum import Enum
 
+from rlharness.config import registry
 from rlharness.config.schema import AsyncStrategyConf, StrategyConf, SyncStrategyConf
 from rlharness.producer.context import ProduceContext, stall_message
 from rlharness.producer.filters import build_group_filter
@@ -205,10 +206,5 @@ class AsyncProduceStrategy(ProduceStrategy):
 
 
 def build_strategy(conf: StrategyConf, staleness: StalenessPolicy) -> ProduceStrategy:
-    if conf.name == "sync":
-        return SyncProduceStrategy(conf, staleness)  # type: ignore[arg-type]
-    if conf.name == "async":
-        if not isinstance(conf, AsyncStrategyConf):
-            raise TypeError(f"strategy.name='async' needs AsyncStrategyConf, got {type(conf).__name__}")
-        return AsyncProduceStrategy(conf, staleness)
-    raise ValueError(f"strategy.name={conf.name!r} is not one of sync, async")
+    """The strategy `conf.name` names (rlharness/config/registry.py)."""
+    return registry.build("strategy", conf, staleness)

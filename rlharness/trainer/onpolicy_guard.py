@@ -5,7 +5,7 @@ step - 1: sync, or max_staleness=0 with no partial rollout), the engine's log-pr
 the trainer's recomputation differ by rounding only (float32 tiny model, 400 steps: mean
 |diff| per token median 4.5e-7, max 6.2e-7). A step above `algo.onpolicy_logprob_gap_warn`
 means the engine computed part of the batch on other weights or another state (what
-docs/resume_race.md describes: 1e-4 to 3e-3 per token): "on-policy" was not true for it.
+docs/notes/resume_race.md describes: 1e-4 to 3e-3 per token): "on-policy" was not true for it.
 The check is a pure function of the step's batch and the backend's per-row gaps. Where the
 trainer and the engine live in this process (backend=torch, engine=hf), the warning also says
 whether the engine's weights were the trained ones: exact checksums per block of 1024 elements of
@@ -17,7 +17,7 @@ step, they say which tokens went wrong and by how much.
 
 Float32 runs only: in bfloat16/float16 the engine's and the trainer's kernels round apart by
 1e-2 to 4e-2 per token on ordinary steps (SmolLM2: vLLM, or the hf engine left-padding a
-prompt by an odd count; docs/benchmarks.md "Issue 20: real model paths"), which hides a
+prompt by an odd count; docs/benchmarks.md "Real-model paths"), which hides a
 perturbation of the defect's size, so a threshold there would only raise false alarms.
 """
 

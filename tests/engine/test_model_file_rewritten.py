@@ -4,7 +4,7 @@ transformers maps safetensors files privately: until the process writes a page, 
 file. Without `rlharness.model.load.own_memory` the engine (before its first weight sync) and a frozen KL
 reference computed with whatever the file held at that moment; and a file truncated and written again
 (`open(path, "wb")`: a copy, a re-fetch) took back even the pages a weight sync had written, so an
-engine went back to the file's weights mid-run (docs/resume_race.md).
+engine went back to the file's weights mid-run (docs/notes/resume_race.md).
 """
 
 from __future__ import annotations

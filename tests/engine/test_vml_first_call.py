@@ -3,7 +3,7 @@
 oneMKL 2024.2 (inside torch 2.13) picks each VML function's kernel on its first call; when that call
 runs on two intra-op threads at once, one of them can compute its chunk with the low-accuracy AVX2
 "EP" kernel (pytorch/pytorch#188792). A resumed run's engine computed the rotary cos of its first
-prefill that way for the last 16 requests: the defect's loss, to the last digit (docs/resume_race.md).
+prefill that way for the last 16 requests: the defect's loss, to the last digit (docs/notes/resume_race.md).
 
 scripts/vml_spy.c holds each function's first call, so that the other thread's call of the same
 function, if the process makes one, lands inside it: the race window is made wide on purpose, on

@@ -1,6 +1,6 @@
 """`train.py` and `evaluate.py` refuse bad input before they import torch: importing torch is
 most of a refused start's CPU time (2.3 of 2.5 s), and the refusal tests start them dozens of
-times (docs/benchmarks.md, issue 21 CI). Modules the entry points import keep torch inside the
+times (docs/notes/benchmarks-log.md, issue 21 CI). Modules the entry points import keep torch inside the
 functions that need it."""
 
 from __future__ import annotations

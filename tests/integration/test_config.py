@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from rlharness.config.schema import ConfigError
@@ -15,9 +17,44 @@ GROUP_OPTIONS = [
 EXPERIMENTS = [p.stem for p in sorted((ROOT / "conf" / "experiment").glob("*.yaml"))]
 
 
-def test_every_group_yaml_has_a_schema():
+def extended_schema(group: str, option: str) -> str:
+    """The implementation whose schema conf/<group>/<option>.yaml extends (itself, or the one it presets)."""
+    found = re.search(rf"/schema/{group}/(\w+)@", (ROOT / "conf" / group / f"{option}.yaml").read_text())
+    assert found, f"conf/{group}/{option}.yaml extends no schema"
+    return found.group(1)
+
+
+def test_every_group_yaml_extends_a_registered_implementation():
     for group, option in GROUP_OPTIONS:
-        assert option in SCHEMAS[group], f"conf/{group}/{option}.yaml has no registered schema"
+        assert extended_schema(group, option) in SCHEMAS[group], f"conf/{group}/{option}.yaml: no such implementation"
+
+
+def test_one_table_names_schemas_and_builds_every_implementation():
+    """rlharness/config/registry.py is the one registration: each target it names exists (imported
+    here), and what a group accepts is what its table lists."""
+    from rlharness.config import registry
+
+    import dataclasses
+
+    for group, impls in registry.GROUPS.items():
+        for name, impl in impls.items():
+            default_name = {f.name: f.default for f in dataclasses.fields(impl.schema)}.get("name", name)
+            assert default_name in (name, dataclasses.MISSING, "???"), (group, name, default_name)
+            if impl.target is not None:
+                assert callable(registry.resolve(impl.target)), (group, name)
+    with pytest.raises(ConfigError, match=r"engine.name='nope'.*hf, vllm, sim"):
+        registry.build("engine", type("C", (), {"name": "nope"})())
+
+
+def test_the_config_layer_loads_nothing_heavy():
+    """Validating a config imports no torch, transformers or Ray (the registry names builders as text)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import rlharness.config.store, rlharness.config.run, rlharness.config.registry; "
+            "print(sorted({'torch', 'transformers', 'ray', 'vllm'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("group,option", GROUP_OPTIONS)
@@ -28,7 +65,7 @@ def test_every_group_option_composes(group, option):
     if group == "backend" and option == "deepspeed":
         extra = ["cluster=local_ray"]
     conf, _ = compose_conf([f"{group}={option}", *extra])
-    assert getattr(conf, group).__class__ is SCHEMAS[group][option]
+    assert getattr(conf, group).__class__ is SCHEMAS[group][extended_schema(group, option)]
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
@@ -94,3 +131,25 @@ def test_cli_help_and_cfg_job(tmp_path):
         assert group in helped.stdout
     shown = run_cli(["strategy=async", "max_staleness=1", "--cfg", "job"], cwd=tmp_path, timeout_s=120)
     assert "over_sample_threshold" in shown.stdout and "max_staleness: 1" in shown.stdout
+
+
+def test_a_run_loads_its_tokenizer_once(monkeypatch):
+    """Preflight, the build, the engine and the backend share the process's one tokenizer."""
+    import transformers
+
+    from rlharness.launch.build import build_components
+    from rlharness.launch.preflight import check_model
+
+    calls = []
+    real = transformers.AutoTokenizer.from_pretrained
+
+    def counting(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", counting)
+    conf, _ = compose_conf(["logger=none", "eval.num_prompts=4"])
+    check_model(conf)
+    components = build_components(conf)
+    assert components.tokenizer is components.backend.tokenizer is components.engine.tokenizer
+    assert len(calls) == 1, calls

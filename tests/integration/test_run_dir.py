@@ -1,4 +1,4 @@
-"""The run directory's names (DESIGN.md's contract, written out here, not read from RunDir) and what
+"""The run directory's names (the README's run-directory table, written out here, not read from RunDir) and what
 marks a directory as holding a run."""
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def test_the_verdict_tells_other_weights_from_another_computation(tiny_model_dir
 
 def test_a_run_whose_engine_lost_a_weight_says_which(tmp_path, caplog, monkeypatch):
     """A whole sync run in which the engine's final norm goes back to the file's values right after its
-    version-1 load (what docs/resume_race.md's perturbed step looked like): step 2's warning names the
+    version-1 load (what docs/notes/resume_race.md's perturbed step looked like): step 2's warning names the
     groups and says which tensor the engine held other values of."""
     import logging
 
