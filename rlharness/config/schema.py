@@ -1255,18 +1255,16 @@ class MonitorConf:
     """What every health monitor's section (`health.<section>`) has: its action when it fires."""
 
     section: ClassVar[str] = ""
-    on_alarm: Optional[str] = None  # warn | stop | null: health.on_alarm
+    # What the run does when this monitor fires: warn | stop | null (health.on_alarm, the run's).
+    on_alarm: Optional[str] = None
 
     def __post_init__(self) -> None:
         _check(self.on_alarm is None or self.on_alarm in ON_ALARM, f"health.{self.section}.on_alarm", self.on_alarm,
-               "null (health.on_alarm) or one of " + ", ".join(ON_ALARM))
+               "null (health.on_alarm), warn or stop")
 
-    def _check(self, key: str, ok: bool, allowed: str) -> None:
-        _check(ok, f"health.{self.section}.{key}", getattr(self, key), allowed)
 
-    def _check_steps(self, key: str, least: int) -> None:
-        value = getattr(self, key)
-        self._check(key, isinstance(value, int) and value >= least, f"an integer >= {least}")
+def _steps(value: Any, least: int) -> bool:
+    return isinstance(value, int) and value >= least
 
 
 @dataclass
@@ -1288,50 +1286,58 @@ class RewardHackingConf(MonitorConf):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._check("drop_z", self.drop_z > 0, "> 0")
-        self._check("min_drop", self.min_drop >= 0, ">= 0")
-        self._check("rise_t", self.rise_t > 0, "> 0")
-        self._check_steps("window_steps", 3)
+        _check(self.drop_z > 0, "health.reward_hacking.drop_z", self.drop_z, "> 0")
+        _check(self.min_drop >= 0, "health.reward_hacking.min_drop", self.min_drop, ">= 0")
+        _check(self.rise_t > 0, "health.reward_hacking.rise_t", self.rise_t, "> 0")
+        _check(_steps(self.window_steps, 3), "health.reward_hacking.window_steps", self.window_steps, "an integer >= 3")
 
 
 @dataclass
 class EntropyCollapseConf(MonitorConf):
-    """`train/entropy` over the last `window_steps` below `min_ratio` x its mean over the first `window_steps`,
-    while the trained reward did not rise by `min_reward_gain` standard deviations of the first window's
-    rewards (a policy that narrows onto answers that score is converging, not collapsing)."""
+    """`train/entropy` collapsing while the trained reward does not rise (rlharness/health/policy.py)."""
 
     section: ClassVar[str] = "entropy_collapse"
+    # Alarm when the entropy's mean over the last `window_steps` is below this share of its mean over the first ...
     min_ratio: float = 0.2
+    # ... and the reward rose less than this many standard deviations of the first steps' sampled rewards
+    # (a policy that narrows onto answers that score is converging, not collapsing).
     min_reward_gain: float = 0.5
+    # Steps in each mean.
     window_steps: int = 5
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._check("min_ratio", 0 < self.min_ratio < 1, "0 < ratio < 1")
-        self._check("min_reward_gain", self.min_reward_gain >= 0, ">= 0")
-        self._check_steps("window_steps", 1)
+        _check(0 < self.min_ratio < 1, "health.entropy_collapse.min_ratio", self.min_ratio, "0 < ratio < 1")
+        _check(self.min_reward_gain >= 0, "health.entropy_collapse.min_reward_gain", self.min_reward_gain, ">= 0")
+        _check(_steps(self.window_steps, 1), "health.entropy_collapse.window_steps", self.window_steps,
+               "an integer >= 1")
 
 
 @dataclass
 class KLAccelerationConf(MonitorConf):
-    """`train/kl` (a KL term: algo.kl_coef > 0) growing faster and faster: over three windows of
-    `window_steps`, the last window's growth `ratio` x the one before and at least `min_growth` x the
-    KL before it (1: it doubled), `rise_t` standard errors sure, and the KL above `min_kl`."""
+    """`train/kl` (a KL term: algo.kl_coef > 0) growing faster and faster, over three windows of steps
+    (rlharness/health/policy.py)."""
 
     section: ClassVar[str] = "kl_acceleration"
+    # The last window's growth of the KL is at least this many times the growth before it ...
     ratio: float = 3.0
+    # ... and at least this many times the KL before it (1: the KL doubled) ...
     min_growth: float = 1.0
+    # ... the KL is above this ...
     min_kl: float = 0.05
+    # ... and the growth is this many standard errors sure.
     rise_t: float = 2.5
+    # Steps in each window.
     window_steps: int = 5
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._check("ratio", self.ratio > 1, "> 1")
+        _check(self.ratio > 1, "health.kl_acceleration.ratio", self.ratio, "> 1")
         for key in ("min_growth", "min_kl"):
-            self._check(key, getattr(self, key) >= 0, ">= 0")
-        self._check("rise_t", self.rise_t > 0, "> 0")
-        self._check_steps("window_steps", 2)
+            _check(getattr(self, key) >= 0, f"health.kl_acceleration.{key}", getattr(self, key), ">= 0")
+        _check(self.rise_t > 0, "health.kl_acceleration.rise_t", self.rise_t, "> 0")
+        _check(_steps(self.window_steps, 2), "health.kl_acceleration.window_steps", self.window_steps,
+               "an integer >= 2")
 
 
 @dataclass
@@ -1341,23 +1347,26 @@ class DegenerateOutputsConf(MonitorConf):
     the first `window_steps`."""
 
     section: ClassVar[str] = "degenerate_outputs"
+    # Repetition is counted in n-grams of this many tokens.
     ngram: int = 3
     # A response repeats itself when at least this share of its n-grams occurred earlier in it.
     repeat_share: float = 0.5
-    # Shares of degenerate responses (repeating, one token, empty): alarm above `max_frac` once
-    # `min_rise` above the run's start.
+    # Alarm when the share of degenerate responses (repeating, one token, empty) is above this ...
     max_frac: float = 0.3
+    # ... and this much above the run's start.
     min_rise: float = 0.2
-    # Responses cut by the budget (`rollout/truncated_frac`): alarm `truncated_rise` above the start.
+    # Alarm when the share of responses cut by the budget (`rollout/truncated_frac`) is this much above the start.
     truncated_rise: float = 0.3
+    # Steps in each mean.
     window_steps: int = 10
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._check_steps("ngram", 1)
+        _check(_steps(self.ngram, 1), "health.degenerate_outputs.ngram", self.ngram, "an integer >= 1")
         for key in ("repeat_share", "max_frac", "min_rise", "truncated_rise"):
-            self._check(key, 0 < getattr(self, key) <= 1, "0 < x <= 1")
-        self._check_steps("window_steps", 1)
+            _check(0 < getattr(self, key) <= 1, f"health.degenerate_outputs.{key}", getattr(self, key), "0 < x <= 1")
+        _check(_steps(self.window_steps, 1), "health.degenerate_outputs.window_steps", self.window_steps,
+               "an integer >= 1")
 
 
 @dataclass
@@ -1365,46 +1374,54 @@ class ZeroSignalConf(MonitorConf):
     """Every group of `steps` consecutive steps had equal rewards (`rollout/groups_zero_signal_frac` = 1)."""
 
     section: ClassVar[str] = "zero_signal"
+    # Consecutive steps in which every group had equal rewards (no learning signal) before the alarm.
     steps: int = 5
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._check_steps("steps", 1)
+        _check(_steps(self.steps, 1), "health.zero_signal.steps", self.steps, "an integer >= 1")
 
 
 @dataclass
 class RewardFrozenConf(MonitorConf):
-    """The reward distribution stopped moving: over `window_steps`, the step-to-step spread of
-    `rollout/reward_mean` below `max_ratio` x the standard error sampling alone gives it."""
+    """The reward distribution stopped moving (rlharness/health/learning_signal.py)."""
 
     section: ClassVar[str] = "reward_frozen"
+    # Alarm when the step-to-step standard deviation of `rollout/reward_mean` is below this share of the
+    # standard error sampling alone gives a step's mean.
     max_ratio: float = 0.1
+    # Steps it is measured over.
     window_steps: int = 10
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._check("max_ratio", self.max_ratio > 0, "> 0")
-        self._check_steps("window_steps", 3)
+        _check(self.max_ratio > 0, "health.reward_frozen.max_ratio", self.max_ratio, "> 0")
+        _check(_steps(self.window_steps, 3), "health.reward_frozen.window_steps", self.window_steps,
+               "an integer >= 3")
 
 
 @dataclass
 class HostMemoryConf(MonitorConf):
-    """The run's resident memory (this process and its children) growing step after step: a slope over
-    the last `window_steps` (after `warmup_steps`) above `max_mb_per_step`, or one that would use up the
-    memory still available before `total_steps`."""
+    """The run's resident memory (this process and its children) growing step after step
+    (rlharness/health/memory.py)."""
 
     section: ClassVar[str] = "host_memory"
+    # Alarm when memory grows faster than this (MB per step), or fast enough to use up the available memory
+    # before total_steps ...
     max_mb_per_step: float = 100.0
+    # ... and the growth is this many standard errors sure.
     rise_t: float = 3.0
+    # Steps left out at the start (start-up and allocators grow memory in the first steps of every run).
     warmup_steps: int = 10
+    # Steps the slope is taken over.
     window_steps: int = 20
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._check("max_mb_per_step", self.max_mb_per_step > 0, "> 0")
-        self._check("rise_t", self.rise_t > 0, "> 0")
-        self._check_steps("warmup_steps", 0)
-        self._check_steps("window_steps", 3)
+        _check(self.max_mb_per_step > 0, "health.host_memory.max_mb_per_step", self.max_mb_per_step, "> 0")
+        _check(self.rise_t > 0, "health.host_memory.rise_t", self.rise_t, "> 0")
+        _check(_steps(self.warmup_steps, 0), "health.host_memory.warmup_steps", self.warmup_steps, "an integer >= 0")
+        _check(_steps(self.window_steps, 3), "health.host_memory.window_steps", self.window_steps, "an integer >= 3")
 
 
 HEALTH_MONITORS = ("reward_hacking", "entropy_collapse", "kl_acceleration", "degenerate_outputs", "zero_signal",
@@ -1413,12 +1430,15 @@ HEALTH_MONITORS = ("reward_hacking", "entropy_collapse", "kl_acceleration", "deg
 
 @dataclass
 class HealthConf:
-    """Training-health monitors (rlharness/health/, docs/health.md): each logs `health/...` every step
-    and, when it fires, one warning line; `on_alarm` (or a monitor's own) says whether the run goes on
-    (warn) or stops, keeping its last checkpoint (stop: exit status 3)."""
+    """Training-health monitors (rlharness/health/, docs/operations/health.md): each logs `health/...`
+    every step and, when it fires, one warning line; `on_alarm` (or a monitor's own) says whether the run
+    goes on (warn) or stops, keeping its last checkpoint (stop: exit status 3)."""
 
+    # The monitors that run (an empty list: none).
     monitors: list[str] = field(default_factory=lambda: list(HEALTH_MONITORS))
+    # What the run does when a monitor fires (unless the monitor's own on_alarm says): warn | stop.
     on_alarm: str = "warn"
+    # Each monitor's thresholds and action.
     reward_hacking: RewardHackingConf = field(default_factory=RewardHackingConf)
     entropy_collapse: EntropyCollapseConf = field(default_factory=EntropyCollapseConf)
     kl_acceleration: KLAccelerationConf = field(default_factory=KLAccelerationConf)
