@@ -8,7 +8,7 @@ Each run directory's `metrics.jsonl` is replayed through the monitors (rlharness
 thresholds of `health.*` (defaults, or `--set key=value`), as the run's own config had them wired
 (eval independent of the trained reward where a learned reward trains, its eval prompts and total
 steps from `.hydra/config.yaml`). Prints one Markdown table of each statistic's extreme over the run
-(the side that alarms) and the alarms with their steps; docs/health.md holds the measured figures.
+(the side that alarms) and the alarms with their steps; docs/operations/health.md holds the measured figures.
 `--record FILE` keeps a run for replays (tests/health/test_recorded_runs.py): its first line is the
 wiring, then each row with only the keys the monitors read.
 """

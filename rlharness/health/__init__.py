@@ -1,4 +1,4 @@
-"""Training-health monitors (docs/health.md): every step, on what the run already has, each monitor
+"""Training-health monitors (docs/operations/health.md): every step, on what the run already has, each monitor
 logs its numbers under `health/` and, when it fires, one warning line naming the step, the signal,
 the evidence and what users usually do about it. `health.on_alarm` (or `health.<monitor>.on_alarm`)
 says whether the run then goes on (warn) or stops keeping its last checkpoint (stop: `HealthStop`,

@@ -66,7 +66,7 @@ class KLAcceleration:
     growth before it (m2 - m1, or any growth after a flat or falling KL) and `min_growth` x m2, sure (m3
     above m2 by `rise_t` standard errors of the difference), with m3 above `min_kl`. A healthy KL rises
     early and flattens, each growth smaller than the last, and wanders around its level by less than
-    half of it (docs/health.md)."""
+    half of it (docs/operations/health.md)."""
 
     name = "kl_acceleration"
 

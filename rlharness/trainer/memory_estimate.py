@@ -6,7 +6,7 @@ the activations one micro-batch of the longest rows keeps for the backward pass 
 decoder (per token and layer: the norms', attention's and MLP's inputs and outputs; eager attention
 also keeps the heads x length x length scores and probabilities), plus the vocabulary projection of
 `backend.logprob_chunk_tokens` response tokens at a time (logits, log-softmax and their gradient, in
-float32). `trainer.probe_longest` measures the real peak (`perf/probe_peak_mb`); docs/health.md
+float32). `trainer.probe_longest` measures the real peak (`probe/peak_mb`); docs/operations/health.md
 compares the two.
 """
 

@@ -55,25 +55,30 @@ def test_a_stop_alarm_ends_the_run_with_exit_3_and_keeps_the_last_checkpoint(tmp
 def test_host_memory_that_grows_every_step_is_caught(tmp_path):
     run_dir = tmp_path / "run"
     run_cli([*SIM, "total_steps=10", "health.host_memory.warmup_steps=2", "health.host_memory.window_steps=5",
-             f"hydra.run.dir={run_dir}"], cwd=tmp_path, env={"RLHARNESS_TEST_LEAK_MB_PER_STEP": "60"})
+             "health.host_memory.max_mb_per_step=30", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+            env={"RLHARNESS_TEST_LEAK_MB_PER_STEP": "60"})
     fired = alarms(RunDir(run_dir).log().read_text())
     assert (7, "host_memory") in fired, fired  # the first full window: steps 3-7
     rows = read_metrics(RunDir(run_dir).metrics)
     assert rows[7]["health/rss_mb_per_step"] > 40 and rows[7]["health/rss_mb"] > rows[3]["health/rss_mb"] + 200
 
 
-def test_a_policy_rewarded_for_repeating_itself_degenerates_collapses_and_its_kl_accelerates(tmp_path):
+def test_a_policy_rewarded_for_repeating_itself_degenerates_and_its_kl_accelerates(tmp_path):
     """The format judger pays for three equal digits in a row; the LR warms up to 1e-3 over 25 steps. The
-    policy learns to repeat digits until the budget cuts it (degenerate outputs, responses at the budget),
-    its entropy collapses and the KL to the starting policy accelerates (measured: docs/health.md)."""
+    policy learns to repeat digits until the budget cuts it (degenerate outputs, responses at the budget)
+    and the KL to the starting policy accelerates (measured: docs/operations/health.md). Its entropy falls
+    to a fraction of its start while the reward it is paid rises 0 -> 1: that is convergence onto what
+    scores, not the collapse the entropy monitor is for."""
     run_dir = tmp_path / "run"
     run_cli(["judger=format", r"judger.pattern='(?s).*(\d)\1\1.*'", "algo.lr=1e-3", "algo.warmup_steps=25",
              "algo.lr_schedule=constant", "algo.kl_coef=0.01", "batch_size=16", "total_steps=36", "eval_every=0",
              "save_every=0", "eval.num_prompts=8", "logger.mode=disabled", f"hydra.run.dir={run_dir}"],
             cwd=tmp_path)
     fired = {monitor for _, monitor in alarms(RunDir(run_dir).log().read_text())}
-    assert {"degenerate_outputs", "entropy_collapse", "kl_acceleration"} <= fired, fired
-    assert "reward_hacking" not in fired and "host_memory" not in fired
+    assert {"degenerate_outputs", "kl_acceleration"} <= fired, fired
+    assert not fired & {"entropy_collapse", "reward_hacking", "host_memory"}, fired
+    rows = read_metrics(RunDir(run_dir).metrics)
+    assert min(r["health/entropy_ratio"] for r in rows if "health/entropy_ratio" in r) < 0.3
 
 
 def test_router_parts_moving_apart_are_reward_hacking(tmp_path):

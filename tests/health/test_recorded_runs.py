@@ -1,6 +1,6 @@
 """Real runs, recorded, replayed through the monitors with their default thresholds
 (benchmarks/results/health/*.jsonl, written by `benchmarks/health_thresholds.py --record`; the
-commands and dates are in docs/health.md): healthy runs raise no alarm, and the run that hacked its
+commands and dates are in docs/operations/health.md): healthy runs raise no alarm, and the run that hacked its
 learned reward model (`experiment=arith_rm`) raises the reward-hacking alarm within the steps where
 its accuracy falls."""
 
