@@ -14,8 +14,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rlharness.config.schema import (
     MAX_OVER_SAMPLE, TASK_NAME_CHARS, VLLM_MAX_LORA_RANK, AgentConf, AlgoConf, BackendConf, ClusterConf,
-    ConfigError, EngineConf, EvalConf, HealthConf, JudgerConf, LoggerConf, ModelConf, SamplerConf, SamplingConf, StrategyConf,
-    TaskConf, TaskEntryConf, TrainerConf, _check, _one_of, check_prompt_repeat_k, non_finite_values)
+    ConfigError, EngineConf, EvalConf, HealthConf, JudgerConf, LoggerConf, ModelConf, SamplerConf, SamplingConf,
+    StrategyConf, TaskConf, TaskEntryConf, TrainerConf, _check, _one_of, check_prompt_repeat_k, non_finite_values)
 from rlharness.config.tasks import TaskWiring
 
 
