@@ -1,10 +1,12 @@
 """Where healthy and unhealthy runs sit on each health monitor's statistic, and what fires on them.
 
     python benchmarks/health_thresholds.py outputs/health/default outputs/health/chat_tools ...
+    python benchmarks/health_thresholds.py benchmarks/results/health/*.jsonl          # the recorded runs
     python benchmarks/health_thresholds.py RUN ... --set health.entropy_collapse.min_ratio=0.3
     python benchmarks/health_thresholds.py RUN --record benchmarks/results/health/NAME.jsonl
 
-Each run directory's `metrics.jsonl` is replayed through the monitors (rlharness/health/) with the
+Each run (a run directory's `metrics.jsonl`, or a run recorded with `--record`) is replayed through
+the monitors (rlharness/health/) with the
 thresholds of `health.*` (defaults, or `--set key=value`), as the run's own config had them wired
 (eval independent of the trained reward where a learned reward trains, its eval prompts and total
 steps from `.hydra/config.yaml`). Prints one Markdown table of each statistic's extreme over the run
@@ -77,9 +79,18 @@ def health_conf(settings: list[str]) -> HealthConf:
     return OmegaConf.to_object(base)
 
 
-def replay(run_dir: Path, conf: HealthConf) -> tuple[list[dict], list]:
-    rows = read_metrics(RunDir(run_dir).metrics)
-    monitors = HealthMonitors(conf, **wiring(run_dir))
+def load(run: Path) -> tuple[dict, list[dict]]:
+    """(wiring, rows) of a run directory or of a file `--record` wrote."""
+    if run.is_dir():
+        return wiring(run), read_metrics(RunDir(run).metrics)
+    lines = run.read_text().splitlines()
+    return json.loads(lines[0])["wiring"], [json.loads(line) for line in lines[1:]]
+
+
+def replay(run: Path, conf: HealthConf) -> tuple[list[dict], list]:
+    """Every row with the monitors' numbers, and the alarms, as the run would have had them with `conf`."""
+    run_wiring, rows = load(run)
+    monitors = HealthMonitors(conf, **run_wiring)
     out, alarms = [], []
     for row in rows:
         metrics, fired = monitors.observe(row)

@@ -6,22 +6,19 @@ its accuracy falls."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from rlharness.config.schema import HealthConf
-from rlharness.health import HealthMonitors
+from tests.helpers import load_script
 
-RECORDED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "health"
+ROOT = Path(__file__).resolve().parents[2]
+thresholds = load_script(ROOT / "benchmarks" / "health_thresholds.py", "health_thresholds")
 
 
 def replay(name: str) -> tuple[list[dict], list]:
-    lines = (RECORDED / f"{name}.jsonl").read_text().splitlines()
-    header, rows = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
-    monitors = HealthMonitors(HealthConf(), **header["wiring"])
-    return rows, monitors.replay(rows)
+    return thresholds.replay(ROOT / "benchmarks" / "results" / "health" / f"{name}.jsonl", HealthConf())
 
 
 @pytest.mark.parametrize("name", ["default", "chat_tools", "smollm2_arith", "kl_healthy"])
