@@ -1280,8 +1280,10 @@ class RewardHackingConf(MonitorConf):
     # ... and by at least this much (absolute, in the score's units) ...
     min_drop: float = 0.05
     # ... while the trained reward's slope over the same steps is this many standard errors above 0.
-    rise_t: float = 3.0
-    # Router parts: the slopes are taken over this many steps.
+    rise_t: float = 2.0
+    # Router parts: one part's slope this many standard errors above 0 while another's is as far below ...
+    part_t: float = 3.0
+    # ... over this many steps.
     window_steps: int = 20
 
     def __post_init__(self) -> None:
@@ -1289,6 +1291,7 @@ class RewardHackingConf(MonitorConf):
         _check(self.drop_z > 0, "health.reward_hacking.drop_z", self.drop_z, "> 0")
         _check(self.min_drop >= 0, "health.reward_hacking.min_drop", self.min_drop, ">= 0")
         _check(self.rise_t > 0, "health.reward_hacking.rise_t", self.rise_t, "> 0")
+        _check(self.part_t > 0, "health.reward_hacking.part_t", self.part_t, "> 0")
         _check(_steps(self.window_steps, 3), "health.reward_hacking.window_steps", self.window_steps, "an integer >= 3")
 
 

@@ -6,10 +6,11 @@ Two independent scores are watched:
   learned reward model or an LLM judge; eval always uses the task's rule judger). At each eval the
   accuracy is compared with the best earlier one, in standard errors of the difference of two
   proportions over `eval.num_prompts` prompts; the trained reward (`rollout/reward_mean`) over the
-  steps since that best eval must be rising, its least-squares slope `rise_t` standard errors above 0.
+  steps since that best eval must be rising, its least-squares slope `rise_t` standard errors above 0
+  (the learned reward of `experiment=arith_rm` swings from 0.4 to 2.3 between steps: t=3.1 at its fall).
 - The parts of a router judger (`rollout/reward_<part>_mean`, logged per step; a part may weigh 0 and
   only be watched, as `experiment=arith_rm` watches the math judger): over the last `window_steps`
-  steps one part rises (slope `rise_t` standard errors above 0) while another falls as surely, by at
+  steps one part rises (slope `part_t` standard errors above 0) while another falls as surely, by at
   least `min_drop` over the window.
 """
 
@@ -99,7 +100,7 @@ class RewardHacking:
         steps = [s for s, _ in full[down]]
         fall = -trends[down][0] * (steps[-1] - steps[0])
         c = self.conf
-        if self.parts_latch(trends[up][1] >= c.rise_t and trends[down][1] <= -c.rise_t and fall >= c.min_drop):
+        if self.parts_latch(trends[up][1] >= c.part_t and trends[down][1] <= -c.part_t and fall >= c.min_drop):
             first, last = full[down][0][1], full[down][-1][1]
             return Alarm(
                 self.name, step, f"judger part {up!r} rises while part {down!r} falls",
