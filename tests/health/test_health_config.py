@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.timeout(300)]
 @pytest.mark.parametrize("overrides, expect", [
     (["health.monitors=[entropy_collapse,reward_hackin]"], ["health.monitors[]='reward_hackin'", "reward_hacking"]),
     (["health.on_alarm=halt"], ["health.on_alarm='halt'", "warn, stop"]),
-    (["health.reward_hacking.on_alarm=panic"], ["health.reward_hacking.on_alarm='panic'", "warn, stop"]),
+    (["health.reward_hacking.on_alarm=panic"], ["health.reward_hacking.on_alarm='panic'", "warn or stop"]),
     (["health.entropy_collapse.min_ratio=nan"], ["health.entropy_collapse.min_ratio=nan", "finite"]),
     (["health.host_memory.max_mb_per_step=inf"], ["health.host_memory.max_mb_per_step=inf", "finite"]),
     (["health.reward_hacking.drop_z=-inf"], ["health.reward_hacking.drop_z=-inf", "finite"]),
