@@ -27,6 +27,7 @@ from rlharness.config.store import register_configs
 from rlharness.health.alarm import EXIT_HEALTH_STOP, HealthStop
 from rlharness.launch.launcher import RefusedInput, run
 from rlharness.launch.preflight import Explained, Finished, RunDirGuard, preflight
+from rlharness.core.redaction import redact
 from rlharness.trainer.nonfinite import NonFiniteTraining
 
 log = logging.getLogger("rlharness")
@@ -50,12 +51,12 @@ def main(cfg: DictConfig) -> float | None:
         if HydraConfig.get().mode == RunMode.MULTIRUN or _GUARD is None:
             raise exc.error from None  # the job's own error, as Hydra reports a job's
         _GUARD.rollback()
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         sys.exit(EXIT_REFUSED)
     except (NonFiniteTraining, HealthStop) as exc:  # the run trained, then had to stop: one line, not a traceback
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         sys.exit(EXIT_HEALTH_STOP if isinstance(exc, HealthStop) else EXIT_FAILED)
     # Returned to Hydra (sweepers may optimise it): final eval accuracy if any.
     return last.get("eval/accuracy") if last else None
@@ -67,7 +68,7 @@ if __name__ == "__main__":
     try:
         sys.argv, _RESUME_OVERRIDES, _GUARD = preflight(sys.argv)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         sys.exit(EXIT_REFUSED)
     except Finished as exc:
         print(exc, file=sys.stderr)

@@ -12,6 +12,7 @@ runs, so `experiment=gateway_tools` and `experiment=chat_tools` see the same too
 from __future__ import annotations
 
 import json
+from typing import Awaitable, Callable
 
 from openai import AsyncOpenAI
 
@@ -36,16 +37,27 @@ def run_tool(arguments: str) -> str:
         return f"error: {exc}"
 
 
-async def run(row: dict, client: AsyncOpenAI) -> str:
+async def chat_with_tools(row: dict, client: AsyncOpenAI, tools: list[dict],
+                          answer_call: Callable[[str], Awaitable[str]], max_calls: int = MAX_CALLS) -> str:
+    """Ask the question offering `tools`; answer each tool call with `await answer_call(arguments)`
+    as a tool message; at most `max_calls` model calls. Returns the model's last answer."""
     messages: list[dict] = [{"role": "user", "content": row["prompt"]}]
     content = ""
-    for _ in range(MAX_CALLS):
-        response = await client.chat.completions.create(model=row["model"], messages=messages, tools=TOOLS)
+    for _ in range(max_calls):
+        response = await client.chat.completions.create(model=row["model"], messages=messages, tools=tools)
         message = response.choices[0].message
         content = message.content or ""
         if not message.tool_calls:
             break
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": run_tool(call.function.arguments)})
+            messages.append({"role": "tool", "tool_call_id": call.id,
+                             "content": await answer_call(call.function.arguments)})
     return content
+
+
+async def run(row: dict, client: AsyncOpenAI) -> str:
+    async def answer(arguments: str) -> str:
+        return run_tool(arguments)
+
+    return await chat_with_tools(row, client, TOOLS, answer)

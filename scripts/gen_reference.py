@@ -17,6 +17,7 @@ import ast
 import dataclasses
 import inspect
 import io
+import re
 import sys
 import textwrap
 import tokenize
@@ -203,6 +204,18 @@ def option_file(group: str, option: str) -> Path:
     return ROOT / "conf" / group / f"{option}.yaml"
 
 
+def group_options(group: str) -> dict[str, type]:
+    """Each option of `group` (its YAML files; implementations first, in the registry's order) and the
+    schema it extends: its own, or the implementation it presets values of (`algo=drgrpo`)."""
+    stems = [p.stem for p in sorted((ROOT / "conf" / group).glob("*.yaml"))]
+    ordered = [o for o in SCHEMAS[group] if o in stems] + [o for o in stems if o not in SCHEMAS[group]]
+    out = {}
+    for option in ordered:
+        found = re.search(rf"/schema/{group}/(\w+)@", option_file(group, option).read_text())
+        out[option] = SCHEMAS[group][found.group(1) if found else option]
+    return out
+
+
 def option_notes(path: Path) -> tuple[str, list[str]]:
     """A conf file's top-level comment and the values it sets (dotted `key=value`), the defaults list as picks."""
     text = path.read_text()
@@ -249,7 +262,8 @@ def config_page() -> str:
     out += ["## Top level", "", "The run's own settings (`RunConf`, `rlharness/config/run.py`): "
             "`python train.py total_steps=100 batch_size=32`.", "", *TABLE_HEAD,
             *field_rows(RunConf, "", skip=set(SCHEMAS) | set(PLAIN_SECTIONS) | {"tasks", "run_dir"}), ""]
-    for group, options in SCHEMAS.items():
+    for group in SCHEMAS:
+        options = group_options(group)
         out += [f"## `{group}`", ""]
         out += ["| option | schema | what the option file sets |", "| --- | --- | --- |"]
         for option, cls in options.items():

@@ -226,9 +226,11 @@ def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[st
 
 
 # ----------------------------------------------------------------------------- evaluation
-def measure(model, tok, eval_rows: dict[str, list[dict]], num_prompts: int) -> dict[str, float]:
+def measure(model, tok, eval_rows: dict[str, list[dict]], num_prompts: int,
+            agents: dict | None = None) -> dict[str, float]:
     """Greedy accuracy (and tool use) on the eval splits with rlharness's own loops and evaluator:
-    the figures `python train.py experiment=chat_math / chat_tools` starts from."""
+    the figures `python train.py experiment=chat_math / chat_tools` starts from. `agents`: split name ->
+    agent config (default: `math` single-turn, `tools` with the calculator)."""
     from rlharness.agent import build_agent_loop
     from rlharness.model.load import text_codec
     from rlharness.config.schema import (EvalConf, JsonlTaskConf, MathJudgerConf, MultiTurnToolAgentConf,
@@ -240,8 +242,9 @@ def measure(model, tok, eval_rows: dict[str, list[dict]], num_prompts: int) -> d
 
     encode, decode = text_codec(tok)
     insert = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
-    agents = {"math": SingleTurnAgentConf(sampling=SamplingConf(temperature=0.0, max_tokens=96)),
-              "tools": MultiTurnToolAgentConf(sampling=SamplingConf(temperature=0.0, max_tokens=48), max_turns=2)}
+    agents = agents or {"math": SingleTurnAgentConf(sampling=SamplingConf(temperature=0.0, max_tokens=96)),
+                        "tools": MultiTurnToolAgentConf(sampling=SamplingConf(temperature=0.0, max_tokens=48),
+                                                        max_turns=2)}
 
     async def run() -> dict[str, float]:
         engine = HFEngine.from_model(model, tok)
@@ -295,23 +298,15 @@ Made by `python scripts/make_tiny_chat_model.py` (seeded, deterministic on CPU w
 """
 
 
-def build(args) -> tuple:
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(args.threads)
-    rng = random.Random(args.seed)
-    math_train, math_eval = make_split(word_problem, rng, args.num_train, args.num_eval)
-    tools_train, tools_eval = make_split(product_problem, rng, args.num_train, args.num_eval)
-    tok = train_tokenizer(corpus(math_train + tools_train), args.vocab_size)
-    model = build_model(tok, args)
+def warm_up(model, tok, args, draw, evaluate) -> tuple[float, dict, list[dict]]:
+    """Supervised warm-up for `args.steps` steps of `args.batch_size` examples, `draw()` -> (question,
+    segments) each; `evaluate()` -> figures every `args.eval_every` steps and at the end.
+    Returns (last loss, final figures, the curve)."""
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     curve, loss, started = [], float("nan"), time.perf_counter()
     for step in range(1, args.steps + 1):
-        batch = []
-        for _ in range(args.batch_size):
-            row = rng.choice(math_train if rng.random() < 0.5 else tools_train)
-            frac = args.tool_frac if "a" in row else args.work_frac
-            batch.append(encode_example(tok, row["question"], response_segments(row, rng.random() < frac)))
+        batch = [encode_example(tok, *draw()) for _ in range(args.batch_size)]
         lr = args.lr * min(1.0, step / 50)  # short linear warm-up
         for group in opt.param_groups:
             group["lr"] = lr
@@ -324,38 +319,66 @@ def build(args) -> tuple:
         if step % 100 == 0:
             log.info("step %d loss %.4f (%.1f s)", step, loss, time.perf_counter() - started)
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:
-            figures = measure(model, tok, {"math": math_eval, "tools": tools_eval}, args.num_eval)
+            figures = evaluate()
             curve.append({"step": step, "loss": loss, **figures})
             log.info("step %d %s", step, figures)
-    figures = measure(model, tok, {"math": math_eval, "tools": tools_eval}, args.num_eval)
+    figures = evaluate()
     curve.append({"step": args.steps, "loss": loss, **figures})
     log.info("final %s", figures)
+    return loss, figures, curve
+
+
+def build(args) -> tuple:
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    rng = random.Random(args.seed)
+    math_train, math_eval = make_split(word_problem, rng, args.num_train, args.num_eval)
+    tools_train, tools_eval = make_split(product_problem, rng, args.num_train, args.num_eval)
+    tok = train_tokenizer(corpus(math_train + tools_train), args.vocab_size)
+    model = build_model(tok, args)
+
+    def draw() -> tuple[str, list[tuple[str, bool]]]:
+        row = rng.choice(math_train if rng.random() < 0.5 else tools_train)
+        frac = args.tool_frac if "a" in row else args.work_frac
+        return row["question"], response_segments(row, rng.random() < frac)
+
+    loss, figures, curve = warm_up(model, tok, args, draw, lambda: measure(
+        model, tok, {"math": math_eval, "tools": tools_eval}, args.num_eval))
     splits = {"math_train": math_train, "math_eval": math_eval, "tools_train": tools_train, "tools_eval": tools_eval}
     return model, tok, splits, loss, figures, curve
 
 
-def write(out: Path, model, tok, splits, loss, figures, curve, args) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-chat-", dir=out.parent))
+def save(out: Path, model, tok, splits: dict[str, list[dict]], readme: str, warmup: dict) -> None:
+    """The model folder, written beside `out` and renamed into place: weights, tokenizer (the chat
+    template inside tokenizer_config.json, as Qwen ships it), data/<split>.jsonl, README.md, warmup.json."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     tmp.chmod(0o755)
     model.save_pretrained(tmp)
-    tok.save_pretrained(tmp, save_jinja_files=False)  # the template inside tokenizer_config.json, as Qwen ships it
+    tok.save_pretrained(tmp, save_jinja_files=False)
     (tmp / "data").mkdir()
     for name, rows in splits.items():
         with open(tmp / "data" / f"{name}.jsonl", "w") as fh:
             for row in rows:
                 fh.write(json.dumps({"question": row["question"], "answer": row["answer"]}) + "\n")
-    (tmp / "README.md").write_text(README.format(
+    (tmp / "README.md").write_text(readme)
+    (tmp / "warmup.json").write_text(json.dumps(warmup, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+
+
+def write(out: Path, model, tok, splits, loss, figures, curve, args) -> None:
+    readme = README.format(
         threads=args.threads, vocab=len(tok), layers=args.layers, hidden=args.hidden, ffn=4 * args.hidden,
         params=sum(p.numel() for p in model.parameters()), steps=args.steps, batch=args.batch_size, lr=args.lr,
         seed=args.seed, tool_frac=args.tool_frac, work_frac=args.work_frac, loss=loss, num_eval=args.num_eval,
         math_acc=figures["math/accuracy"], tools_acc=figures["tools/accuracy"],
-        tool_use=figures["tools/tool_use_frac"], tool_ok=figures["tools/tool_answer_frac"]))
-    (tmp / "warmup.json").write_text(json.dumps(
-        {"final": figures, "train_loss": loss, "curve": curve,
-         **{k: v for k, v in vars(args).items() if k != "out"}}, indent=2) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+        tool_use=figures["tools/tool_use_frac"], tool_ok=figures["tools/tool_answer_frac"])
+    save(out, model, tok, splits, readme, warmup_record(loss, figures, curve, args))
+
+
+def warmup_record(loss: float, figures: dict, curve: list[dict], args) -> dict:
+    return {"final": figures, "train_loss": loss, "curve": curve, **{k: v for k, v in vars(args).items() if k != "out"}}
 
 
 def digest(path: Path) -> str:
@@ -368,31 +391,40 @@ def digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "assets" / "tiny-chat"))
+def add_model_args(parser, name: str, num_train: int, steps: int, eval_every: int) -> None:
+    """The options both embedded chat models share (`name`: the asset folder)."""
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "assets" / name))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--vocab-size", type=int, default=512)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--max-positions", type=int, default=256)
-    parser.add_argument("--num-train", type=int, default=2000, help="train problems per task")
+    parser.add_argument("--num-train", type=int, default=num_train, help="train problems per task")
     parser.add_argument("--num-eval", type=int, default=200, help="eval problems per task")
-    parser.add_argument("--steps", type=int, default=750)
+    parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--eval-every", type=int, default=eval_every, help="0 = only at the end")
+
+
+def check_args(parser, args, fractions: tuple[str, ...]) -> None:
+    for frac in fractions:
+        if not 0 <= getattr(args, frac) <= 1:
+            parser.error(f"--{frac.replace('_', '-')}={getattr(args, frac)}: expected 0..1")
+    if args.steps < 1 or args.batch_size < 1 or args.num_train < 1 or args.num_eval < 1:
+        parser.error("--steps, --batch-size, --num-train and --num-eval must be >= 1")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(parser, "tiny-chat", num_train=2000, steps=750, eval_every=250)
     parser.add_argument("--tool-frac", type=float, default=0.3,
                         help="share of product problems whose target shows the calculator call")
     parser.add_argument("--work-frac", type=float, default=0.3,
                         help="share of word problems whose target shows the column working")
-    parser.add_argument("--eval-every", type=int, default=250, help="0 = only at the end")
     args = parser.parse_args(argv)
-    for name in ("tool_frac", "work_frac"):
-        if not 0 <= getattr(args, name) <= 1:
-            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)}: expected 0..1")
-    if args.steps < 1 or args.batch_size < 1 or args.num_train < 1 or args.num_eval < 1:
-        parser.error("--steps, --batch-size, --num-train and --num-eval must be >= 1")
+    check_args(parser, args, ("tool_frac", "work_frac"))
     return args
 
 

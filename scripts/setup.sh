@@ -3,6 +3,16 @@
 # Usage: bash scripts/setup.sh   (idempotent; re-running only installs what is missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The python tool's sandbox (rlharness/sandbox, docs/concepts/sandbox.md): bubblewrap for its namespaces,
+# libseccomp for its filter, Debian's python3 as the interpreter the sandboxed code runs with.
+if ! command -v bwrap >/dev/null || [ ! -x /usr/bin/python3 ] || ! ldconfig -p | grep libseccomp.so.2 >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends bubblewrap libseccomp2 python3 >/dev/null
+  else
+    echo "note: the python tool's sandbox needs bubblewrap, libseccomp2 and /usr/bin/python3 (as root:" \
+         "apt-get install bubblewrap libseccomp2 python3); train.py refuses agent.tools=[python] without them" >&2
+  fi
+fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . scripts/venv_install.sh

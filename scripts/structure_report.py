@@ -36,7 +36,8 @@ from pathlib import Path
 # 1 "config": the typed, validated run configuration; it describes parts, it builds none and
 #   imports none (config validity must not depend on which packages are installed).
 # 2 "parts": the components, each built from its own sub-config: the algorithms (pure
-#   functions of their `AlgoConf`), data, judgers, the model (loading, LoRA, the tiny models),
+#   functions of their `AlgoConf`), data, judgers, the sandbox for untrusted code (the python
+#   tool's), the model (loading, LoRA, the tiny models),
 #   engines, training backends, agent loops, logging, and `cluster` (the low Ray pieces: bringing
 #   Ray up, placement groups, actor options).
 # 3 "composites": what wires parts together at run time: the producer (sampler, replay buffer,
@@ -50,7 +51,8 @@ from pathlib import Path
 LAYERS: list[tuple[str, list[str]]] = [
     ("base", ["rlharness.core", "rlharness.weights"]),
     ("config", ["rlharness.config"]),
-    ("parts", ["rlharness.algo", "rlharness.data", "rlharness.judger", "rlharness.model", "rlharness.engine",
+    ("parts", ["rlharness.algo", "rlharness.data", "rlharness.judger", "rlharness.model", "rlharness.sandbox",
+               "rlharness.engine",
                "rlharness.backend", "rlharness.agent", "rlharness.logging_utils", "rlharness.cluster",
                "rlharness.health"]),
     ("composites", ["rlharness.producer", "rlharness.trainer", "rlharness.distributed"]),

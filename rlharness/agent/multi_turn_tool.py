@@ -11,6 +11,13 @@ the sample ends (finish_reason "length"). The whole response, model and tool tok
 stays within `sampling.max_tokens` (a tool output is cut to fit). The judger scores the
 whole response text, tool outputs included.
 
+Tools: `calculator` (in process) and `python` (the argument runs as a program in the sandbox,
+`rlharness.sandbox`). A sample may run at most `max_turns - 1` calls and spend at most
+`tool_budget_s` seconds in them; a call past the budget is not run and shows
+"error: ...". Each call's outcome (`stop`: "ok" or why it failed, and its seconds) is kept in
+`extra["tool_results"]` and shown with its turn in the rollouts/ ledger; a failed call fails
+only itself (the model is shown the error and goes on).
+
 Per-token bookkeeping: tool-output tokens get `response_mask` 0 (no loss), log-prob
 0.0 and, as model step, the version that produced the call just before them, so
 `min/max(response_model_steps)` and staleness are those of the model's own tokens.
@@ -29,14 +36,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from rlharness.agent.single_turn import SingleTurnAgentLoop
-from rlharness.agent.tools import ToolError, build_tools
+from rlharness.agent.tools import ToolError, ToolOutput, build_tools
 from rlharness.config.schema import MultiTurnToolAgentConf
 from rlharness.engine.base import GenerateRequest, RolloutEngine, new_request_id
 from rlharness.judger.base import Judger
-from rlharness.core.types import RolloutState, Status
+from rlharness.core.types import Group, RolloutState, Status
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +99,9 @@ class MultiTurnToolAgentLoop(SingleTurnAgentLoop):
         self.encode = encode
         if conf.tool_call_end not in self.stop_strings:  # the engine stops at the end of a call
             self.stop_strings.append(conf.tool_call_end)
-        self.tools = build_tools(list(conf.tools))
+        self.tools = build_tools(list(conf.tools), conf.sandbox)
+        self._tool_pool = ThreadPoolExecutor(conf.tool_workers, thread_name_prefix="tool")
+        self._tool_slots = asyncio.Semaphore(conf.tool_workers)
         # Bumped by pause(): a member started before it issues no further engine request.
         self._pause_epoch = 0
         self.tool_calls = 0  # counters for logs/tests
@@ -100,6 +110,15 @@ class MultiTurnToolAgentLoop(SingleTurnAgentLoop):
     async def pause(self) -> None:
         self._pause_epoch += 1
         await super().pause()
+
+    def step_metrics(self, groups: list[Group]) -> dict[str, float]:
+        """Per trained sample: tool calls, the share of calls that failed (any stop but "ok"), and
+        the seconds of tool time."""
+        results = [r for g in groups for s in g for r in s.extra.get("tool_results", [])]
+        samples = sum(len(g) for g in groups)
+        return {"agent/tool_calls_per_sample": len(results) / max(samples, 1),
+                "agent/tool_failed_frac": sum(r["stop"] != "ok" for r in results) / max(len(results), 1),
+                "agent/tool_s_per_sample": sum(r["seconds"] for r in results) / max(samples, 1)}
 
     def _pending_call(self, turn_ids: list[int]) -> str | None:
         return find_tool_call(self.decode(turn_ids), self.conf.tool_call_start, self.conf.tool_call_end)
@@ -113,26 +132,33 @@ class MultiTurnToolAgentLoop(SingleTurnAgentLoop):
         s.response_text = self.decode(s.response_ids)
         mask = s.loss_mask()
         s.extra["tool_calls"] = current_turn(s.response_ids, mask)[1]
-        s.extra["turns"] = self._turns(s.response_ids, mask)
+        s.extra["turns"] = self._turns(s.response_ids, mask, s.extra.get("tool_results", []))
         if status == Status.ABORTED:
             s.num_aborts += 1
 
-    def _turns(self, ids: list[int], mask: list[int]) -> list[dict[str, str]]:
+    def _turns(self, ids: list[int], mask: list[int], results: list[dict]) -> list[dict]:
         """The response as turns, for the rollouts/ ledger and eval metrics: the model's text
-        ("assistant") and each tool output ("tool", its markers stripped), decoded from the tokens."""
-        turns, start = [], 0
+        ("assistant") and each tool output ("tool", its markers stripped, with its call's `stop` and
+        `seconds`), decoded from the tokens."""
+        turns, start, outputs = [], 0, 0
         for i in range(1, len(ids) + 1):
             if i == len(ids) or mask[i] != mask[start]:
                 text = self.decode(ids[start:i])
                 if mask[start] == 0:
                     text = text.removeprefix(self.conf.tool_output_start).removesuffix(self.conf.tool_output_end)
-                turns.append({"role": "assistant" if mask[start] else "tool", "text": text})
+                turn = {"role": "assistant" if mask[start] else "tool", "text": text}
+                if mask[start] == 0 and outputs < len(results):
+                    turn.update(results[outputs])
+                outputs += mask[start] == 0
+                turns.append(turn)
                 start = i
         return turns
 
     async def _generate_member(self, s: RolloutState) -> None:
         conf, epoch = self.conf, self._pause_epoch
         budget = conf.sampling.max_tokens
+        if not s.response_ids:  # a fresh start (or a restart after its tokens were discarded)
+            s.extra.pop("tool_results", None)
         while True:
             turn_start, outputs = current_turn(s.response_ids, s.loss_mask())
             remaining = budget - len(s.response_ids)
@@ -172,30 +198,39 @@ class MultiTurnToolAgentLoop(SingleTurnAgentLoop):
             del s.response_mask[keep:]
 
     async def _append_tool_output(self, s: RolloutState, call: str, remaining: int) -> None:
-        output = await self._run_tool(call)
-        text = self.conf.tool_output_start + output[: self.conf.max_tool_output_chars] + self.conf.tool_output_end
+        results = s.extra.setdefault("tool_results", [])
+        output = await self._run_tool(call, self.conf.tool_budget_s - sum(r["seconds"] for r in results))
+        results.append({"stop": output.stop, "seconds": round(output.seconds, 3)})
+        if output.stop != "ok":
+            self.tool_errors += 1
+        text = self.conf.tool_output_start + output.text[: self.conf.max_tool_output_chars] + self.conf.tool_output_end
         ids = self.encode(text)[:remaining]
         if not ids:  # the same call would be found again, forever
             raise ValueError(f"multi_turn_tool: encode({text!r}) returned no tokens")
         version = s.response_model_steps[-1]  # the version that wrote the call
         s.append_tokens(ids, [0.0] * len(ids), [version] * len(ids), mask=[0] * len(ids))
 
-    async def _run_tool(self, call: str) -> str:
-        """The tool's output text, or "error: ..." for bad input, an unknown tool or a timeout."""
+    async def _run_tool(self, call: str, budget_left_s: float) -> ToolOutput:
+        """The tool's output, or "error: ..." for bad input, an unknown tool, a spent budget or a timeout."""
         name, argument = next(iter(self.tools)), call
         named = _TOOL_NAME_RE.fullmatch(call)
         if named:
             if named.group(1) not in self.tools:
-                self.tool_errors += 1
-                return f"error: unknown tool {named.group(1)!r} (available: {', '.join(self.tools)})"
+                return ToolOutput(f"error: unknown tool {named.group(1)!r} (available: {', '.join(self.tools)})",
+                                  "unknown_tool")
             name, argument = named.group(1), named.group(2)
+        if budget_left_s <= 0:
+            return ToolOutput(f"error: this sample's tool time ({self.conf.tool_budget_s:g} s) is spent", "budget")
         self.tool_calls += 1
-        try:
-            return await asyncio.wait_for(asyncio.to_thread(self.tools[name], argument), self.conf.tool_timeout_s)
-        except ToolError as exc:
-            self.tool_errors += 1
-            return f"error: {exc}"
-        except asyncio.TimeoutError:
-            self.tool_errors += 1
-            log.warning("tool %s timed out after %.1f s on %r", name, self.conf.tool_timeout_s, argument[:80])
-            return f"error: timed out after {self.conf.tool_timeout_s:g} s"
+        tool, timeout = self.tools[name], min(self.conf.tool_timeout_s, budget_left_s)
+        loop = asyncio.get_running_loop()
+        async with self._tool_slots:  # waiting for a free worker does not count against the call's time
+            started = loop.time()
+            try:
+                return await asyncio.wait_for(loop.run_in_executor(self._tool_pool, tool, argument, timeout),
+                                              timeout + getattr(tool, "grace_s", 0.0))
+            except ToolError as exc:
+                return ToolOutput(f"error: {exc}", "error", loop.time() - started)
+            except asyncio.TimeoutError:
+                log.warning("tool %s timed out after %.1f s on %r", name, timeout, argument[:80])
+                return ToolOutput(f"error: timed out after {timeout:g} s", "timeout", timeout)

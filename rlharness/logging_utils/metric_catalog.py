@@ -221,6 +221,12 @@ METRICS: tuple[Metric, ...] = (
        "previous call's tokens (a new segment was started; the last segment is trained)."),
     _M("agent/requests_refused", "count", "every step, `agent=openai_gateway`", "Requests the gateway refused with "
        "an OpenAI-style error (a field it does not honour, another model name, bad JSON) since the last batch."),
+    _M("agent/tool_calls_per_sample", "-", "every step, `agent=multi_turn_tool`", "Tool calls per trained sample "
+       "(every tool: calculator, python)."),
+    _M("agent/tool_failed_frac", "fraction", "every step, `agent=multi_turn_tool`", "Share of the step's tool calls "
+       "that did not end `ok` (the program raised, hit a sandbox limit, or the budget was spent)."),
+    _M("agent/tool_s_per_sample", "s", "every step, `agent=multi_turn_tool`", "Seconds of tool time per trained "
+       "sample (a python call: its sandbox's wall time)."),
     # ------------------------------------------------------------------ perf: time and throughput
     _M("perf/step_s", "s", EVERY_STEP, "Wall time of the step, evaluation excluded."),
     _M("perf/rollout_s", "s", EVERY_STEP, "Time the step waited for its batch (colocated: generated it)."),

@@ -261,18 +261,20 @@ def test_train_py_experiment_chat_tools_records_turns_in_the_ledger(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_make_tiny_chat_model_is_deterministic_on_a_reduced_size(tmp_path):
-    """The build script twice with the same seed: byte-identical weights, tokenizer and data."""
+@pytest.mark.parametrize("script_name", ["make_tiny_chat_model.py", "make_tiny_code_model.py"])
+def test_make_tiny_chat_model_is_deterministic_on_a_reduced_size(tmp_path, script_name):
+    """The build script twice with the same seed: byte-identical weights, tokenizer and data (tiny-chat,
+    and tiny-code, which shares its recipe and runs its measurements' programs in the sandbox)."""
     import importlib.util
     import subprocess
     import sys
 
-    script = PROJECT_ROOT / "scripts" / "make_tiny_chat_model.py"
+    script = PROJECT_ROOT / "scripts" / script_name
     small = ["--steps", "4", "--num-train", "40", "--num-eval", "4", "--vocab-size", "300", "--batch-size", "8"]
     for name in ("a", "b"):
         subprocess.run([sys.executable, str(script), "--out", str(tmp_path / name), *small], check=True,
                        capture_output=True, timeout=300)
-    spec = importlib.util.spec_from_file_location("make_tiny_chat_model", script)
+    spec = importlib.util.spec_from_file_location("make_tiny_chat_model", script.parent / "make_tiny_chat_model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.digest(tmp_path / "a") == module.digest(tmp_path / "b")
