@@ -10,7 +10,9 @@ the monitors (rlharness/health/) with the
 thresholds of `health.*` (defaults, or `--set key=value`), as the run's own config had them wired
 (eval independent of the trained reward where a learned reward trains, its eval prompts and total
 steps from `.hydra/config.yaml`). Prints one Markdown table of each statistic's extreme over the run
-(the side that alarms) and the alarms with their steps; docs/operations/health.md holds the measured figures.
+(the side that alarms) and the alarms with their steps, then what `trainer.probe_longest` cost at the start
+of each run that probed (`perf/probe_s`, against the median step's `perf/step_s`);
+docs/operations/health.md holds the measured figures.
 `--record FILE` keeps a run for replays (tests/health/test_recorded_runs.py): its first line is the
 wiring, then each row with only the keys the monitors read.
 """
@@ -54,8 +56,8 @@ def wiring(run_dir: Path) -> dict:
             "total_steps": int(cfg.total_steps)}
 
 
-# The keys the monitors read (rlharness/health/), and the step.
-READ = re.compile(r"^(step|eval/accuracy|train/(entropy|kl)|rollout/(reward_mean|reward_std|num_samples|"
+# The keys the monitors read (rlharness/health/), the step, and the probe's cost against a step's.
+READ = re.compile(r"^(step|perf/(probe_s|step_s)|probe/(peak_mb|rows|tokens)|eval/accuracy|train/(entropy|kl)|rollout/(reward_mean|reward_std|num_samples|"
                   r"groups_zero_signal_frac|truncated_frac|reward_[^/]+_mean)|health/(rss_mb|available_mb|"
                   r"[a-z_]+_frac))$")
 
@@ -99,6 +101,17 @@ def replay(run: Path, conf: HealthConf) -> tuple[list[dict], list]:
     return out, alarms
 
 
+def probe_cost(rows: list[dict]) -> str | None:
+    """What `trainer.probe_longest` cost at the run's start, against a step, or None if it did not probe."""
+    probe = next((r for r in rows if "perf/probe_s" in r), None)
+    steps = sorted(r["perf/step_s"] for r in rows if "perf/step_s" in r)
+    if probe is None:
+        return None
+    step = f"; the median step took {steps[len(steps) // 2]:.1f} s" if steps else ""
+    return (f"trainer.probe_longest took {probe['perf/probe_s']:.1f} s ({probe['probe/rows']:.0f} rows x "
+            f"{probe['probe/tokens']:.0f} tokens, peak {probe['probe/peak_mb']:.0f} MB){step}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path)
@@ -110,9 +123,10 @@ def main() -> None:
     conf = health_conf(args.set)
     print("| run | steps | " + " | ".join(f"{k.split('/', 1)[1]} ({f.__name__})" for k, f, _ in STATISTICS) + " |")
     print("| --- | ---: | " + " | ".join("---:" for _ in STATISTICS) + " |")
-    fired = []
+    fired, probes = [], []
     for run in args.runs:
         rows, alarms = replay(run, conf)
+        probes += [f"- {run}: {cost}" for cost in [probe_cost(rows)] if cost]
         cells = []
         for key, extreme, fmt in STATISTICS:
             values = [r[key] for r in rows if r.get(key) is not None]
@@ -124,6 +138,8 @@ def main() -> None:
         print(f"- {run}: {alarm.line(conf.action(alarm.monitor))}")
     if not fired:
         print("no alarm fired")
+    if probes:
+        print("\n" + "\n".join(probes))
 
 
 if __name__ == "__main__":

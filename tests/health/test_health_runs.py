@@ -9,6 +9,7 @@ import statistics
 
 import pytest
 
+from rlharness.config.schema import HealthConf
 from rlharness.core.checkpoint import latest_checkpoint
 from rlharness.health.alarm import EXIT_HEALTH_STOP
 from rlharness.logging_utils.metrics import read_metrics
@@ -50,6 +51,18 @@ def test_a_stop_alarm_ends_the_run_with_exit_3_and_keeps_the_last_checkpoint(tmp
     done = run_cli([f"resume={run_dir}", "total_steps=4", "health.zero_signal.on_alarm=warn"], cwd=tmp_path)
     rows = read_metrics(RunDir(run_dir).metrics)
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4] and rows[3]["health/zero_signal_steps"] == 3
+
+
+def test_a_run_that_never_scores_has_no_signal_and_a_frozen_reward(tmp_path):
+    """The sim engine's random tokens are never a right sum: every reward is 0, from the first step on.
+    With the default thresholds: no signal after 5 steps, a reward distribution that stopped moving
+    after 10 (its window), each said once and the run goes on (on_alarm=warn)."""
+    run_dir = tmp_path / "run"
+    run_cli([*SIM, "total_steps=10", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert alarms(RunDir(run_dir).log().read_text()) == [(5, "zero_signal"), (10, "reward_frozen")]
+    rows = read_metrics(RunDir(run_dir).metrics)
+    assert rows[-1]["step"] == 10 and rows[-1]["health/reward_frozen_ratio"] < HealthConf().reward_frozen.max_ratio
+    assert latest_checkpoint(run_dir)[0] == 10
 
 
 def test_host_memory_that_grows_every_step_is_caught(tmp_path):
