@@ -57,7 +57,8 @@ def wiring(run_dir: Path) -> dict:
 
 
 # The keys the monitors read (rlharness/health/), the step, and the probe's cost against a step's.
-READ = re.compile(r"^(step|perf/(probe_s|step_s)|probe/(peak_mb|rows|tokens)|eval/accuracy|train/(entropy|kl)|rollout/(reward_mean|reward_std|num_samples|"
+READ = re.compile(r"^(step|perf/(probe_s|step_s)|probe/(peak_mb|rows|tokens)|eval/accuracy|train/(entropy|kl)|"
+                  r"rollout/(reward_mean|reward_std|num_samples|"
                   r"groups_zero_signal_frac|truncated_frac|reward_[^/]+_mean)|health/(rss_mb|available_mb|"
                   r"[a-z_]+_frac))$")
 
@@ -104,9 +105,9 @@ def replay(run: Path, conf: HealthConf) -> tuple[list[dict], list]:
 def probe_cost(rows: list[dict]) -> str | None:
     """What `trainer.probe_longest` cost at the run's start, against a step, or None if it did not probe."""
     probe = next((r for r in rows if "perf/probe_s" in r), None)
-    steps = sorted(r["perf/step_s"] for r in rows if "perf/step_s" in r)
     if probe is None:
         return None
+    steps = sorted(r["perf/step_s"] for r in rows if "perf/step_s" in r)
     step = f"; the median step took {steps[len(steps) // 2]:.1f} s" if steps else ""
     return (f"trainer.probe_longest took {probe['perf/probe_s']:.1f} s ({probe['probe/rows']:.0f} rows x "
             f"{probe['probe/tokens']:.0f} tokens, peak {probe['probe/peak_mb']:.0f} MB){step}")

@@ -15,7 +15,8 @@ POST /batch {"items": [...]} -> {"results": [...]}, the same rule per item. Mode
 - flaky: every 10th request (10th, 20th, ...) answers HTTP 500;
 - coin: a score of 0 or 1 for every item, a fair coin that reads nothing of the response: a bit of the hash
   of the label's answer, how many requests carried that label before, and the item's place in the request
-  (the same bits run after run where a group is one /batch request; the health tests' entropy collapse);
+  (the same bits run after run where a group is one /batch request; docs/operations/health.md's
+  entropy-collapse runs);
 - by_label: a label whose answer starts with "R" gets a 302 to ftp://127.0.0.1:9/x,
   one starting with "M" a reply that is not JSON, "D" valid JSON nested 10^5 deep, "E" a reply that
   is not JSON and quotes the request's Authorization header, "C" a 302 whose Location carries the
