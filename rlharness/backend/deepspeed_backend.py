@@ -231,6 +231,9 @@ class DeepSpeedWorker(TorchBackend):
         keep = torch.nn.functional.pad(positions, (0, 1))  # [B, T]: hidden state t - 1 scores token t
         return self.engine(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=keep).logits, None
 
+    async def probe_longest(self, rows: int, prompt_tokens: int, response_tokens: int) -> None:
+        return None  # DeepSpeed's engine steps its own (ZeRO) optimizer: not probed
+
     def _backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
 
@@ -243,7 +246,8 @@ class DeepSpeedWorker(TorchBackend):
         return all_ranks(all_finite([getattr(p, "ds_tensor", p) for p in self.engine.module.parameters()]))
 
     def _reduce_sums(self, sums: _Sums) -> None:
-        same_everywhere = {"updates", "grad_norm", "skipped_updates", "critic_grad_norm", "critic_updates"}
+        same_everywhere = {"updates", "grad_norm", "skipped_updates", "critic_grad_norm", "critic_updates",
+                           "micro_batches"}
         keys = sorted(k for k in sums.v if k not in same_everywhere)
         values = torch.tensor([sums.v[k] for k in keys], dtype=torch.float64)
         torch.distributed.all_reduce(values)

@@ -57,6 +57,7 @@ from rlharness.backend.critic import Critic
 from rlharness.backend.token_scores import (decoder_hidden_states, head_reproduces_logits, model_logits,
                                             response_token_scores)
 from rlharness.backend.micro_batches import token_budget_slices
+from rlharness.backend.probe import probe_micro_batch
 from rlharness.backend.lr_plan import (LRPlan, apply_optimizer_settings, lr_multiplier,  # noqa: F401 - re-exported
                                       planned, replan)
 from rlharness.core.checkpoint import load_state, save_state, writing
@@ -171,6 +172,9 @@ class TorchBackend(TrainingBackend):
     async def load(self, directory: str) -> None:
         self.load_blocking(directory)
 
+    async def probe_longest(self, rows: int, prompt_tokens: int, response_tokens: int) -> dict[str, Any] | None:
+        return await asyncio.to_thread(probe_micro_batch, self, rows, prompt_tokens, response_tokens, _Sums())
+
     # ------------------------------------------------------------------ training
     # Token scores (log-probs, entropy) of response positions; see rlharness/backend/token_scores.py.
     def _hf_model(self, model):
@@ -280,6 +284,7 @@ class TorchBackend(TrainingBackend):
                                                 train_step=batch.train_step, updates=updates)
                     step_loss += loss
                     step_pg += pg
+                    sums.add("micro_batches", 1)
                 grad_norm = self._optimizer_step(batch.train_step)
                 self._updates_done += 1
                 sums.add("skipped_updates", float(self._update_skipped))
@@ -306,6 +311,8 @@ class TorchBackend(TrainingBackend):
             "train/logprob_diff_rollout_max": sums.maxes.get("abs_diff_max", 0.0),
             "train/rejected_frac": sums.ratio("rejected_sum", "tis_tokens"),
             "train/num_updates": sums.v.get("updates", 0.0),
+            # Forward/backward passes of this rank over the step (all epochs and mini-batches): explain's count.
+            "train/micro_batches": sums.v.get("micro_batches", 0.0),
             # Updates not applied because the loss or gradient was non-finite (the trainer counts the step).
             "train/skipped_updates": sums.v.get("skipped_updates", 0.0),
             # 0 when an applied update left a NaN/inf weight (a finite but far too high LR): the run stops.
