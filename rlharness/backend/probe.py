@@ -47,7 +47,7 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def probe_micro_batch(backend, rows: int, prompt_tokens: int, response_tokens: int, sums) -> dict[str, Any]:
-    """Train `backend` (a TorchBackend; `sums`: a fresh metric accumulator of its own) once on the synthetic
+    """Train `backend` (a Learner over a TorchRunner; `sums`: a fresh metric accumulator of its own) once on the synthetic
     micro-batch and undo it (module docstring). Returns `perf/probe_s` and `probe/peak_mb`, or
     {"oom": <the error's first line>}."""
     device = backend.device

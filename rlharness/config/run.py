@@ -90,9 +90,9 @@ class RunConf(TaskWiring):
 
     def _check_combinations(self) -> None:
         """Refuse combinations that cannot work, with the reason."""
-        if self.backend.name == "deepspeed" and self.cluster.name == "local":
+        if self.backend.ranked and self.cluster.name == "local":
             raise ConfigError(
-                "backend=deepspeed runs its workers as Ray actors: use cluster=local_ray or cluster=slurm"
+                f"backend={self.backend.name} runs its workers as Ray actors: use cluster=local_ray or cluster=slurm"
             )
         if self.mode == "disagg" and self.cluster.name == "local":
             raise ConfigError(
@@ -100,11 +100,11 @@ class RunConf(TaskWiring):
                 "actors; use cluster=local_ray (this machine) or cluster=slurm"
             )
         if (self.cluster.name == "slurm" and self.cluster.nodes > 1 and self.mode == "colocate"
-                and self.backend.name != "deepspeed"):
+                and not self.backend.ranked):
             raise ConfigError(
                 f"cluster.nodes={self.cluster.nodes} with mode=colocate and backend={self.backend.name} is not allowed: "
                 f"that run is one process on the first node and the other nodes would sit idle; use mode=disagg "
-                f"(engines and trainers on their own nodes), backend=deepspeed, or cluster.nodes=1")
+                f"(engines and trainers on their own nodes), backend=deepspeed or fsdp2, or cluster.nodes=1")
         lora = self.model.lora
         if lora.enabled and lora.sync == "adapter" and self.engine.name == "vllm" and lora.rank > VLLM_MAX_LORA_RANK:
             raise ConfigError(f"model.lora.sync=adapter with engine=vllm and model.lora.rank={lora.rank} is not allowed: "

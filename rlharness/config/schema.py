@@ -768,8 +768,13 @@ class BackendConf:
 
     @property
     def workers(self) -> int:
-        """Training processes (ranks): one, except where the backend runs several (deepspeed)."""
+        """Training processes (ranks): one, except where the backend runs several (deepspeed, fsdp2)."""
         return 1
+
+    @property
+    def ranked(self) -> bool:
+        """The backend runs as ranks on Ray actors (deepspeed, fsdp2), whatever their number."""
+        return self.name in ("deepspeed", "fsdp2")
 
 
 @dataclass
@@ -814,6 +819,31 @@ class DeepSpeedBackendConf(BackendConf):
         _check(self.micro_batch_tokens is None or self.micro_batch_tokens >= 1, "backend.micro_batch_tokens",
                self.micro_batch_tokens, ">= 1 (or null for algo.micro_batch_size rows per micro-batch)")
         _one_of("backend.zero_stage", self.zero_stage, (0, 1, 2, 3))
+        _check(self.num_workers >= 1, "backend.num_workers", self.num_workers, ">= 1")
+
+    @property
+    def workers(self) -> int:
+        return self.num_workers
+
+
+@dataclass
+class FSDP2BackendConf(TorchBackendConf):
+    """torch's FSDP2 (`fully_shard` per transformer block and the root) across `num_workers` ranks on Ray
+    actors (rlharness/backend/fsdp2_runner.py); the other keys are backend=torch's."""
+
+    name: str = "fsdp2"
+    # Training ranks, one Ray actor each (cluster.trainer_cpus apiece); each keeps 1/num_workers of every
+    # parameter, gradient and optimizer state.
+    num_workers: int = 2
+    # Rows split across ranks by Karmarkar-Karp on their lengths, equal row counts
+    # (rlharness/backend/rank_balance.py); false: rank r trains rows r, r + W, ...
+    balance_ranks: bool = True
+    # Free each block's gathered parameters after its forward (gathered again for its backward);
+    # false keeps them until the backward: less communication, more memory.
+    reshard_after_forward: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         _check(self.num_workers >= 1, "backend.num_workers", self.num_workers, ">= 1")
 
     @property
