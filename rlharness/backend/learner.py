@@ -60,6 +60,7 @@ from rlharness.backend.critic import value_model
 from rlharness.backend.lr_plan import LRPlan, apply_optimizer_settings, planned, replan
 from rlharness.backend.micro_batches import token_budget_slices
 from rlharness.backend.packing import PackedRows, honours_packing, packed_budget_slices
+from rlharness.backend.probe import probe_micro_batch
 from rlharness.backend.policy_files import read_policy, write_policy
 from rlharness.backend.rank_balance import imbalance, pad_plan, pad_rows, rank_micro_slices, rank_shares
 from rlharness.backend.runner import ModelRunner, Runners, adamw
@@ -95,7 +96,8 @@ class Sums:
 
 
 # Sums that are the same on every rank (counted per update, not per row): not summed across ranks.
-SAME_ON_EVERY_RANK = frozenset({"updates", "grad_norm", "skipped_updates", "critic_grad_norm", "critic_updates"})
+SAME_ON_EVERY_RANK = frozenset({"updates", "grad_norm", "skipped_updates", "critic_grad_norm", "critic_updates",
+                                "micro_batches"})
 
 
 class NonFiniteWeights(RuntimeError):
@@ -201,6 +203,11 @@ class Learner(TrainingBackend):
 
     async def load(self, directory: str) -> None:
         self.load_blocking(directory)
+
+    async def probe_longest(self, rows: int, prompt_tokens: int, response_tokens: int) -> dict[str, Any] | None:
+        if not self.policy.probes:
+            return None  # a runner whose engine steps its own optimizer (DeepSpeed's ZeRO, FSDP2's shards)
+        return await asyncio.to_thread(probe_micro_batch, self, rows, prompt_tokens, response_tokens, Sums())
 
     # ------------------------------------------------------------------ token scores
     def _token_scores(self, runner: ModelRunner, mb: dict[str, torch.Tensor], temperature: float,
@@ -337,6 +344,8 @@ class Learner(TrainingBackend):
             "train/logprob_diff_rollout_max": sums.maxes.get("abs_diff_max", 0.0),
             "train/rejected_frac": sums.ratio("rejected_sum", "tis_tokens"),
             "train/num_updates": sums.v.get("updates", 0.0),
+            # Forward/backward passes of this rank over the step (all epochs and mini-batches): explain's count.
+            "train/micro_batches": sums.v.get("micro_batches", 0.0),
             # Updates not applied because the loss or gradient was non-finite (the trainer counts the step).
             "train/skipped_updates": sums.v.get("skipped_updates", 0.0),
             # 0 when an applied update left a NaN/inf weight (a finite but far too high LR): the run stops.
@@ -361,6 +370,7 @@ class Learner(TrainingBackend):
             sums.add("sample_tokens", mb["attention_mask"].sum())
             step_loss += loss
             step_pg += pg
+            sums.add("micro_batches", 1)
         grad_norm, skipped = self.policy.step(f"train_step {batch.train_step}")
         self._updates_done += 1
         sums.add("skipped_updates", float(skipped))

@@ -86,6 +86,9 @@ class ModelRunner(abc.ABC):
     # The torch optimizer whose param groups carry the learning rate (the LR schedule drives it); None: frozen.
     optimizer: torch.optim.Optimizer | None
     ranks: Ranks
+    # Whether `trainer.probe_longest` can step `optimizer` itself at learning rate 0 and undo it
+    # (backend/probe.py): not where an engine steps its own (DeepSpeed's ZeRO) or holds shards (FSDP2).
+    probes = False
 
     # ------------------------------------------------------------------ forward
     @abc.abstractmethod

@@ -19,6 +19,8 @@ from rlharness.weights.transfer import tied_once
 
 
 class TorchRunner(FullStateRunner):
+    probes = True
+
     def __init__(self, module: torch.nn.Module, optimizer: OptimizerFactory | None = None, grad_clip: float = 0.0,
                  ranks: Ranks | None = None) -> None:
         self.module, self.grad_clip, self.ranks = module, grad_clip, ranks or Ranks()

@@ -14,8 +14,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rlharness.config.schema import (
     MAX_OVER_SAMPLE, TASK_NAME_CHARS, VLLM_MAX_LORA_RANK, AgentConf, AlgoConf, BackendConf, ClusterConf,
-    ConfigError, EngineConf, EvalConf, JudgerConf, LoggerConf, ModelConf, SamplerConf, SamplingConf, StrategyConf,
-    TaskConf, TaskEntryConf, TrainerConf, _check, _one_of, check_prompt_repeat_k, non_finite_values)
+    ConfigError, EngineConf, EvalConf, HealthConf, JudgerConf, LoggerConf, ModelConf, SamplerConf, SamplingConf,
+    StrategyConf, TaskConf, TaskEntryConf, TrainerConf, _check, _one_of, check_prompt_repeat_k, non_finite_values)
 from rlharness.config.tasks import TaskWiring
 
 MAX_SAMPLES_PER_STEP = 1_000_000  # sequences generated in one step (or one eval): memory, not a setting
@@ -36,6 +36,7 @@ class RunConf(TaskWiring):
     logger: LoggerConf = MISSING
     eval: EvalConf = field(default_factory=EvalConf)
     trainer: TrainerConf = field(default_factory=TrainerConf)
+    health: HealthConf = field(default_factory=HealthConf)
     # Multi-task runs: name -> task entry (experiment=arith_mix). Empty = the single
     # task `task` with `judger`, named by its task (today's runs, unchanged).
     tasks: dict[str, TaskEntryConf] = field(default_factory=dict)
@@ -60,6 +61,9 @@ class RunConf(TaskWiring):
     # SIGTERM/SIGINT: seconds to stop (final checkpoint if it fits, W&B, actors) before exiting
     # regardless. Slurm sends SIGKILL 30 s (KillWait) after its SIGTERM.
     stop_timeout_s: float = 25.0
+    # Print what the composed config means per step (rlharness/launch/explain.py) and exit: nothing starts,
+    # no run directory is made.
+    explain: bool = False
     # Set by the launcher from Hydra's output dir; users never need to.
     run_dir: str = ""
 

@@ -227,6 +227,9 @@ class RemoteBackend(TrainingBackend):
         self._prefetched = None
         await self._on_all("load", directory)
 
+    async def probe_longest(self, rows: int, prompt_tokens: int, response_tokens: int) -> dict[str, Any] | None:
+        return (await self._on_all("probe_longest", rows, prompt_tokens, response_tokens))[0]
+
     async def close(self) -> None:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
