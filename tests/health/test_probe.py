@@ -51,14 +51,14 @@ def test_on_by_default_for_real_models_only():
 OOM_SCRIPT = textwrap.dedent("""
     import asyncio, json, resource, sys
     import psutil, torch
-    from rlharness.backend.torch_backend import TorchBackend
+    from rlharness.backend.learner import Learner
     from rlharness.config.schema import ConfigError
     from rlharness.launch.preflight import compose_typed
     from rlharness.trainer import probe
 
     torch.set_num_threads(1)
     _, conf = compose_typed(sys.argv[1:])
-    backend = TorchBackend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed)
+    backend = Learner(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed)
     # 512 rows x (4000 + 8) tokens need tens of GB; allow this process 1 GB more than it has.
     limit = psutil.Process().memory_info().vms + 2**30
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
