@@ -89,6 +89,8 @@ class RolloutState:
     # without it (older checkpoints, code that fills response_ids directly) = all ones;
     # read it through `loss_mask()`.
     response_mask: list[int] = field(default_factory=list)
+    # The distillation teacher's log-prob of each response token (empty: not scored, or no teacher).
+    teacher_logprobs: list[float] = field(default_factory=list)
     response_text: str = ""
     reward: dict[str, float] | None = None
     status: Status = Status.INIT
@@ -111,7 +113,7 @@ class RolloutState:
         """Never generated, never interrupted, nothing in `extra`: what `make_group` builds, and
         what `restore_pristine` returns it to (so the producer need not copy it before generating)."""
         return (self.status is Status.INIT and not self.response_ids and not self.response_mask
-                and not self.response_text and self.reward is None and self.finish_reason is None
+                and not self.teacher_logprobs and not self.response_text and self.reward is None and self.finish_reason is None
                 and not self.num_aborts and not self.extra)
 
     def restore_pristine(self) -> None:
@@ -127,6 +129,7 @@ class RolloutState:
         self.response_logprobs = []
         self.response_model_steps = []
         self.response_mask = []
+        self.teacher_logprobs = []
         self.response_text = ""
         self.reward = None
         self.finish_reason = None
@@ -144,6 +147,8 @@ class RolloutState:
         # already as long as the response is extended in place: the producer's hot path).
         if len(self.response_mask) != len(self.response_ids):
             self.response_mask = self.loss_mask()
+        if self.teacher_logprobs:  # a teacher's scores cover the response as it was
+            self.teacher_logprobs = []
         self.response_mask.extend([1] * n if mask is None else mask)
         self.response_ids.extend(ids)
         self.response_logprobs.extend(logprobs)
@@ -179,7 +184,7 @@ class RolloutState:
             self.uid, self.group_id, self.task, self.prompt_index, self.epoch, self.prompt_text,
             self.prompt_ids, self.label, list(self.response_ids),
             list(self.response_logprobs), list(self.response_model_steps), list(self.response_mask),
-            self.response_text, _copy_mapping(self.reward), self.status, self.finish_reason, self.num_aborts,
+            list(self.teacher_logprobs), self.response_text, _copy_mapping(self.reward), self.status, self.finish_reason, self.num_aborts,
             self.sample_seed, _copy_mapping(self.extra),
         )
 
@@ -188,7 +193,7 @@ class RolloutState:
 # (or moved) must be added there too.
 _FIELD_ORDER = (
     "uid", "group_id", "task", "prompt_index", "epoch", "prompt_text", "prompt_ids", "label", "response_ids",
-    "response_logprobs", "response_model_steps", "response_mask", "response_text", "reward", "status",
+    "response_logprobs", "response_model_steps", "response_mask", "teacher_logprobs", "response_text", "reward", "status",
     "finish_reason", "num_aborts", "sample_seed", "extra")
 if _FIELD_ORDER != tuple(f.name for f in fields(RolloutState)):
     raise AssertionError(f"RolloutState.clone/make_group are out of date: fields are "
@@ -229,7 +234,7 @@ def make_group(
     # Positional, in field order (see _FIELD_ORDER): this runs for every member of every fresh group.
     return [
         RolloutState(group_id + _member_suffix(m), group_id, task, prompt_index, epoch, prompt_text, prompt_ids, label,
-                     [], [], [], [], "", None, init, None, 0, member_seed, {})
+                     [], [], [], [], [], "", None, init, None, 0, member_seed, {})
         for m, member_seed in enumerate(member_seeds(seed, task, epoch, prompt_index, k))
     ]
 
