@@ -122,10 +122,7 @@ class GatewayAgentLoop(AgentLoop):
             raise
         if failure is not None:
             await self._stop(sessions)
-            for s in group:
-                s.status = Status.FAILED
-                s.extra["fail_reason"] = failure
-            return group
+            return group.mark_failed(failure)
         for s, sess in zip(todo, sessions):
             self._record(s, sess)
         if any(s.status is Status.ABORTED for s in group):
@@ -366,7 +363,7 @@ class GatewayAgentLoop(AgentLoop):
 
     # ------------------------------------------------------------------ metrics
     def step_metrics(self, groups: list[Group]) -> dict[str, float]:
-        samples = [s for g in groups for s in g]
+        samples = [s for g in groups for s in g.samples]
         refused = sum(self.server.refused.values())
         new_refused, self._refused_seen = refused - self._refused_seen, refused
         return {

@@ -14,19 +14,21 @@ from pathlib import Path
 from typing import Any
 
 from rlharness.logging_utils.metrics import json_line, jsonl_rows, replace_text
+from rlharness.core.redaction import redact
 from rlharness.core.run_dir import RunDir, step_of
 from rlharness.core.types import Group, RolloutState
 
 log = logging.getLogger(__name__)
 
 
-def sample_row(s: RolloutState, train_step: int) -> dict[str, Any]:
+def sample_row(group: Group, s: RolloutState, train_step: int) -> dict[str, Any]:
+    """The row of sample `s` of `group`."""
     row = {
         "uid": s.uid,
-        "group_id": s.group_id,
-        "task": s.task,
-        "prompt_index": s.prompt_index,
-        "epoch": s.epoch,
+        "group_id": group.group_id,
+        "task": group.task,
+        "prompt_index": group.prompt_index,
+        "epoch": group.epoch,
         "train_step": train_step,
         "min_policy_version": s.min_policy_version,
         "max_policy_version": s.max_policy_version,
@@ -35,12 +37,14 @@ def sample_row(s: RolloutState, train_step: int) -> dict[str, Any]:
         "response_len": len(s.response_ids),
         "num_aborts": s.num_aborts,
         "finish_reason": s.finish_reason,
-        "prompt": s.prompt_text,
+        "prompt": group.prompt_text,
         "response": s.response_text,
     }
-    for key in ("max_staleness", "admit_version", "admit_step"):  # the task's bound, and the admission it held
-        if key in s.extra:
-            row[key] = s.extra[key]
+    admission = group.admission
+    if admission is not None:  # the task's bound, and the admission it held
+        if admission.max_staleness is not None:
+            row["max_staleness"] = admission.max_staleness
+        row["admit_version"], row["admit_step"] = admission.version, admission.step
     if s.teacher_logprobs and len(s.teacher_logprobs) == len(s.response_logprobs):
         # Distillation: the sample's mean reverse KL to the teacher over its trained tokens (nats per token).
         kept = [(lp, t) for lp, t, m in zip(s.response_logprobs, s.teacher_logprobs, s.loss_mask()) if m]
@@ -82,15 +86,17 @@ class RolloutLedger:
 
     def write_step(self, train_step: int, groups: list[Group]) -> None:
         replace_text(self.run.rollout(train_step),
-                     "".join(json_line(sample_row(s, train_step)) + "\n" for g in groups for s in g))
+                     "".join(json_line(sample_row(g, s, train_step)) + "\n" for g in groups for s in g.samples))
 
-    def write_dropped(self, train_step: int, dropped: list[tuple[Group, str]]) -> None:
+    def write_dropped(self, train_step: int, dropped: list[Group]) -> None:
+        """The rows of groups dropped (FILTERED, FAILED), each with its group's `drop_reason` as `reason`."""
         if not dropped:
             return
         with open(self.dropped_path, "a") as fh:
-            for group, reason in dropped:
-                for s in group:
-                    fh.write(json_line({**sample_row(s, train_step), "reason": reason}) + "\n")
+            for group in dropped:
+                for s in group.samples:
+                    row = {**sample_row(group, s, train_step), "reason": redact(group.drop_reason)}
+                    fh.write(json_line(row) + "\n")
 
 
 def read_ledger(run_dir: str | Path) -> tuple[list[dict], list[dict]]:

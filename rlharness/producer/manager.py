@@ -117,6 +117,8 @@ class AgentLoopManager:
         self._consumer_wake = Signal()
         self.contexts = self._contexts(tasks, over_sample_thresholds or {}, teachers or {})
         self._paused = False
+        # Set by `hurry` when the run is stopping: drains wait at most this long, not pause_timeout_s.
+        self._drain_limit_s: float | None = None
         self._closed = False
         self._loop_task: asyncio.Task | None = None
         self._loop_error: BaseException | None = None
@@ -252,12 +254,20 @@ class AgentLoopManager:
                     self.allocation.sizes(step))
         return True
 
+    def hurry(self, drain_timeout_s: float) -> None:
+        """The run is stopping (SIGTERM): from now on a drain waits at most `drain_timeout_s` for in-flight
+        groups (an engine's abort returns in well under a second; a judgement may take its whole timeout)
+        before cancelling them back into the buffer, so the stop's checkpoint fits in stop_timeout_s."""
+        self._drain_limit_s = drain_timeout_s
+
     async def _drain_all(self) -> None:
         for c in self.contexts.values():
             c.paused = True
+        timeout_s = self.strategy.pause_timeout_s
+        if self._drain_limit_s is not None:
+            timeout_s = min(timeout_s, self._drain_limit_s)
         try:
-            await asyncio.gather(*(self.strategy.drain(c, self.strategy.pause_timeout_s)
-                                   for c in self.contexts.values()))
+            await asyncio.gather(*(self.strategy.drain(c, timeout_s) for c in self.contexts.values()))
         finally:
             for c in self.contexts.values():
                 c.paused = self._paused or self._closed
@@ -411,7 +421,7 @@ class AgentLoopManager:
     # ------------------------------------------------------------------ taking a batch
     def _take(self, train_step: int, produce_s: float) -> ProducedBatch:
         groups = self.replay_buffer.take_batch(self.allocation.sizes(train_step))
-        counts = Counter(g[0].task for g in groups)
+        counts = Counter(g.task for g in groups)
         self.progress.mark_consumed(dict(counts))
         self.progress.finish_consume(train_step)
         self._producer_wake.set()  # consumption opens room for the next step
@@ -419,8 +429,8 @@ class AgentLoopManager:
         return ProducedBatch(groups=groups, train_step=train_step, stats=stats)
 
     # ------------------------------------------------------------------ ledger and accounting
-    def pop_dropped(self) -> list[tuple[Group, str]]:
-        """Filtered and failed groups with the reason, for `rollouts/dropped.jsonl`."""
+    def pop_dropped(self) -> list[Group]:
+        """Filtered and failed groups (each with its `drop_reason`), for `rollouts/dropped.jsonl`."""
         return self.replay_buffer.pop_dropped()
 
     def in_flight(self) -> int:

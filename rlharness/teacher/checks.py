@@ -2,9 +2,9 @@
 
 `check_teacher_folder` (train.py's preflight, before the run directory exists; again when the run is
 built): the folder exists, is no GGUF file, needs no code of its own without
-`<key>.trust_remote_code=true`, and is a causal LM (config.json). `check_teacher_tokenizer` (when the
-run is built, where the task's text is loaded): it reads the student's token ids as the student does
-(rlharness/model/same_tokenizer.py) and its embedding holds every id the student's tokenizer makes.
+`<key>.trust_remote_code=true`, and is a causal LM (config.json); `check_teacher_vocabulary` (preflight):
+its vocabulary, special tokens and embedding fit the student's ids; `check_teacher_encodes_alike` (when
+the run is built, where the task's text is loaded): it encodes the task's prompts to the student's ids.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlharness.config.schema import ConfigError, TeacherConf
+from rlharness.config.schema import ConfigError, ModelConf, TeacherConf
+
+SHOWN_IDS = 12  # ids shown of a prompt the two tokenizers encode differently
 
 
 def causal_lm_architectures() -> set[str]:
@@ -49,23 +51,33 @@ def check_teacher_folder(conf: TeacherConf, key: str) -> Path:
     return folder
 
 
-def check_teacher_tokenizer(conf: TeacherConf, key: str, student_tokenizer, student_path: str,
-                            texts: dict[str, list[str]]) -> None:
-    """The teacher's tokenizer gives the student's ids for `texts` (label -> a task's prompts) and its
-    vocabulary, and its embedding has a row for every id the student's tokenizer makes."""
-    from rlharness.model.load import load_model_config, load_tokenizer, text_codec
-    from rlharness.model.same_tokenizer import tokenizer_difference
+def check_teacher_vocabulary(conf: TeacherConf, key: str, student: ModelConf) -> None:
+    """The teacher's tokenizer and embedding read the student's ids as the student does (same vocabulary
+    at the same ids, same special tokens, a row for every id: rlharness/model/tokenizer_match.py). Reads
+    tokenizers and configs, never weights (preflight)."""
+    from rlharness.model.load import resolve_model_path
+    from rlharness.model.tokenizer_match import tokenizer_differences
 
-    model_conf = conf.model_conf()
-    teacher_tokenizer = load_tokenizer(model_conf)
-    difference = tokenizer_difference(student_tokenizer, teacher_tokenizer, texts, text_codec(student_tokenizer)[0],
-                                      text_codec(teacher_tokenizer)[0])
-    if difference is not None:
-        raise ConfigError(f"{key}.path={conf.path}: the teacher's tokenizer is not the student's (model.path="
-                          f"{student_path}): {difference}; a teacher scores the student's token ids, so it needs the "
-                          f"same tokenizer (cross-tokenizer distillation is not supported)")
-    vocab = int(load_model_config(model_conf).get_text_config().vocab_size)
-    if vocab < len(student_tokenizer):
-        raise ConfigError(f"{key}.path={conf.path}: the teacher's vocabulary has {vocab} tokens (config.json "
-                          f"vocab_size), the student's tokenizer {len(student_tokenizer)}: ids past {vocab - 1} "
-                          f"would have no row in its embedding")
+    differences = tokenizer_differences(resolve_model_path(student.path), resolve_model_path(conf.path, key),
+                                        trust_remote_code=student.trust_remote_code or conf.trust_remote_code)
+    if differences:
+        raise ConfigError(f"{key}.path={conf.path!r} is not allowed with model.path={student.path!r}: the teacher "
+                          f"scores the student's token ids, but their tokenizers differ "
+                          f"({'; '.join(differences[:3])}); use a teacher of the student's model family (the same "
+                          f"tokenizer); cross-tokenizer distillation is not supported")
+
+
+def check_teacher_encodes_alike(conf: TeacherConf, key: str, student_tokenizer, texts: dict[str, list[str]]) -> None:
+    """The teacher's tokenizer gives the student's ids for `texts` (label -> a task's prompts): one vocabulary
+    can still be encoded differently (normalisers, merges, added tokens). When the run is built (the data
+    is loaded there), before engines or trainer load."""
+    from rlharness.model.load import load_tokenizer, text_codec
+
+    encode_student, encode_teacher = text_codec(student_tokenizer)[0], text_codec(load_tokenizer(conf.model_conf()))[0]
+    for label, items in texts.items():
+        for index, text in enumerate(items):
+            a, b = encode_student(text), encode_teacher(text)
+            if a != b:
+                raise ConfigError(f"{key}.path={conf.path!r}: the teacher's tokenizer encodes {label} prompt {index} "
+                                  f"to other ids than the student's ({b[:SHOWN_IDS]} vs {a[:SHOWN_IDS]}); a teacher "
+                                  f"scores the student's token ids, so it needs the same tokenizer")

@@ -23,7 +23,7 @@ from typing import Any
 
 from rlharness.config.schema import TeacherConf
 from rlharness.core.coalesce import Coalescing
-from rlharness.core.types import Group, Status
+from rlharness.core.types import Group
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +107,8 @@ class Teacher:
             await self.score(group)
         except Exception as exc:  # noqa: BLE001 - a failing teacher fails the group, not the run
             what = "timed out" if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {exc}"
-            log.warning("teacher %s on group %s: %s; group FAILED", self.conf.path, group[0].group_id, what)
-            for s in group:
-                s.status = Status.FAILED
-                s.extra["fail_reason"] = f"teacher {self.conf.path}: {what}"
+            log.warning("teacher %s on group %s: %s; group FAILED", self.conf.path, group.group_id, what)
+            group.mark_failed(f"teacher {self.conf.path}: {what}")
         return group
 
     def close(self) -> None:

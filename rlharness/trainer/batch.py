@@ -64,13 +64,13 @@ def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, tr
     sizes = {len(g) for g in groups}
     if len(sizes) != 1 or 0 in sizes:
         raise ValueError(f"build_train_batch: every group needs the same, non-zero size; got sizes {sorted(sizes)}")
-    samples = [s for g in groups for s in g]
+    samples = [s for g in groups for s in g.samples]
     coefs = teacher_coefs or {}
     for s in samples:
         _check_sample(s, s.task in coefs)
-    rewards = torch.tensor([[_score(s) for s in g] for g in groups], dtype=torch.float32)
-    budgets = torch.tensor([[(task_budgets or {}).get(g[0].task, max_response_len)] for g in groups])
-    penalty = overlong_penalty(torch.tensor([[len(s.response_ids) for s in g] for g in groups]),
+    rewards = torch.tensor([[_score(s) for s in g.samples] for g in groups], dtype=torch.float32)
+    budgets = torch.tensor([[(task_budgets or {}).get(g.task, max_response_len)] for g in groups])
+    penalty = overlong_penalty(torch.tensor([[len(s.response_ids) for s in g.samples] for g in groups]),
                                budgets, algo.overlong_buffer_len, algo.overlong_penalty_factor)
     scores = (rewards + penalty).reshape(-1)
     # gae: the backend computes per-token advantages against its critic at train time (from `scores`);
@@ -124,7 +124,7 @@ def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, tr
 
 
 def rollout_metrics(groups: list[Group], rewards: torch.Tensor, advantages: torch.Tensor) -> dict[str, float]:
-    samples = [s for g in groups for s in g]
+    samples = [s for g in groups for s in g.samples]
     response_lens = [len(s.response_ids) for s in samples]
     flat = rewards.reshape(-1)
     zero_signal = int((rewards.max(dim=1).values == rewards.min(dim=1).values).sum())

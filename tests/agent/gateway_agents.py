@@ -91,7 +91,7 @@ async def crashes_on_marked_prompts(row: dict, client: openai.AsyncOpenAI) -> st
 async def hangs(row: dict, client: openai.AsyncOpenAI) -> str:
     try:
         await client.chat.completions.create(model=row["model"], messages=ask(row), max_tokens=4)
-        await asyncio.sleep(3600)
+        await asyncio.Event().wait()  # for ever: only the agent's timeout ends it
     finally:
         CANCELLED.append(row["prompt"])
     return ""
@@ -100,15 +100,17 @@ async def hangs(row: dict, client: openai.AsyncOpenAI) -> str:
 not_callable = 42
 
 
-RUNNING = {"now": 0, "most": 0}
+RUNNING = {"now": 0, "most": 0, "expect": 1}
 
 
 async def counts_company(row: dict, client: openai.AsyncOpenAI) -> str:
-    """One call, counting how many programs run at the same time."""
+    """One call, counting how many programs run at the same time: each waits until `expect` of them
+    run (the test's max_concurrency; programs run one at a time would wait for ever)."""
     RUNNING["now"] += 1
     RUNNING["most"] = max(RUNNING["most"], RUNNING["now"])
     try:
-        await asyncio.sleep(0.05)
+        while RUNNING["now"] < RUNNING["expect"]:
+            await asyncio.sleep(0.005)
         response = await client.chat.completions.create(model=row["model"], messages=ask(row), max_tokens=3)
         return response.choices[0].message.content or ""
     finally:

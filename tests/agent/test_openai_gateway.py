@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 
 import pytest
 
@@ -20,7 +19,7 @@ from rlharness.engine.hf import HFEngine
 from rlharness.judger.math import MathJudger
 from rlharness.model.load import PROJECT_ROOT, load_model, load_tokenizer
 from rlharness.core.run_dir import RunDir
-from rlharness.core.types import Status, group_status, make_group
+from rlharness.core.types import Status, make_group
 from tests.agent import gateway_agents
 from tests.helpers import run_cli
 
@@ -84,7 +83,7 @@ def test_the_example_agent_trains_exactly_what_the_built_in_tool_loop_does(model
                                 [group_of(2, 4, templated=True)])
     called = 0
     for g, t in zip(gateway_groups, tool_groups):
-        assert group_status(g) == Status.COMPLETED
+        assert g.status == Status.COMPLETED
         for s, m in zip(g, t):
             assert s.prompt_ids == m.prompt_ids and s.response_ids == m.response_ids
             # Log-probs to float noise: the engine batched other members alongside (another batch shape).
@@ -105,7 +104,7 @@ def test_the_example_agent_trains_exactly_what_the_built_in_tool_loop_does(model
 
 def test_a_request_that_does_not_extend_the_last_one_starts_a_new_segment(model):
     loop, (g,) = run_groups(model, gateway(AGENTS + "edits_history"), [group_of(2, 2)])
-    assert group_status(g) == Status.COMPLETED
+    assert g.status == Status.COMPLETED
     for s in g:
         messages = gateway_agents.SEEN[s.uid]["messages"]
         assert s.extra["prefix_mismatch"] == 1 and s.extra["segments"] == 2 and s.extra["calls"] == 2
@@ -129,7 +128,7 @@ def test_the_completions_endpoint_continues_its_own_text(model):
 # ----------------------------------------------------------------------------- bad requests
 def test_refused_requests_get_openai_errors_and_the_rollout_goes_on(model):
     loop, (g,) = run_groups(model, gateway(AGENTS + "refused_then_served"), [group_of(1, 2)])
-    seen = gateway_agents.SEEN[g[0].uid]
+    seen = gateway_agents.SEEN[g.samples[0].uid]
     status = {name: code for name, (code, _) in seen["status"].items()}
     assert status == {"model": 404, "temperature": 400, "n": 400, "max_tokens": 400, "stream": 400,
                       "top_p": 400, "stop": 400, "seed": 400, "logprobs": 400, "malformed": 400, "rollout": 404}
@@ -153,15 +152,15 @@ def test_a_pause_mid_call_parks_it_and_the_continued_group_finishes_it_on_new_we
     version 0, the rest of version 1, and the agent saw one call."""
     conf = gateway(AGENTS + "refused_then_served")
     _, (ref,) = run_groups(model, conf, [group_of(0, 1)])
-    steps = [0]
-    lock = threading.Lock()
+    forwards, at_fourth, resume = [0], threading.Event(), threading.Event()
 
-    def slow(_module, _args):  # the engine thread: every forward takes a while, and is counted
-        with lock:
-            steps[0] += 1
-        time.sleep(0.02)
+    def hold_at_the_fourth(_module, _args):  # the engine thread: its 4th forward waits for the test
+        forwards[0] += 1
+        if forwards[0] == 4:  # prefill + 3 tokens of the served call
+            at_fourth.set()
+            resume.wait()
 
-    handle = model.register_forward_pre_hook(slow)
+    handle = model.register_forward_pre_hook(hold_at_the_fourth)
 
     async def go():
         engine = HFEngine.from_model(model, TOK)
@@ -169,14 +168,21 @@ def test_a_pause_mid_call_parks_it_and_the_continued_group_finishes_it_on_new_we
         try:
             group = group_of(0, 1)
             task = asyncio.create_task(loop.generate_group(group, enable_partial_rollout=True))
-            while steps[0] < 4:  # prefill + 3 tokens of the served call
-                await asyncio.sleep(0.005)
-            await loop.pause()
+            await asyncio.to_thread(at_fourth.wait)
+            # The pause's abort is queued while the engine is held mid-call: it lands after this forward
+            # on any machine (the engine takes commands between forwards).
+            queued = engine._inbox.qsize()
+            pause = asyncio.create_task(loop.pause())
+            while engine._inbox.qsize() == queued:
+                await asyncio.sleep(0)
+            resume.set()
+            await pause
             first = await task
             snapshot = [s.clone() for s in first]
             await engine.load_weights(dict(model.state_dict()), version=1)
             return snapshot, await loop.generate_group(first, enable_partial_rollout=True)
         finally:
+            resume.set()
             await loop.close()
             await engine.close()
 
@@ -184,7 +190,7 @@ def test_a_pause_mid_call_parks_it_and_the_continued_group_finishes_it_on_new_we
         (a,), (s,) = asyncio.run(go())
     finally:
         handle.remove()
-    r = ref[0]
+    r = ref.samples[0]
     n = len(a.response_ids)
     assert a.status == Status.ABORTED and a.num_aborts == 1 and 0 < n < len(r.response_ids)
     assert set(a.response_model_steps) == {0}
@@ -197,20 +203,20 @@ def test_a_pause_mid_call_parks_it_and_the_continued_group_finishes_it_on_new_we
 def test_a_crashing_agent_fails_its_group_with_the_reason(model):
     _, (g,) = run_groups(model, gateway(AGENTS + "crashes"), [group_of(0, 2)])
     assert all(s.status == Status.FAILED for s in g)
-    assert "raised RuntimeError: the agent's own bug" in g[0].extra["fail_reason"]
+    assert "raised RuntimeError: the agent's own bug" in g.drop_reason
 
 
 def test_a_hanging_agent_is_stopped_at_its_timeout_and_fails_its_group(model):
     gateway_agents.CANCELLED.clear()
     loop, (g,) = run_groups(model, gateway(AGENTS + "hangs", timeout_s=1.0), [group_of(0, 2)])
     assert all(s.status == Status.FAILED for s in g)
-    assert "did not finish within agent.timeout_s=1" in g[0].extra["fail_reason"]
+    assert "did not finish within agent.timeout_s=1" in g.drop_reason
     assert gateway_agents.CANCELLED == [ROWS[0]["question"]] * 2 and not loop._sessions  # nothing left running
 
 
 @pytest.mark.parametrize("limit", [1, 3])
 def test_agent_programs_run_at_most_max_concurrency_at_once(model, limit):
-    gateway_agents.RUNNING.update(now=0, most=0)
+    gateway_agents.RUNNING.update(now=0, most=0, expect=limit)
     _, (g,) = run_groups(model, gateway(AGENTS + "counts_company", max_concurrency=limit), [group_of(0, 3)])
     assert all(s.status == Status.COMPLETED for s in g) and gateway_agents.RUNNING["most"] == limit
 

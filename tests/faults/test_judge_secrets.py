@@ -5,40 +5,39 @@ every byte of the run directory (W&B's files included) is searched for the secre
 
 from __future__ import annotations
 
-import json
-import secrets
-import subprocess
-import sys
-import time
+import contextlib
 from pathlib import Path
+import secrets
 
 import pytest
 
 from rlharness.core.checkpoint import latest_checkpoint
 from rlharness.logging_utils.metrics import read_metrics
 from rlharness.core.run_dir import RunDir
-from tests.faults.test_judging_faults import SERVER, col, write_task
+from tests.faults.test_judging_faults import col, start_judge_server, stop_judge_server, write_task
 from tests.faults.test_refused_input import refused
 from tests.helpers import run_cli
 
 pytestmark = [pytest.mark.timeout(300)]
 
 
+@contextlib.contextmanager
+def authorized_server(tmp_path: Path, mode: str):
+    """tests/faults/judge_server.py in `mode`, requiring `Authorization: <a fresh secret>`; yields (url base,
+    secret, stats reader). Waits for its port however slow the machine (the server's own --max-s bounds it)."""
+    secret = "Bearer " + secrets.token_hex(16)
+    proc, base, stats = start_judge_server(tmp_path, mode, env={"SERVER_TOKEN": secret, "PATH": "/usr/bin:/bin"},
+                                           auth_env="SERVER_TOKEN")
+    try:
+        yield base, secret, stats
+    finally:
+        stop_judge_server(proc)
+
+
 @pytest.fixture
 def auth_server(tmp_path):
-    """The judge server requiring `Authorization: <secret>`; yields (url base, secret, stats reader)."""
-    secret = "Bearer " + secrets.token_hex(16)
-    port_file, stats_file = tmp_path / "auth.port", tmp_path / "auth.stats.json"
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--mode", "ok", "--port-file", str(port_file),
-                             "--stats-file", str(stats_file), "--max-s", "240", "--auth-env", "SERVER_TOKEN"],
-                            env={"SERVER_TOKEN": secret, "PATH": "/usr/bin:/bin"})
-    for _ in range(200):
-        if port_file.exists() and port_file.read_text():
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port_file.read_text()}", secret, lambda: json.loads(stats_file.read_text())
-    proc.terminate()
-    proc.wait(timeout=10)
+    with authorized_server(tmp_path, "ok") as served:
+        yield served
 
 
 def test_a_token_named_by_env_reaches_the_judge_and_no_file(tmp_path, auth_server):

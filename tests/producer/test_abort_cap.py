@@ -10,6 +10,7 @@ from producer_harness import (build, buffered_groups, check_batch, check_nothing
                               sync_weights)
 
 from rlharness.config.schema import SimEngineConf
+from tests.helpers import run_on_virtual_clock
 
 pytestmark = pytest.mark.timeout(120)
 # Heavy-tailed lengths: the batch fills with short responses and the over-sampled long ones are
@@ -31,7 +32,7 @@ def _run(max_aborts: int, steps: int = 12):
             most = max([most, *(s.num_aborts for g in buffered_groups(h.rb) for s in g)])
             await sync_weights(h, step)
 
-    asyncio.run(main())
+    run_on_virtual_clock(main())
     return h, most, capped
 
 
@@ -44,7 +45,7 @@ def test_the_cap_fails_the_group_with_the_reason_and_counts_it():
     h, most, capped = _run(max_aborts=3)
     assert most <= 3 - 1  # a group reaching the cap leaves the buffer as FAILED
     h.dropped.extend(h.mgr.pop_dropped())
-    reasons = [reason for _, reason in h.dropped]
+    reasons = [g.drop_reason for g in h.dropped]
     assert capped >= 1 and len(reasons) == capped
     assert all(r.startswith("interrupted 3 times without partial rollout (strategy.max_aborts=3)") for r in reasons)
     check_nothing_lost(h)

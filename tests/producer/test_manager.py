@@ -1,4 +1,8 @@
-"""Invariants of the producer on the sim engine: nothing lost, staleness bound, partial rollout, resume."""
+"""Invariants of the producer on the sim engine: nothing lost, staleness bound, partial rollout, resume.
+
+Every run is on a virtual clock (tests/helpers.py run_on_virtual_clock): the sim engine's tokens,
+the trainer's "training" and every timeout take virtual time, so what is in flight when a batch
+completes, a pause lands or a snapshot is taken is the same on any machine."""
 
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from rlharness.engine.sim import SimEngine
 from rlharness.producer.strategies import ProductionStalled
 from rlharness.producer.sampler import DataExhausted
 from rlharness.core.types import Status
+from tests.helpers import run_on_virtual_clock
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,7 +60,7 @@ def test_randomized_runs_lose_nothing_and_hold_the_staleness_bound(seed):
         h = build(strategy_conf(name, **cfg), seed=seed, engine_conf=engine_conf, n_rows=rng.choice([13, 64]),
                   k=k, batch_size=rng.choice([2, 4]))
         runner = run_colocate if mode == "colocate" else run_disagg
-        asyncio.run(runner(h, 8))
+        run_on_virtual_clock(runner(h, 8))
         check_nothing_lost(h)
         assert [s for s, _ in h.trained] == sorted(s for s, _ in h.trained)
 
@@ -63,7 +68,7 @@ def test_randomized_runs_lose_nothing_and_hold_the_staleness_bound(seed):
 def test_sync_strategy_with_max_staleness_0_trains_exactly_on_policy():
     for runner in (run_colocate, run_disagg):
         h = build(strategy_conf("sync", max_staleness=0, group_filter="all_equal_reward"))
-        asyncio.run(runner(h, 6))
+        run_on_virtual_clock(runner(h, 6))
         for step, g in h.trained:
             assert {v for s in g for v in s.response_model_steps} == {step - 1}
         check_nothing_lost(h)
@@ -85,7 +90,7 @@ def test_over_sampling_never_exceeds_its_in_flight_budget():
             seen.append(ctx.pending.max_count_seen)
             await sync_weights(h, step)
 
-    asyncio.run(main())
+    run_on_virtual_clock(main())
     assert max(seen) == budget, seen  # reached, never exceeded
     check_nothing_lost(h)
 
@@ -93,7 +98,7 @@ def test_over_sampling_never_exceeds_its_in_flight_budget():
 def test_over_sampled_leftovers_are_aborted_not_lost_in_colocated_mode():
     h = build(strategy_conf("async", max_staleness=1, over_sample_threshold=1.0),
               engine_conf=SimEngineConf(mean_response_len=20, cv=1.0, time_per_token_s=5e-4, slots=4))
-    asyncio.run(run_colocate(h, 5))
+    run_on_virtual_clock(run_colocate(h, 5))
     check_nothing_lost(h)
     assert h.mgr.replay_buffer.counters["aborted"] > 0  # the leftovers went back to the buffer
 
@@ -111,17 +116,17 @@ def test_tail_batch_triggers_at_its_threshold(expired):
     h = build(strategy_conf("async", max_staleness=0, over_sample_threshold=1.0, tail_batch_trigger_size=3),
               batch_size=4)
     _put_expired(h, expired)
-    expired_ids = {g[0].group_id for g in h.rb.groups(TASK, Status.EXPIRED)}
+    expired_ids = {g.group_id for g in h.rb.groups(TASK, Status.EXPIRED)}
     ctx = h.mgr.contexts[TASK]
     drawn_before = h.sampler.drawn
-    batch = asyncio.run(h.mgr.produce_batch(1))
+    batch = run_on_virtual_clock(h.mgr.produce_batch(1))
     check_batch(h, batch, 1)
     tail = expired >= 3
     assert ctx.last_round_tail is tail and ctx.tail_rounds == int(tail)
     # EXPIRED groups are re-sampled first in both modes (never stranded).
     assert h.rb.count(TASK, Status.EXPIRED) == 0
-    assert expired_ids <= {g[0].group_id for g, _ in h.dropped} | {g[0].group_id for _, g in h.trained} | {
-        g[0].group_id for g in buffered_groups(h.rb)}
+    assert expired_ids <= {g.group_id for g in h.dropped} | {g.group_id for _, g in h.trained} | {
+        g.group_id for g in buffered_groups(h.rb)}
     if tail:  # no over-sampling: only the missing groups were drawn fresh
         assert ctx.pending.max_count_seen <= 4
         assert h.sampler.drawn - drawn_before == 4 - expired
@@ -137,9 +142,9 @@ def test_partial_rollout_keeps_tokens_logprobs_versions_and_only_appends():
     snapshots: dict[str, tuple] = {}
     checked = {"continued": 0, "trained_seen": 0}
 
-    def prefix_ok(s):
+    def prefix_ok(s, g):
         snap = snapshots.get(s.uid)
-        if snap is None or snap[3] != s.extra.get("num_expired", 0):
+        if snap is None or snap[3] != g.num_expired:
             return None
         ids, lps, steps, _ = snap
         n = len(ids)
@@ -150,16 +155,16 @@ def test_partial_rollout_keeps_tokens_logprobs_versions_and_only_appends():
     def on_pause(h):
         for _, g in h.trained[checked["trained_seen"]:]:
             for s in g:
-                if prefix_ok(s):
+                if prefix_ok(s, g):
                     checked["continued"] += 1
         checked["trained_seen"] = len(h.trained)
         for g in h.rb.groups(TASK, Status.ABORTED):
             for s in g:
-                prefix_ok(s)  # a later interruption extends the earlier one
+                prefix_ok(s, g)  # a later interruption extends the earlier one
                 snapshots[s.uid] = (list(s.response_ids), list(s.response_logprobs), list(s.response_model_steps),
-                                    s.extra.get("num_expired", 0))
+                                    g.num_expired)
 
-    asyncio.run(run_disagg(h, 12, train_s=0.004, on_pause=on_pause))
+    run_on_virtual_clock(run_disagg(h, 12, train_s=0.004, on_pause=on_pause))
     check_nothing_lost(h)
     assert checked["continued"] > 0, "no interrupted sample was continued and trained; the test exercised nothing"
     mixed = [s for _, g in h.trained for s in g if len(set(s.response_model_steps)) > 1]
@@ -187,7 +192,7 @@ def test_save_mid_async_run_and_load_into_a_fresh_manager_continues_with_nothing
         await h1.mgr.close()
         await asyncio.wait_for(loop_task, timeout=10)
 
-    asyncio.run(first_run())
+    run_on_virtual_clock(first_run())
     assert saved["in_flight"] > 0, "the snapshot should catch groups in flight"
     import json
 
@@ -196,36 +201,36 @@ def test_save_mid_async_run_and_load_into_a_fresh_manager_continues_with_nothing
     h2 = make()
     h2.mgr.load_state_dict(state)
     assert h2.mgr.model_step == 4
-    asyncio.run(h2.engine.load_weights({}, 4))  # the trainer restores the engines' weights too
+    run_on_virtual_clock(h2.engine.load_weights({}, 4))  # the trainer restores the engines' weights too
     h2.trained = []
     assert h2.mgr.accounting()["unaccounted"] == 0
-    asyncio.run(run_disagg(h2, 12, first_step=5))
+    run_on_virtual_clock(run_disagg(h2, 12, first_step=5))
     # Union over both runs: run 1's trained + run 1's dropped before the snapshot are not in run 2's state.
-    run1_dropped_before = [g for g, _ in h1.dropped]
+    run1_dropped_before = list(h1.dropped)
     check_nothing_lost(h2, extra_trained=[g for _, g in h1.trained], extra_dropped=run1_dropped_before)
     assert sorted({s for s, _ in h2.trained}) == list(range(5, 17))
 
 
 def test_disaggregated_consumer_gets_every_step_and_times_out_clearly_without_a_producer():
     h = build(strategy_conf("async", max_staleness=1, over_sample_threshold=0.5, enable_partial_rollout=True))
-    asyncio.run(run_disagg(h, 10, train_s=0.003))
+    run_on_virtual_clock(run_disagg(h, 10, train_s=0.003))
     assert sorted({s for s, _ in h.trained}) == list(range(1, 11))
     check_nothing_lost(h)
 
     idle = build(strategy_conf("sync"))
     with pytest.raises(TimeoutError, match=r"get_batch\(train_step=1\) waited timeout_s=0.2.*produce_loop running=False"):
-        asyncio.run(idle.mgr.get_batch(1, timeout_s=0.2))
+        run_on_virtual_clock(idle.mgr.get_batch(1, timeout_s=0.2))
 
 
 def test_a_judger_that_raises_marks_the_group_failed_and_the_run_goes_on():
     for runner in (run_colocate, run_disagg):
         h = build(strategy_conf("sync", max_staleness=0), judger=RaisingJudger(every=3), n_rows=30)
-        asyncio.run(runner(h, 6))
+        run_on_virtual_clock(runner(h, 6))
         check_nothing_lost(h)
-        failed = [(g, r) for g, r in h.dropped if g[0].status == Status.FAILED]
-        assert failed and all("cannot judge prompt" in r for _, r in failed)
-        assert all(g[0].prompt_index % 3 == 0 for g, _ in failed)
-        assert all(g[0].prompt_index % 3 != 0 for _, g in h.trained)
+        failed = [g for g in h.dropped if g.status == Status.FAILED]
+        assert failed and all("cannot judge prompt" in g.drop_reason for g in failed)
+        assert all(g.prompt_index % 3 == 0 for g in failed)
+        assert all(g.prompt_index % 3 != 0 for _, g in h.trained)
 
 
 class DeafEngine(SimEngine):
@@ -254,7 +259,7 @@ def test_a_pause_whose_timeout_expires_still_returns_every_prompt(strategy):
         await h.mgr.close()
         await asyncio.wait_for(loop_task, timeout=10)
 
-    asyncio.run(main())
+    run_on_virtual_clock(main())
     check_nothing_lost(h)
 
 
@@ -270,7 +275,7 @@ def test_bad_input_is_refused_before_anything_starts():
         with pytest.raises(DataExhausted, match="allow_epoch_rollover=False"):
             await h.mgr.produce_batch(2)
 
-    asyncio.run(main())
+    run_on_virtual_clock(main())
     check_nothing_lost(h)  # the 2 prompts drawn for step 2 are back in the buffer
 
     with pytest.raises(ValueError, match="all_equal_reward with sampler.prompt_repeat_k=1"):
@@ -278,7 +283,7 @@ def test_bad_input_is_refused_before_anything_starts():
 
     stale = build(strategy_conf("sync", max_staleness=0))
     with pytest.raises(ValueError, match="call set_model_step"):
-        asyncio.run(stale.mgr.produce_batch(3))
+        run_on_virtual_clock(stale.mgr.produce_batch(3))
 
 
 class CrashingEngine(SimEngine):
@@ -293,11 +298,11 @@ class CrashingEngine(SimEngine):
 def test_a_crashing_agent_loop_is_retried_then_failed_and_nothing_is_lost():
     engine = CrashingEngine(SimEngineConf(mean_response_len=6, time_per_token_s=1e-4), seed=0, vocab_size=50)
     h = build(strategy_conf("async", max_staleness=1, over_sample_threshold=0.5), engine=engine, n_rows=40)
-    asyncio.run(run_colocate(h, 8))
+    run_on_virtual_clock(run_colocate(h, 8))
     check_nothing_lost(h)
-    failed = [(g, r) for g, r in h.dropped if g[0].status == Status.FAILED]
-    assert failed and all("crashed 3 times" in r and "engine exploded" in r for _, r in failed)
-    assert all(str(g[0].prompt_index).startswith("3") for g, _ in failed)
+    failed = [g for g in h.dropped if g.status == Status.FAILED]
+    assert failed and all("crashed 3 times" in g.drop_reason and "engine exploded" in g.drop_reason for g in failed)
+    assert all(str(g.prompt_index).startswith("3") and g.num_crashes == 3 for g in failed)
 
 
 def test_production_that_cannot_keep_anything_stops_with_a_clear_error():
@@ -306,7 +311,7 @@ def test_production_that_cannot_keep_anything_stops_with_a_clear_error():
     # The message names the real cause (the judger), not a guess about weight sync.
     with pytest.raises(ProductionStalled, match=r"were all dropped \(\d+ judging; .*the judger is failing.*"
                                                 r"Last reason: judger raising: ValueError: cannot judge prompt"):
-        asyncio.run(h.mgr.produce_batch(1))
+        run_on_virtual_clock(h.mgr.produce_batch(1))
     check_nothing_lost(h)
 
 
@@ -319,16 +324,16 @@ def test_a_filter_that_drops_everything_is_named_as_the_cause():
         mean_response_len=2, time_per_token_s=1e-5, slots=64))
     with pytest.raises(ProductionStalled, match=r"were all dropped \(\d+ filter; .*strategy.group_filter drops every "
                                                 r"group.*Last reason: all_equal_reward: every member scored 0.0"):
-        asyncio.run(h.mgr.produce_batch(1))
+        run_on_virtual_clock(h.mgr.produce_batch(1))
     check_nothing_lost(h)
 
 
 def test_colocated_manager_can_be_driven_by_one_event_loop_per_step():
     h = build(strategy_conf("async", max_staleness=1, over_sample_threshold=1.0, enable_partial_rollout=True))
     for step in range(1, 5):
-        batch = asyncio.run(h.mgr.produce_batch(step))
+        batch = run_on_virtual_clock(h.mgr.produce_batch(step))
         check_batch(h, batch, step)
-        asyncio.run(sync_weights(h, step))
+        run_on_virtual_clock(sync_weights(h, step))
     check_nothing_lost(h)
 
 
@@ -346,9 +351,10 @@ def test_a_task_that_crashes_after_writing_into_its_group_gives_the_group_back_a
     ctx.agent_loop = WritesThenCrashes(agent.conf, agent.engine, agent.judger, agent.decode)
     fresh = h.sampler.sample()
     partial = h.sampler.sample()  # a continuation: a member holding partial tokens from an earlier round
-    partial[0].append_tokens([7, 8], [-0.5, -0.5], [0, 0])
-    partial[0].status, partial[0].finish_reason, partial[0].num_aborts = Status.ABORTED, "abort", 1
-    partial[1].status = Status.ABORTED
+    first, second = partial.samples
+    first.append_tokens([7, 8], [-0.5, -0.5], [0, 0])
+    first.status, first.finish_reason, first.num_aborts = Status.ABORTED, "abort", 1
+    second.status = Status.ABORTED
     before = [s.clone() for s in partial]
 
     async def main():
@@ -357,13 +363,14 @@ def test_a_task_that_crashes_after_writing_into_its_group_gives_the_group_back_a
         await asyncio.sleep(0)  # done-callbacks
         ctx.collect(ctx.pending.claim(tasks))
 
-    asyncio.run(main())
-    back = {g[0].group_id: g for g in [h.rb.pop_group(TASK, Status.ABORTED), h.rb.pop_group(TASK, Status.ABORTED)]}
-    got_fresh, got_partial = back[fresh[0].group_id], back[partial[0].group_id]
-    assert got_fresh is not None and all(
-        s.status == Status.ABORTED and not s.response_ids and not s.response_text and s.reward is None
-        and s.extra["num_crashes"] == 1 for s in got_fresh)
+    run_on_virtual_clock(main())
+    back = {g.group_id: g for g in [h.rb.pop_group(TASK, Status.ABORTED), h.rb.pop_group(TASK, Status.ABORTED)]}
+    got_fresh, got_partial = back[fresh.group_id], back[partial.group_id]
+    assert got_fresh.num_crashes == 1 and got_partial.num_crashes == 1
+    assert got_fresh.admission is None  # stamped when it started: undone with the rest
+    assert all(s.status == Status.ABORTED and not s.response_ids and not s.response_text and s.reward is None
+               for s in got_fresh)
     for s, b in zip(got_partial, before):
         assert (s.response_ids, s.response_logprobs, s.response_model_steps, s.response_text, s.reward, s.num_aborts) \
             == (b.response_ids, b.response_logprobs, b.response_model_steps, b.response_text, b.reward, b.num_aborts)
-        assert s.status == Status.ABORTED and s.extra["num_crashes"] == 1
+        assert s.status == Status.ABORTED
