@@ -27,18 +27,19 @@ import torch
 
 
 def reverse_kl(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per token: log pi_student - log pi_teacher of the sampled token (nats)."""
-    return student_logprobs.float() - teacher_logprobs.float()
+    """Per token: log pi_student - log pi_teacher of the sampled token (nats), in the wider of their dtypes."""
+    return student_logprobs - teacher_logprobs
 
 
 def distill_advantages(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask: torch.Tensor,
                        coef: torch.Tensor | float) -> torch.Tensor:
     """[B, T] per-token advantages -coef x reverse_kl, 0 outside `mask`. `coef` a number or [B] (per row:
     a task's own teacher weight; 0 for rows without a teacher)."""
-    coef = torch.as_tensor(coef, dtype=torch.float32)
+    kl = reverse_kl(student_logprobs, teacher_logprobs)
+    coef = torch.as_tensor(coef, dtype=kl.dtype)
     if coef.dim() == 1:
         coef = coef.unsqueeze(1)
-    return -coef * reverse_kl(student_logprobs, teacher_logprobs) * mask
+    return -coef * kl * mask
 
 
 def distill_metrics(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor,
@@ -50,4 +51,4 @@ def distill_metrics(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tens
         return {}
     kl = reverse_kl(student_logprobs, teacher_logprobs)[on]
     return {"distill/reverse_kl": float(kl.mean()), "distill/reverse_kl_max": float(kl.max()),
-            "distill/teacher_logprob_mean": float(teacher_logprobs.float()[on].mean())}
+            "distill/teacher_logprob_mean": float(teacher_logprobs[on].mean())}

@@ -29,7 +29,7 @@ def causal_lm_architectures() -> set[str]:
 
 def check_teacher_folder(conf: TeacherConf, key: str) -> Path:
     """The folder `key`.path names, checked as model.path is, and a causal LM; returns it."""
-    from rlharness.model.load import check_model_files
+    from rlharness.model.load import check_model_files, remote_code_classes
 
     try:
         folder = check_model_files(conf.model_conf())
@@ -38,7 +38,8 @@ def check_teacher_folder(conf: TeacherConf, key: str) -> Path:
                           .replace("model.trust_remote_code", f"{key}.trust_remote_code")) from None
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     architectures = list(config.get("architectures") or [])
-    own_code = "AutoModelForCausalLM" in (config.get("auto_map") or {})
+    # Code of its own (allowed by trust_remote_code in check_model_files): transformers cannot judge its class.
+    own_code = bool(remote_code_classes(config))
     if architectures and not own_code and not set(architectures) & causal_lm_architectures():
         raise ConfigError(f"{key}.path={conf.path}: {folder} is not a causal language model (architectures "
                           f"{architectures}); a teacher scores tokens with an AutoModelForCausalLM folder")
