@@ -88,10 +88,13 @@ def test_a_teacher_encoding_the_task_otherwise_is_refused_when_the_run_is_built(
     assert "tokenizer" in line
 
 
-def test_resume_with_another_teacher_is_refused(tmp_path):
+def test_resume_with_another_teacher_is_refused_and_with_its_own_goes_on(tmp_path):
     run_dir = tmp_path / "run"
     run_cli([*SIM, "algo=opd", f"algo.teacher.path={TEACHER}", "total_steps=2", f"hydra.run.dir={run_dir}"],
             cwd=tmp_path)
     other = _folder_like_teacher(tmp_path, "other_teacher")
     refused([f"resume={run_dir}", f"algo.teacher.path={other}", "total_steps=3"], tmp_path,
             ["algo.teacher.path", "fixed for a run"], watch=run_dir)
+    run_cli([f"resume={run_dir}", "total_steps=3"], cwd=tmp_path)  # its own teacher, reloaded from its path
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "distill/reverse_kl" in r] == [1, 2, 3]

@@ -1,7 +1,7 @@
 """On-policy distillation for real (issue 42's tiny demonstration): the untrained embedded model (17.5%)
 learns from the embedded model after the default run (assets/tiny-arith-teacher, 44.5%) by
 `python train.py algo=opd algo.teacher.path=...`. Asserted only what cannot be noise: the reverse KL
-to the teacher falls, and greedy eval accuracy ends above its start (benchmarks/distill_tiny.py: 23.5%
+to the teacher falls, and greedy eval accuracy ends above its start (benchmarks/distill_curves.py: 23.5%
 at step 20 in the measured run). The distill/* metrics and perf/teacher_s are logged and catalogued."""
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
-"""On-policy distillation against GRPO on the embedded default model: steps and CPU seconds to 90% of
-the teacher's eval accuracy, from the same start on the same batches (same seed: the sampler draws the
-same prompts in the same order).
+"""On-policy distillation against GRPO: steps and CPU seconds to 90% of the teacher's eval accuracy,
+from the same start on the same batches (same seed: the sampler draws the same prompts in the same order).
 
-    python benchmarks/distill_tiny.py                 # both arms, 200 steps each, eval every 10
-    python benchmarks/distill_tiny.py --steps 300 --arms grpo
+    python benchmarks/distill_curves.py                 # the embedded model: both arms, 200 steps, eval every 10
+    python benchmarks/distill_curves.py --steps 300 --arms grpo
+    python benchmarks/distill_curves.py --model smollm2 --steps 16 --eval-every 2   # SmolLM2-135M-Instruct
 
-The teacher is `assets/tiny-arith-teacher`: the embedded default model after the default run
-(`python train.py`, 400 GRPO steps), exported with `python -m rlharness.export`. If it is missing this
-script makes it first (`--make-teacher` makes it again): about half an hour on a 2-core CPU.
-The student is the untrained embedded model (`assets/tiny-arith`, 17.5%).
+`--model tiny`: the teacher is `assets/tiny-arith-teacher`, the embedded default model after the default
+run (`python train.py`, 400 GRPO steps), exported with `python -m rlharness.export`; the student the
+untrained embedded model (`assets/tiny-arith`, 17.5%). `--model smollm2`: the teacher is
+SmolLM2-135M-Instruct after `experiment=smollm2_arith`, exported into outputs/distill/smollm2-teacher;
+the student SmolLM2-135M-Instruct (`bash scripts/fetch_smollm2.sh` first). A missing teacher is made
+first (`--make-teacher` makes it again): the tiny one takes about half an hour on a 2-core CPU.
 
 Each arm is `python train.py` in a process of its own; its CPU seconds (process and children, user +
 system) are sampled whenever metrics.jsonl grows, so each step has the CPU time spent up to it.
@@ -30,21 +32,28 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-TEACHER = ROOT / "assets" / "tiny-arith-teacher"
-TEACHER_RUN = ROOT / "outputs" / "distill" / "tiny_teacher_run"
-OUT = ROOT / "benchmarks" / "results" / "distill_tiny.json"
-ARMS = {
-    "opd": ["algo=opd", f"algo.teacher.path={TEACHER}"],
-    "grpo": [],
+# model -> (the teacher's folder, the run that makes it, the overrides of every run)
+PRESETS = {
+    "tiny": (ROOT / "assets" / "tiny-arith-teacher", ROOT / "outputs" / "distill" / "tiny_teacher_run", []),
+    "smollm2": (ROOT / "outputs" / "distill" / "smollm2-teacher", ROOT / "outputs" / "distill" / "smollm2_teacher_run",
+                ["experiment=smollm2_arith"]),
 }
+ARMS = ("opd", "grpo")
 TARGET_FRAC = 0.9
+TEACHER, TEACHER_RUN, BASE = PRESETS["tiny"]
+OUT = ROOT / "benchmarks" / "results" / "distill_tiny.json"
+
+
+def arm_overrides(name: str) -> list[str]:
+    return [*BASE, *(["algo=opd", f"algo.teacher.path={TEACHER}"] if name == "opd" else [])]
 
 
 def make_teacher() -> None:
     """The default run (400 GRPO steps), exported as a Hugging Face folder into assets/tiny-arith-teacher."""
     if TEACHER_RUN.exists():
         shutil.rmtree(TEACHER_RUN)
-    subprocess.run([sys.executable, "train.py", "logger=none", f"hydra.run.dir={TEACHER_RUN}"], cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "train.py", *BASE, "logger=none", f"hydra.run.dir={TEACHER_RUN}"], cwd=ROOT,
+                   check=True)
     if TEACHER.exists():
         shutil.rmtree(TEACHER)
     subprocess.run([sys.executable, "-m", "rlharness.export", str(TEACHER_RUN), str(TEACHER)], cwd=ROOT, check=True)
@@ -57,10 +66,10 @@ def teacher_accuracy() -> float:
         evals = [r for r in map(json.loads, metrics.read_text().splitlines()) if "eval/accuracy" in r]
         if evals:
             return float(evals[-1]["eval/accuracy"])
-    run = ROOT / "outputs" / "distill" / "teacher_eval"
+    run = TEACHER_RUN.parent / f"{TEACHER.name}_eval"
     if run.exists():
         shutil.rmtree(run)
-    subprocess.run([sys.executable, "train.py", f"model.path={TEACHER}", "total_steps=0", "logger=none",
+    subprocess.run([sys.executable, "train.py", *BASE, f"model.path={TEACHER}", "total_steps=0", "logger=none",
                     f"hydra.run.dir={run}"], cwd=ROOT, check=True)
     return float(json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["eval/accuracy"])
 
@@ -78,10 +87,10 @@ def cpu_s(proc: psutil.Process) -> float:
 
 def run_arm(name: str, steps: int, eval_every: int) -> list[dict]:
     """The arm's steps: step, eval accuracy (eval steps), wall and CPU seconds since it started."""
-    run_dir = ROOT / "outputs" / "distill" / f"bench_{name}"
+    run_dir = TEACHER_RUN.parent / f"bench_{OUT.stem}_{name}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    cmd = [sys.executable, "train.py", *ARMS[name], f"total_steps={steps}", f"eval_every={eval_every}",
+    cmd = [sys.executable, "train.py", *arm_overrides(name), f"total_steps={steps}", f"eval_every={eval_every}",
            "save_every=0", "logger=none", "resume=never", f"hydra.run.dir={run_dir}"]
     print(" ".join(cmd[1:]), flush=True)
     t0 = time.monotonic()
@@ -118,7 +127,11 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--make-teacher", action="store_true")
+    parser.add_argument("--model", choices=list(PRESETS), default="tiny")
     args = parser.parse_args()
+    global TEACHER, TEACHER_RUN, BASE, OUT
+    TEACHER, TEACHER_RUN, BASE = PRESETS[args.model]
+    OUT = ROOT / "benchmarks" / "results" / f"distill_{args.model}.json"
     if args.make_teacher or not (TEACHER / "config.json").is_file():
         make_teacher()
     teacher_acc = teacher_accuracy()
