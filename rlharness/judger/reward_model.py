@@ -232,30 +232,19 @@ class _RayScorer:
     """The scorer as a Ray actor in a placement group of its own (mode=disagg)."""
 
     def __init__(self, conf: RewardModelJudgerConf):
-        import ray
+        from rlharness.cluster.placement import start_side_actor
 
-        from rlharness.cluster.placement import in_bundle, make_placement_group, thread_env
-
-        gpus = 1.0 if conf.device.startswith("cuda") else 0.0
-        self.placement_group = None
-        options: dict[str, Any] = {"num_cpus": conf.num_cpus, "num_gpus": gpus, "max_restarts": 0,
-                                   "runtime_env": {"env_vars": thread_env(conf.torch_threads)}}
-        if conf.num_cpus or gpus:
-            self.placement_group = make_placement_group("reward_model", 1, conf.num_cpus, gpus, START_TIMEOUT_S)
-            options.update(in_bundle(self.placement_group, 0))
-        self.actor = ray.remote(RewardModelScorer).options(**options).remote(conf)
-        ray.get(self.actor.ready.remote(), timeout=START_TIMEOUT_S)
+        self.actor, self.placement_group = start_side_actor(RewardModelScorer, "reward_model", conf.num_cpus,
+                                                            conf.device, conf.torch_threads, START_TIMEOUT_S, conf)
         self.workers_replaced = 0
 
     async def logits(self, texts: list[str], timeout_s: float) -> list[float]:
         return await asyncio.wait_for(asyncio.wrap_future(self.actor.logits.remote(texts).future()), timeout_s)
 
     def close(self) -> None:
-        import ray
+        from rlharness.cluster.placement import stop_side_actor
 
-        ray.kill(self.actor, no_restart=True)
-        if self.placement_group is not None:
-            ray.util.remove_placement_group(self.placement_group)
+        stop_side_actor(self.actor, self.placement_group)
 
 
 class _Coalescing(Coalescing):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 from rlharness.config.schema import TeacherConf
 from rlharness.core.coalesce import Coalescing
@@ -49,30 +48,20 @@ class _RayTeacher:
     """The model as a Ray actor with its own placement group (mode=disagg)."""
 
     def __init__(self, conf: TeacherConf):
-        import ray
-
-        from rlharness.cluster.placement import in_bundle, make_placement_group, thread_env
+        from rlharness.cluster.placement import start_side_actor
         from rlharness.teacher.model import TeacherModel
 
-        gpus = 1.0 if conf.device.startswith("cuda") else 0.0
-        self.placement_group = None
-        options: dict[str, Any] = {"num_cpus": conf.num_cpus, "num_gpus": gpus, "max_restarts": 0,
-                                   "runtime_env": {"env_vars": thread_env(conf.torch_threads)}}
-        if conf.num_cpus or gpus:
-            self.placement_group = make_placement_group("teacher", 1, conf.num_cpus, gpus, START_TIMEOUT_S)
-            options.update(in_bundle(self.placement_group, 0))
-        self.actor = ray.remote(TeacherModel).options(**options).remote(conf, conf.torch_threads)
-        ray.get(self.actor.ready.remote(), timeout=START_TIMEOUT_S)
+        self.actor, self.placement_group = start_side_actor(TeacherModel, "teacher", conf.num_cpus, conf.device,
+                                                            conf.torch_threads, START_TIMEOUT_S, conf,
+                                                            conf.torch_threads)
 
     async def logprobs(self, rows, temperature: float) -> list[list[float]]:
         return await asyncio.wrap_future(self.actor.logprobs.remote(rows, temperature).future())
 
     def close(self) -> None:
-        import ray
+        from rlharness.cluster.placement import stop_side_actor
 
-        ray.kill(self.actor, no_restart=True)
-        if self.placement_group is not None:
-            ray.util.remove_placement_group(self.placement_group)
+        stop_side_actor(self.actor, self.placement_group)
 
 
 class Teacher:
