@@ -151,9 +151,9 @@ class RunConf(TaskWiring):
             teacher, key = self.teacher_for(entry), self.teacher_key(name)
             if self.algo.advantage == "opd":
                 if teacher is None:
-                    where = (f"for task {name!r}: algo.teacher.path (or tasks.{name}.teacher.path)" if self.tasks
+                    where = (f" for task {name!r}: algo.teacher.path (or tasks.{name}.teacher.path)" if self.tasks
                              else ": algo.teacher.path")
-                    raise ConfigError(f"algo=opd needs a teacher {where} is not set; set it to a causal-LM folder "
+                    raise ConfigError(f"algo=opd needs a teacher{where} is not set; set it to a causal-LM folder "
                                       f"(e.g. one exported with python -m rlharness.export)")
                 if teacher.coef == 0:
                     raise ConfigError(f"{key}.coef=0 is not allowed with algo=opd: the teacher's signal is the "
