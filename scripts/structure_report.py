@@ -55,7 +55,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("parts", ["rlharness.algo", "rlharness.data", "rlharness.judger", "rlharness.model", "rlharness.sandbox",
                "rlharness.engine",
                "rlharness.backend", "rlharness.teacher", "rlharness.agent", "rlharness.logging_utils",
-               "rlharness.cluster"]),
+               "rlharness.cluster", "rlharness.health"]),
     ("composites", ["rlharness.producer", "rlharness.trainer", "rlharness.distributed"]),
     ("assembly", ["rlharness.launch", "rlharness.export", "rlharness.sweep"]),
     ("entry", ["rlharness"]),
