@@ -15,8 +15,8 @@ import logging
 
 import torch
 
-from rlharness.backend.token_scores import (decoder_hidden_states, head_reproduces_logits, model_logits,
-                                            response_token_scores)
+from rlharness.backend.token_scores import head_reproduces_logits, response_token_scores
+from rlharness.backend.torch_runner import TorchRunner
 from rlharness.config.schema import TeacherConf
 from rlharness.model.load import load_model
 
@@ -35,7 +35,8 @@ class TeacherModel:
         self.model = load_model(conf.model_conf(), device=conf.device).eval()
         self.model.requires_grad_(False)  # frozen: no optimizer ever sees it
         self.vocab_size = int(self.model.config.get_text_config().vocab_size)
-        self.head_split = head_reproduces_logits(self.model, self.model, decoder_hidden_states)
+        self.runner = TorchRunner(self.model)  # frozen (no optimizer): the trainer's forward and scoring paths
+        self.head_split = head_reproduces_logits(self.runner)
         self.forward_passes = 0
 
     def ready(self) -> bool:
@@ -67,10 +68,7 @@ class TeacherModel:
         ids, attn, response = ids.to(self.device), attn.to(self.device), response.to(self.device)
 
         def rows_fn(positions: torch.Tensor):
-            if self.head_split:
-                return (decoder_hidden_states(self.model, ids, attn)[:, :-1][positions],
-                        self.model.get_output_embeddings())
-            return model_logits(self.model, ids, attn)[:, :-1][positions], None
+            return self.runner.response_rows(ids, attn, positions, self.head_split)
 
         lp, _ = response_token_scores(rows_fn, ids, response, temperature=temperature, entropy="none",
                                       chunk_tokens=self.conf.logprob_chunk_tokens)
