@@ -38,7 +38,8 @@ from pathlib import Path
 # 2 "parts": the components, each built from its own sub-config: the algorithms (pure
 #   functions of their `AlgoConf`), data, judgers, the sandbox for untrusted code (the python
 #   tool's), the model (loading, LoRA, the tiny models),
-#   engines, training backends, agent loops, logging, and `cluster` (the low Ray pieces: bringing
+#   engines, training backends, the distillation teacher (a scorer on the backends' token scores),
+#   agent loops, logging, and `cluster` (the low Ray pieces: bringing
 #   Ray up, placement groups, actor options).
 # 3 "composites": what wires parts together at run time: the producer (sampler, replay buffer,
 #   staleness, strategies, the agent loop manager), the trainer (its loop, batch building, guards,
@@ -53,8 +54,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("config", ["rlharness.config"]),
     ("parts", ["rlharness.algo", "rlharness.data", "rlharness.judger", "rlharness.model", "rlharness.sandbox",
                "rlharness.engine",
-               "rlharness.backend", "rlharness.agent", "rlharness.logging_utils", "rlharness.cluster",
-               "rlharness.health"]),
+               "rlharness.backend", "rlharness.teacher", "rlharness.agent", "rlharness.logging_utils",
+               "rlharness.cluster", "rlharness.health"]),
     ("composites", ["rlharness.producer", "rlharness.trainer", "rlharness.distributed"]),
     ("assembly", ["rlharness.launch", "rlharness.export", "rlharness.sweep"]),
     ("entry", ["rlharness"]),

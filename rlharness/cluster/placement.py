@@ -87,3 +87,30 @@ def wait_all(refs: list[Any], names: list[str], what: str, timeout_s: float) -> 
         except Exception as exc:
             raise RuntimeError(f"{what}: {names[refs.index(ready[0])]} failed: {exc}") from exc
     return ray.get(refs)
+
+
+def start_side_actor(cls: type, name: str, num_cpus: float, device: str, torch_threads: int, timeout_s: float,
+                     *args: Any) -> tuple[Any, Any]:
+    """A model beside the run (a reward model, a distillation teacher) as a Ray actor `cls(*args)`: a
+    placement group of its own where it reserves CPUs or a GPU (one GPU when `device` is cuda), torch
+    threads set in its environment, no restarts; returns (actor, placement group or None) once it is ready."""
+    import ray
+
+    gpus = 1.0 if device.startswith("cuda") else 0.0
+    placement_group = None
+    options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": gpus, "max_restarts": 0,
+                               "runtime_env": {"env_vars": thread_env(torch_threads)}}
+    if num_cpus or gpus:
+        placement_group = make_placement_group(name, 1, num_cpus, gpus, timeout_s)
+        options.update(in_bundle(placement_group, 0))
+    actor = ray.remote(cls).options(**options).remote(*args)
+    ray.get(actor.ready.remote(), timeout=timeout_s)
+    return actor, placement_group
+
+
+def stop_side_actor(actor: Any, placement_group: Any) -> None:
+    import ray
+
+    ray.kill(actor, no_restart=True)
+    if placement_group is not None:
+        ray.util.remove_placement_group(placement_group)

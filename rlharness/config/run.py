@@ -126,6 +126,7 @@ class RunConf(TaskWiring):
             if self.eval.num_prompts > entry.task.num_eval:
                 raise ConfigError(f"eval.num_prompts={self.eval.num_prompts} exceeds {key}={entry.task.num_eval}")
         check_prompt_repeat_k(self.sampler.prompt_repeat_k, advantage=self.algo.advantage)
+        self._check_teachers()
         samples = self.batch_size * self.sampler.prompt_repeat_k
         if samples > MAX_SAMPLES_PER_STEP:
             raise ConfigError(f"batch_size={self.batch_size} x sampler.prompt_repeat_k={self.sampler.prompt_repeat_k} = "
@@ -149,6 +150,28 @@ class RunConf(TaskWiring):
         if self.eval.n > 1 and self.eval.temperature <= 0:
             raise ConfigError(f"eval.pass_k/num_samples > 1 needs eval.temperature > 0, got {self.eval.temperature} "
                               f"(greedy samples are identical)")
+
+    def _check_teachers(self) -> None:
+        """Each task's teacher (algo.teacher or tasks.<name>.teacher): its values, one where algo=opd needs it,
+        none where the advantage cannot take a per-token term."""
+        self.algo.teacher.check("algo.teacher")
+        for name, entry in self.tasks.items():
+            entry.teacher.check(f"tasks.{name}.teacher")
+        for name, entry in self.task_entries().items():
+            teacher, key = self.teacher_for(entry), self.teacher_key(name)
+            if self.algo.advantage == "opd":
+                if teacher is None:
+                    where = (f" for task {name!r}: algo.teacher.path (or tasks.{name}.teacher.path)" if self.tasks
+                             else ": algo.teacher.path")
+                    raise ConfigError(f"algo=opd needs a teacher{where} is not set; set it to a causal-LM folder "
+                                      f"(e.g. one exported with python -m rlharness.export)")
+                if teacher.coef == 0:
+                    raise ConfigError(f"{key}.coef=0 is not allowed with algo=opd: the teacher's signal is the "
+                                      f"whole advantage, so nothing would be learned; expected > 0")
+            elif teacher is not None and self.algo.advantage == "gae":
+                raise ConfigError(f"{key}.path with algo.advantage=gae is not allowed: GAE's per-token advantages "
+                                  f"are computed from the critic at train time, with no place for the teacher's "
+                                  f"term; use a group advantage (algo=grpo, rloo, ...) or algo=opd")
 
     def _check_tasks(self) -> None:
         """Names usable as metric keys, weights > 0, one batch slot per task at least, one scoring temperature."""

@@ -166,9 +166,9 @@ def check_prompt_repeat_k(k: Any, advantage: str | None = None, group_filter: st
                           task: str | None = None) -> None:
     """Every rule on `sampler.prompt_repeat_k` (the schema, the sampler, RunConf and the producer ask here):
     an integer >= 1, and >= 2 where the group is the baseline (every `advantage` but gae, whose baseline
-    is the critic) or where `group_filter` drops groups whose rewards are all equal."""
+    is the critic, and opd, which has none) or where `group_filter` drops groups whose rewards are all equal."""
     _check(isinstance(k, int) and k >= 1, "sampler.prompt_repeat_k", k, "an integer >= 1")
-    if k < 2 and advantage is not None and advantage != "gae":
+    if k < 2 and advantage is not None and advantage not in NO_GROUP_BASELINE:
         raise ConfigError(
             f"sampler.prompt_repeat_k={k} is not allowed with algo.advantage={advantage}: its baseline is the "
             f"group's mean, so a group of one sample has advantage 0 and nothing would be learned; use "
@@ -925,7 +925,11 @@ ADVANTAGES: dict[str, str | None] = {
     "rloo": "rlharness.algo.advantages:rloo_advantages",
     "reinforce_pp": "rlharness.algo.advantages:reinforce_pp_advantages",
     "gae": None,
+    # On-policy distillation: no reward advantage; the teacher's per-token signal alone (rlharness/algo/distill.py).
+    "opd": None,
 }
+# The advantages whose baseline is not the group's mean (a group of one sample still learns).
+NO_GROUP_BASELINE = ("gae", "opd")
 POLICY_LOSSES: dict[str, str] = {
     "ppo": "rlharness.algo.losses:ppo_loss",
     "dual_clip": "rlharness.algo.losses:dual_clip_loss",
@@ -963,12 +967,71 @@ class CriticConf:
                self.warmup_steps, "an integer >= 0")
 
 
+TEACHER_DTYPES = ("float32", "bfloat16")
+
+
+@dataclass
+class TeacherConf:
+    """On-policy distillation's teacher (rlharness/teacher/): a frozen causal LM that scores the student's
+    sampled tokens, never generates. Per response token t, reverse_kl_t = log pi_student(t) - log
+    pi_teacher(t) (the engine's sampled log-prob minus the teacher's, both at the sampling temperature);
+    `coef` x -reverse_kl_t is added to the token's advantage (algo=opd: it is the whole advantage)."""
+
+    # The teacher's folder: any causal-LM checkpoint whose tokenizer gives the student's token ids
+    # (checked at start); null = no teacher. Relative paths as model.path. Fixed for a run (resume).
+    path: Optional[str] = None
+    # Weight of the distillation term in the advantage: advantage_t += -coef x reverse_kl_t (>= 0).
+    coef: float = 1.0
+    # The teacher's weights' dtype (float32 or bfloat16: half the memory).
+    dtype: str = "float32"
+    # Where the teacher's forward passes run: cpu or cuda (a device of its own: cuda:1).
+    device: str = "cpu"
+    # transformers' attention implementation for the teacher.
+    attn_implementation: str = "eager"
+    # Allow a teacher whose config maps to code of its own (auto_map); refused otherwise.
+    trust_remote_code: bool = False
+    # Rows per teacher forward pass; groups that finish while one runs wait and go together.
+    batch_rows: int = 16
+    # Response tokens projected onto the vocabulary at once (as backend.logprob_chunk_tokens).
+    logprob_chunk_tokens: int = 1024
+    # Seconds a scoring call may take; past it the groups in it fail (counted, re-sampled), the run goes on.
+    timeout_s: float = 600.0
+    # mode=disagg: CPUs reserved for the teacher's Ray actor (its own placement group; GPU 1 when
+    # device is cuda). 0 with a CPU device = no reservation (the actor shares the node's cores).
+    num_cpus: float = 0.0
+    # torch threads of the teacher's actor (mode=disagg; colocated it shares the trainer's process).
+    torch_threads: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.path is not None
+
+    def check(self, key: str) -> None:
+        """Refuse a value that cannot work; `key` is where this conf sits (algo.teacher, tasks.<name>.teacher).
+        Here and not in __post_init__, which would not know the key."""
+        _check(self.coef >= 0, f"{key}.coef", self.coef, ">= 0")
+        _one_of(f"{key}.dtype", self.dtype, TEACHER_DTYPES)
+        _check(self.device == "cpu" or self.device.startswith("cuda"), f"{key}.device", self.device,
+               "cpu, cuda or cuda:<index>")
+        _check(self.batch_rows >= 1, f"{key}.batch_rows", self.batch_rows, ">= 1")
+        _check(self.logprob_chunk_tokens >= 1, f"{key}.logprob_chunk_tokens", self.logprob_chunk_tokens, ">= 1")
+        _check(self.timeout_s > 0, f"{key}.timeout_s", self.timeout_s, "> 0")
+        _check(self.num_cpus >= 0, f"{key}.num_cpus", self.num_cpus, ">= 0")
+        _check(self.torch_threads >= 1, f"{key}.torch_threads", self.torch_threads, ">= 1")
+
+    def model_conf(self) -> ModelConf:
+        """The teacher as a model to load (no LoRA: it is frozen)."""
+        return ModelConf(path=self.path or "", dtype=self.dtype, attn_implementation=self.attn_implementation,
+                         trust_remote_code=self.trust_remote_code)
+
+
 @dataclass
 class AlgoConf:
     name: str = MISSING
     # grpo | drgrpo | rloo | reinforce_pp (= verl's reinforce_plus_plus_baseline): a group
     # baseline, so they need sampler.prompt_repeat_k >= 2. gae: per-token GAE against a learned
     # critic (algo=ppo; `critic`, `gamma`, `lam`, `kl_reward_coef` below; rlharness/algo/gae.py).
+    # opd: on-policy distillation, the teacher's per-token signal alone (algo=opd; `teacher` below).
     advantage: str = "grpo"
     # Divide a group's advantages by its reward std (GRPO); off: Dr.GRPO's unscaled advantages.
     norm_adv_by_std: bool = True
@@ -980,6 +1043,9 @@ class AlgoConf:
     # (verl's use_kl_in_reward with a fixed kl_ctrl.kl_coef); 0 = off. Loads the reference model.
     kl_reward_coef: float = 0.0
     critic: CriticConf = field(default_factory=CriticConf)
+    # On-policy distillation: a teacher scoring every sampled token (path null = none); algo=opd uses it
+    # alone, any other group advantage adds -teacher.coef x reverse KL per token to its own.
+    teacher: TeacherConf = field(default_factory=TeacherConf)
     # ppo (clipped) | dual_clip (+ cap -clip_ratio_c * A for A < 0) | gspo (sequence ratio;
     # needs loss_agg=seq_mean_token_mean) | cispo (clipped ratio as a detached weight).
     # Formulas: rlharness/algo/losses.py.
@@ -1259,6 +1325,9 @@ class TaskEntryConf:
     allow_epoch_rollover: Optional[bool] = None
     # None = strategy.over_sample_threshold (async only).
     over_sample_threshold: Optional[float] = None
+    # This task's distillation teacher, used when its path is set (`tasks.<name>.teacher.path=...`; its
+    # other keys are then its own); path null = the run's algo.teacher, whole.
+    teacher: TeacherConf = field(default_factory=TeacherConf)
     # None = the run's max_staleness, which is the largest a task may have: a task whose
     # rewards suffer from stale samples gets a tighter bound, held as the run's is
     # (strategy.staleness_mode: expiry of its tokens, or its admission budget).

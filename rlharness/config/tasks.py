@@ -11,11 +11,11 @@ from dataclasses import replace
 
 from rlharness.config import registry
 from rlharness.config.schema import (AgentConf, JudgerConf, RuleJudgerConf, SamplingConf,
-                                     TaskEntryConf)
+                                     TaskEntryConf, TeacherConf)
 
 
 class TaskWiring:
-    """What `RunConf` knows about its tasks (the fields `tasks`, `task`, `judger`, `agent`). A task's
+    """What `RunConf` knows about its tasks (the fields `tasks`, `task`, `judger`, `agent`, `algo`). A task's
     staleness bound is the run's `StalenessPolicy`'s (`staleness_policy` in rlharness/launch/build.py)."""
 
     def task_entries(self) -> dict[str, TaskEntryConf]:
@@ -41,6 +41,15 @@ class TaskWiring:
         if not entry.sampling:
             return agent
         return replace(agent, sampling=replace(agent.sampling, **entry.sampling))
+
+    def teacher_for(self, entry: TaskEntryConf) -> TeacherConf | None:
+        """The distillation teacher a task's samples are scored by: its own, or the run's; None without one."""
+        teacher = entry.teacher if entry.teacher.enabled else self.algo.teacher
+        return teacher if teacher.enabled else None
+
+    def teacher_key(self, name: str) -> str:
+        """Where a task's teacher is configured (the key a refusal names)."""
+        return f"tasks.{name}.teacher" if self.tasks and self.tasks[name].teacher.enabled else "algo.teacher"
 
     def sampling_for(self, entry: TaskEntryConf) -> SamplingConf:
         return self.agent_for(entry).sampling

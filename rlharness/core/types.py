@@ -80,6 +80,8 @@ class RolloutState:
     # without it (older checkpoints, code that fills response_ids directly) = all ones;
     # read it through `loss_mask()`.
     response_mask: list[int] = field(default_factory=list)
+    # The distillation teacher's log-prob of each response token (empty: not scored, or no teacher).
+    teacher_logprobs: list[float] = field(default_factory=list)
     response_text: str = ""
     reward: dict[str, float] | None = None
     # Why the judger scored this response 0 instead of judging it (a time or memory limit it ran past,
@@ -111,8 +113,8 @@ class RolloutState:
         """Never generated, never interrupted, nothing in `extra`: what `make_group` builds, and
         what `restore_pristine` returns it to (so the producer need not copy it before generating)."""
         return (self.status is Status.INIT and not self.response_ids and not self.response_mask
-                and not self.response_text and self.reward is None and self.judge_limit is None
-                and self.finish_reason is None and not self.num_aborts and not self.extra)
+                and not self.teacher_logprobs and not self.response_text and self.reward is None
+                and self.judge_limit is None and self.finish_reason is None and not self.num_aborts and not self.extra)
 
     def restore_pristine(self) -> None:
         """Undo whatever generation did to a state that `is_pristine` was true of."""
@@ -127,6 +129,7 @@ class RolloutState:
         self.response_logprobs = []
         self.response_model_steps = []
         self.response_mask = []
+        self.teacher_logprobs = []
         self.response_text = ""
         self.reward = None
         self.judge_limit = None
@@ -145,6 +148,8 @@ class RolloutState:
         # already as long as the response is extended in place: the producer's hot path).
         if len(self.response_mask) != len(self.response_ids):
             self.response_mask = self.loss_mask()
+        if self.teacher_logprobs:  # a teacher's scores cover the response as it was
+            self.teacher_logprobs = []
         self.response_mask.extend([1] * n if mask is None else mask)
         self.response_ids.extend(ids)
         self.response_logprobs.extend(logprobs)
@@ -180,8 +185,8 @@ class RolloutState:
             self.uid, self.group_id, self.task, self.prompt_index, self.epoch, self.prompt_text,
             self.prompt_ids, self.label, list(self.response_ids),
             list(self.response_logprobs), list(self.response_model_steps), list(self.response_mask),
-            self.response_text, _copy_mapping(self.reward), self.judge_limit, self.status, self.finish_reason,
-            self.num_aborts, self.sample_seed, _copy_mapping(self.extra),
+            list(self.teacher_logprobs), self.response_text, _copy_mapping(self.reward), self.judge_limit, self.status,
+            self.finish_reason, self.num_aborts, self.sample_seed, _copy_mapping(self.extra),
         )
 
 
@@ -189,8 +194,8 @@ class RolloutState:
 # (or moved) must be added there too.
 _FIELD_ORDER = (
     "uid", "group_id", "task", "prompt_index", "epoch", "prompt_text", "prompt_ids", "label", "response_ids",
-    "response_logprobs", "response_model_steps", "response_mask", "response_text", "reward", "judge_limit",
-    "status", "finish_reason", "num_aborts", "sample_seed", "extra")
+    "response_logprobs", "response_model_steps", "response_mask", "teacher_logprobs", "response_text", "reward",
+    "judge_limit", "status", "finish_reason", "num_aborts", "sample_seed", "extra")
 if _FIELD_ORDER != tuple(f.name for f in fields(RolloutState)):
     raise AssertionError(f"RolloutState.clone/make_group are out of date: fields are "
                          f"{[f.name for f in fields(RolloutState)]}, they pass {list(_FIELD_ORDER)}")
@@ -387,7 +392,7 @@ def make_group(
     # Positional, in field order (see _FIELD_ORDER): this runs for every member of every fresh group.
     samples = [
         RolloutState(group_id + _member_suffix(m), group_id, task, prompt_index, epoch, prompt_text, prompt_ids, label,
-                     [], [], [], [], "", None, None, init, None, 0, member_seed, {})
+                     [], [], [], [], [], "", None, None, init, None, 0, member_seed, {})
         for m, member_seed in enumerate(member_seeds(seed, task, epoch, prompt_index, k))
     ]
     return Group(group_id, task, prompt_index, epoch, prompt_text, label, samples)

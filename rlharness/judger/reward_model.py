@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter, deque
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from rlharness.config.schema import ConfigError, ModelConf, RewardModelJudgerConf
+from rlharness.core.coalesce import Coalescing
 from rlharness.judger.base import Judger
 from rlharness.core.types import RolloutState
 
@@ -231,105 +232,36 @@ class _RayScorer:
     """The scorer as a Ray actor in a placement group of its own (mode=disagg)."""
 
     def __init__(self, conf: RewardModelJudgerConf):
-        import ray
+        from rlharness.cluster.placement import start_side_actor
 
-        from rlharness.cluster.placement import in_bundle, make_placement_group, thread_env
-
-        gpus = 1.0 if conf.device.startswith("cuda") else 0.0
-        self.placement_group = None
-        options: dict[str, Any] = {"num_cpus": conf.num_cpus, "num_gpus": gpus, "max_restarts": 0,
-                                   "runtime_env": {"env_vars": thread_env(conf.torch_threads)}}
-        if conf.num_cpus or gpus:
-            self.placement_group = make_placement_group("reward_model", 1, conf.num_cpus, gpus, START_TIMEOUT_S)
-            options.update(in_bundle(self.placement_group, 0))
-        self.actor = ray.remote(RewardModelScorer).options(**options).remote(conf)
-        ray.get(self.actor.ready.remote(), timeout=START_TIMEOUT_S)
+        self.actor, self.placement_group = start_side_actor(RewardModelScorer, "reward_model", conf.num_cpus,
+                                                            conf.device, conf.torch_threads, START_TIMEOUT_S, conf)
         self.workers_replaced = 0
 
     async def logits(self, texts: list[str], timeout_s: float) -> list[float]:
         return await asyncio.wait_for(asyncio.wrap_future(self.actor.logits.remote(texts).future()), timeout_s)
 
     def close(self) -> None:
-        import ray
+        from rlharness.cluster.placement import stop_side_actor
 
-        ray.kill(self.actor, no_restart=True)
-        if self.placement_group is not None:
-            ray.util.remove_placement_group(self.placement_group)
+        stop_side_actor(self.actor, self.placement_group)
 
 
-class _Coalescing:
-    """The groups waiting for the scorer go in one call, up to `batch_size` rows (one forward pass).
-
-    Why: with a call per group, many small groups in flight (8 groups of 4 rows, batch_size 16)
-    cost 8 small forward passes, each a round trip to the scoring process, one after the other
-    (benchmarks/reward_model_coalescing.py). A call goes out at once when none is running (no
-    added wait); the groups that arrive meanwhile queue here and, when it ends, are packed in
-    arrival order into calls of at most `batch_size` rows (a group bigger than that goes alone;
-    the scorer splits it into passes). A row's logit does not depend on what it is batched with (right padding: its
-    tokens never attend to the padding; float rounding of another batch shape aside).
-
-    A packed call's limit is the smallest of its groups' timeouts, timed from when it is sent (as
-    a group's own call was); its failure (timeout, a frozen or dead process, which the scorer
-    replaces) reaches every group in it, each then applying judger.on_timeout. A group that stops
-    waiting (cancelled) before its call goes out is left out of it."""
+class _Coalescing(Coalescing):
+    """The groups waiting for the scorer go in one call, up to `batch_size` rows (one forward pass):
+    rlharness/core/coalesce.py. A packed call's failure (timeout, a frozen or dead process, which the
+    scorer replaces) reaches every group in it, each then applying judger.on_timeout."""
 
     def __init__(self, scorer, batch_size: int, counts: Counter):
+        super().__init__(scorer.logits, batch_size, on_call=lambda: counts.update(("scoring_calls",)))
         self.scorer = scorer
-        self.batch_size = batch_size
-        self.counts = counts  # the judger's: scoring_calls (calls sent), cumulative
-        self._waiting: deque[tuple[list[str], float, asyncio.Future]] = deque()
-        self._sender: asyncio.Task | None = None
 
     @property
     def workers_replaced(self) -> int:
         return self.scorer.workers_replaced
 
     async def logits(self, texts: list[str], timeout_s: float) -> list[float]:
-        answer = asyncio.get_running_loop().create_future()
-        self._waiting.append((texts, timeout_s, answer))
-        if self._sender is None or self._sender.done():
-            self._sender = asyncio.ensure_future(self._send_waiting())
-        return await answer
-
-    async def _send_waiting(self) -> None:
-        try:
-            while batch := self._next_call():
-                self.counts["scoring_calls"] += 1
-                try:
-                    logits = await self.scorer.logits([t for texts, _, _ in batch for t in texts],
-                                                      min(timeout_s for _, timeout_s, _ in batch))
-                except asyncio.CancelledError:
-                    for _, _, answer in batch:
-                        answer.cancel()
-                    raise
-                except Exception as exc:  # noqa: BLE001 - each group decides (judger.on_timeout)
-                    for _, _, answer in batch:
-                        if not answer.done():
-                            answer.set_exception(exc)
-                    continue
-                start = 0
-                for texts, _, answer in batch:
-                    if not answer.done():
-                        answer.set_result(logits[start: start + len(texts)])
-                    start += len(texts)
-        finally:  # left early (cancelled: the loop or the judger closing): nobody waits forever
-            while self._waiting:
-                self._waiting.popleft()[2].cancel()
-
-    def _next_call(self) -> list[tuple[list[str], float, asyncio.Future]]:
-        """The waiting groups, in arrival order, that fit in `batch_size` rows (at least one)."""
-        batch: list[tuple[list[str], float, asyncio.Future]] = []
-        rows = 0
-        while self._waiting:
-            texts, _, answer = self._waiting[0]
-            if answer.done():  # it stopped waiting
-                self._waiting.popleft()
-                continue
-            if batch and rows + len(texts) > self.batch_size:
-                break
-            batch.append(self._waiting.popleft())
-            rows += len(texts)
-        return batch
+        return await self.call(texts, timeout_s)
 
     def close(self) -> None:
         self.scorer.close()

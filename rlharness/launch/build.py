@@ -209,6 +209,42 @@ def build_evaluator(conf: RunConf, task_data: dict[str, Any], encode, agent_loop
         evaluators, {name: e.weight for name, e in entries.items() if name in evaluators})
 
 
+# Prompts per task whose ids the teacher's tokenizer must reproduce (bounds the start-up check on big data sets).
+TEACHER_CHECK_PROMPTS = 2000
+
+
+def build_teachers(conf: RunConf, tokenizer, task_data: dict[str, Any]) -> dict[str, Any]:
+    """task name -> the distillation teacher that scores its groups (tasks without one are not named):
+    one `Teacher` per distinct teacher configuration, checked first (folder, causal LM, the student's
+    token ids on the task's prompts: rlharness/teacher/checks.py). Colocated it runs in this process,
+    with mode=disagg as a Ray actor of its own."""
+    from dataclasses import replace
+
+    from rlharness.logging_utils.progress import phase
+    from rlharness.teacher import Teacher
+    from rlharness.teacher.checks import check_teacher_encodes_alike, check_teacher_folder, check_teacher_vocabulary
+
+    built: dict[str, Any] = {}  # one per distinct configuration (its coef aside: that weighs the advantage)
+    out = {}
+    for name, entry in conf.task_entries().items():
+        teacher = conf.teacher_for(entry)
+        if teacher is None:
+            continue
+        key = conf.teacher_key(name)
+        check_teacher_folder(teacher, key)
+        check_teacher_vocabulary(teacher, key, conf.model)
+        label = f"tasks.{name}" if conf.tasks else f"task={conf.task.name}"
+        rows = [*task_data[name].train, *task_data[name].eval][:TEACHER_CHECK_PROMPTS]
+        check_teacher_encodes_alike(teacher, key, tokenizer, {label: [r.prompt_text for r in rows]})
+        same = repr(replace(teacher, coef=0.0))
+        if same not in built:
+            with phase(f"loading the teacher {teacher.path} ({teacher.dtype}, "
+                       f"{'Ray actor' if conf.mode == 'disagg' else teacher.device})"):
+                built[same] = Teacher(teacher, conf.agent.sampling.temperature, on_ray=conf.mode == "disagg")
+        out[name] = built[same]
+    return out
+
+
 def staleness_policy(conf: RunConf):
     """The run's one staleness policy, handed to the replay buffer, the strategy, the contexts
     and the manager (producer/staleness.py)."""
@@ -232,6 +268,7 @@ def build_components(conf: RunConf, remote=None) -> Components:
     from rlharness.producer.sampler import Sampler
 
     tokenizer, task_data, judgers = load_tasks(conf, validate_data)
+    teachers = build_teachers(conf, tokenizer, task_data)  # refused before the engines and trainer load
     encode, decode = text_codec(tokenizer)
     entries = conf.task_entries()
     engine, backend = (remote.engine, remote.backend) if remote is not None else (None, None)
@@ -262,9 +299,10 @@ def build_components(conf: RunConf, remote=None) -> Components:
         over_sample_thresholds={name: e.over_sample_threshold for name, e in entries.items()
                                 if e.over_sample_threshold is not None},
         last_step=conf.total_steps,
+        teachers=teachers,
     )
     eval_judgers = verifiable_judgers(conf, judgers)
     evaluator = build_evaluator(conf, task_data, encode, agent_loop_with if eval_judgers == judgers else
                                 agent_loop_factory(conf, engine, eval_judgers, tokenizer, decode))
     return Components(tokenizer, encode, decode, task_data, judgers, engine, manager, backend, weights, evaluator,
-                      {k: j for k, j in eval_judgers.items() if j is not judgers[k]})
+                      {k: j for k, j in eval_judgers.items() if j is not judgers[k]}, teachers)

@@ -158,6 +158,11 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
     finally:
         # Engines and training workers (Ray actors too) are shut down however the run ended.
         if components is not None:
+            for teacher in components.distinct_teachers():
+                try:
+                    teacher.close()
+                except Exception:  # noqa: BLE001 - the engines and trainer must still be shut down
+                    log.exception("closing the teacher %s failed", teacher.conf.path)
             asyncio.run(_close(components.engine, components.backend,
                                [*components.judgers.values(), *components.eval_judgers.values()]))
         elif remote is not None:

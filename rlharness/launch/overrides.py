@@ -47,8 +47,10 @@ def path_override(key: str, path: Path) -> str:
 
 # Changing these makes a checkpoint unusable (other weights, vocabulary, data or data order:
 # `sampler.shuffle` changes the order of the epoch under way, whose position the checkpoint holds;
-# `batch_size` the producer's saved split of the data into steps, which the checkpoint refuses anyway).
-FROZEN_ON_RESUME = ("model", "task", "tasks", "sampler.prompt_repeat_k", "sampler.shuffle", "batch_size", "seed")
+# `batch_size` the producer's saved split of the data into steps, which the checkpoint refuses anyway;
+# `algo.teacher.path` the teacher whose scores the saved groups carry and the run distils from).
+FROZEN_ON_RESUME = ("model", "task", "tasks", "sampler.prompt_repeat_k", "sampler.shuffle", "batch_size", "seed",
+                    "algo.teacher.path")
 
 
 def _frozen(key: str) -> bool:

@@ -288,12 +288,17 @@ def check_placement(conf) -> None:
     cluster = conf.cluster
     if conf.mode == "disagg" and isinstance(cluster, LocalRayClusterConf):
         workers = conf.backend.workers
-        need = conf.engine.num_engines * cluster.engine_cpus + workers * cluster.trainer_cpus
+        # Each distinct teacher is an actor of its own, with teacher.num_cpus reserved.
+        teachers = {repr(t): t.num_cpus for e in conf.task_entries().values() if (t := conf.teacher_for(e))}
+        teacher_cpus = sum(teachers.values())
+        need = conf.engine.num_engines * cluster.engine_cpus + workers * cluster.trainer_cpus + teacher_cpus
         if need > cluster.num_cpus:
             raise ConfigError(
                 f"mode=disagg needs {need:g} CPUs for {conf.engine.num_engines} engine(s) x "
                 f"cluster.engine_cpus={cluster.engine_cpus:g} + {workers} training worker(s) x "
-                f"cluster.trainer_cpus={cluster.trainer_cpus:g}, but cluster.num_cpus={cluster.num_cpus}")
+                f"cluster.trainer_cpus={cluster.trainer_cpus:g}"
+                + (f" + the teacher's algo.teacher.num_cpus={teacher_cpus:g}" if teacher_cpus else "")
+                + f", but cluster.num_cpus={cluster.num_cpus}")
     check_fits(conf)
 
 
@@ -307,9 +312,10 @@ def check_fixed_values(run_dir: Path, cfg) -> None:
     if not saved_path.is_file():
         return
     saved = OmegaConf.load(saved_path)
+    absent = object()  # a key one side lacks (another version of the code), unlike one set to null
     for key in FROZEN_ON_RESUME:
-        old, new = OmegaConf.select(saved, key), OmegaConf.select(cfg, key)
-        if old is None or new is None:
+        old, new = OmegaConf.select(saved, key, default=absent), OmegaConf.select(cfg, key, default=absent)
+        if old is absent or new is absent:
             continue
         for path, was, now in _differences(_plain(old), _plain(new), key):
             raise ConfigError(f"{path}={now!r} is not allowed on resume: the run in {run_dir} has {path}={was!r} "
@@ -452,6 +458,7 @@ def check_model(conf, checked: set[tuple] | None = None) -> None:
     from rlharness.model.load import check_model_files, load_tokenizer, require_chat_template
 
     check_learned_judgers(conf)  # cheap (config.json and tensor names): every sweep point
+    check_teachers(conf)
     asking = [f"tasks.{name}.task.apply_chat_template" if conf.tasks else "task.apply_chat_template"
               for name, entry in conf.task_entries().items()
               if getattr(entry.task, "apply_chat_template", None) is True]  # tasks that render chat prompts
@@ -470,6 +477,19 @@ def check_model(conf, checked: set[tuple] | None = None) -> None:
         require_chat_template(load_tokenizer(conf.model), asking[0], conf.model.path)
     if checked is not None:
         checked.add(key)
+
+
+def check_teachers(conf) -> None:
+    """Each task's distillation teacher folder (rlharness/teacher/checks.py): there, no GGUF file, no code of
+    its own without trust_remote_code, a causal LM, the student's vocabulary. Its encoding of the task's text
+    is compared with the student's when the run is built (the data is loaded there)."""
+    from rlharness.teacher.checks import check_teacher_folder, check_teacher_vocabulary
+
+    for name, entry in conf.task_entries().items():
+        teacher = conf.teacher_for(entry)
+        if teacher is not None:
+            check_teacher_folder(teacher, conf.teacher_key(name))
+            check_teacher_vocabulary(teacher, conf.teacher_key(name), conf.model)
 
 
 def check_critic_tokenizer(conf) -> None:

@@ -45,6 +45,10 @@ def sample_row(group: Group, s: RolloutState, train_step: int) -> dict[str, Any]
         if admission.max_staleness is not None:
             row["max_staleness"] = admission.max_staleness
         row["admit_version"], row["admit_step"] = admission.version, admission.step
+    if s.teacher_logprobs and len(s.teacher_logprobs) == len(s.response_logprobs):
+        # Distillation: the sample's mean reverse KL to the teacher over its trained tokens (nats per token).
+        kept = [(lp, t) for lp, t, m in zip(s.response_logprobs, s.teacher_logprobs, s.loss_mask()) if m]
+        row["reverse_kl"] = sum(lp - t for lp, t in kept) / len(kept) if kept else None
     if "turns" in s.extra:  # multi-turn loops: the model's turns and the tool outputs, readable
         row["tool_calls"] = s.extra.get("tool_calls", 0)
         row["turns"] = s.extra["turns"]

@@ -48,6 +48,7 @@ EVAL = "eval steps (step 0, every `eval_every` and the last)"
 MULTI_TASK = "every step, multi-task runs (`tasks.<name>`)"
 MULTI_TASK_EVAL = "eval steps, multi-task runs"
 PPO = "every step, `algo=ppo` (`algo.advantage=gae`)"
+DISTILL = "every step, with a teacher (`algo=opd`, `algo.teacher.path`)"
 
 _M = Metric
 METRICS: tuple[Metric, ...] = (
@@ -116,16 +117,23 @@ METRICS: tuple[Metric, ...] = (
        "they were truncated (`algo.mask_truncated`)."),
     _M("rollout/overlong_penalty_mean", "reward", EVERY_STEP, "Mean DAPO overlong penalty added to the rewards "
        "(`algo.overlong_buffer_len`; 0 when off)."),
-    _M("rollout/adv_abs_mean", "-", "every step (not with `algo=ppo`)", "Mean |advantage| of the trained samples."),
+    _M("rollout/adv_abs_mean", "-", "every step (not with `algo=ppo` or `algo=opd`)", "Mean |advantage| of the "
+       "trained samples from their rewards (a teacher's per-token term not included: `distill/*`)."),
     _M("rollout/groups_zero_signal_frac", "fraction", EVERY_STEP, "Share of trained groups whose rewards were all "
        "equal: they train nothing (the health monitor `zero_signal` warns after `health.zero_signal.steps` steps at 1)."),
     _M("rollout/num_groups", "count", EVERY_STEP, "Prompt groups trained (`batch_size`)."),
     _M("rollout/num_samples", "count", EVERY_STEP, "Samples trained (groups x `sampler.prompt_repeat_k`)."),
     _M("rollout/num_response_tokens", "tokens", EVERY_STEP, "Response tokens in the trained batch."),
+    # ------------------------------------------------------------------ distill: on-policy distillation
+    _M("distill/reverse_kl", "nats", DISTILL, "Mean per trained token of log pi_student - log pi_teacher of the "
+       "sampled token (the student's rollout log-prob; a one-sample estimate of KL(student || teacher))."),
+    _M("distill/reverse_kl_max", "nats", DISTILL, "The largest per-token reverse KL of the batch."),
+    _M("distill/teacher_logprob_mean", "nats", DISTILL, "Mean per trained token of the teacher's log-prob of the "
+       "student's sampled token."),
     # ------------------------------------------------------------------ rollout: production since the last batch
     _M("rollout/groups_filtered",
        "count", EVERY_STEP, "Groups dropped by `strategy.group_filter` since the last batch."),
-    _M("rollout/groups_failed", "count", EVERY_STEP, "Groups that failed (judging, agent loop) since the last batch; "
+    _M("rollout/groups_failed", "count", EVERY_STEP, "Groups that failed (judging, agent loop, teacher) since the last batch; "
        "reasons in `rollouts/dropped.jsonl`."),
     _M("rollout/groups_aborted", "count", EVERY_STEP, "Groups interrupted by a pause (weight sync) since the last "
        "batch; they go back to the buffer and continue or restart."),
@@ -229,6 +237,8 @@ METRICS: tuple[Metric, ...] = (
        "sample (a python call: its sandbox's wall time)."),
     # ------------------------------------------------------------------ perf: time and throughput
     _M("perf/step_s", "s", EVERY_STEP, "Wall time of the step, evaluation excluded."),
+    _M("perf/teacher_s", "s", DISTILL, "Seconds the distillation teachers' scoring calls took since the previous "
+       "step (colocated: within `perf/rollout_s`; `mode=disagg`: on the teacher's actor, beside training)."),
     _M("perf/rollout_s", "s", EVERY_STEP, "Time the step waited for its batch (colocated: generated it)."),
     _M("perf/train_s", "s", EVERY_STEP, "Time of the training call."),
     _M("perf/weight_sync_s", "s", EVERY_STEP, "Time of the weight sync to the engines (0 without one)."),

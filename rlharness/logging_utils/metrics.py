@@ -103,6 +103,7 @@ def format_step_line(row: dict[str, Any], total_steps: int) -> str:
         ("eval", "eval/accuracy", ".3f"),
         ("loss", "train/loss", "+.4f"),
         ("kl", "train/kl", ".4f"),
+        ("rkl", "distill/reverse_kl", ".4f"),  # with a teacher: the reverse KL to it
         ("ent", "train/entropy", ".3f"),
         ("gnorm", "train/grad_norm", ".3f"),
         ("len", "rollout/response_len_mean", ".1f"),

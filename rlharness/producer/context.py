@@ -20,7 +20,7 @@ import logging
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from rlharness.core import fault_points
 from rlharness.agent.base import AgentLoop
@@ -145,6 +145,8 @@ class ProduceContext:
     dropped_in_a_row: int = 0
     drop_causes: Counter = field(default_factory=Counter)
     last_drop_reason: dict = field(default_factory=dict)
+    # The distillation teacher that scores this task's groups once judged (rlharness/teacher/); None: no teacher.
+    teacher: Any = None
     # Interruptions after which a group is FAILED instead of restarted (0 = never; strategy.abort_cap()).
     abort_cap: int = 0
     # The last fill found nothing left to draw (allow_epoch_rollover=false), see strategies._fill.
@@ -225,8 +227,19 @@ class ProduceContext:
         # pending set recorded the group as started, so the stamp is undone with a restore.
         def generate(group: Group):
             self._stamp_admission(group)
+            if self.teacher is not None:
+                return self._generate_and_score(group, enable_partial_rollout)
             return self.agent_loop.generate_group(group, enable_partial_rollout)
         return generate
+
+    async def _generate_and_score(self, group: Group, enable_partial_rollout: bool) -> Group:
+        """Generate and judge, then the teacher scores a group that will be kept (not an aborted, failed
+        or filtered one: nothing would train on its scores). Inside the group's task, so an interruption
+        puts it back as started, as one of generation."""
+        group = await self.agent_loop.generate_group(group, enable_partial_rollout)
+        if group.status == Status.COMPLETED and self.group_filter(group) is None:
+            await self.teacher.score_or_fail(group)
+        return group
 
     def _task_done(self, task: asyncio.Task) -> bool:
         """Done-callback of every generation task: a COMPLETED group goes into the buffer right
@@ -336,13 +349,15 @@ class ProduceContext:
 
 
 def drop_cause(group: Group, status: Status) -> tuple[str, str]:
-    """(cause, reason) of a group dropped on arrival: judging | crash | aborts | filter | expiry."""
+    """(cause, reason) of a group dropped on arrival: judging | teacher | crash | aborts | filter | expiry."""
     if status == Status.FILTERED:
         return "filter", group.drop_reason or "filtered"
     if status == Status.FAILED:
         reason = group.drop_reason or "failed"
         if reason.startswith("judger "):
             return "judging", reason
+        if reason.startswith("teacher "):
+            return "teacher", reason
         return ("aborts" if reason.startswith("interrupted ") else "crash"), reason
     return "expiry", "expired on arrival (too stale)"
 
@@ -350,6 +365,7 @@ def drop_cause(group: Group, status: Status) -> tuple[str, str]:
 _STALL_HINTS = {
     "judging": "the judger is failing: check it (judger.*, agent.judge_timeout_s)",
     "crash": "the agent loop keeps crashing (see the log)",
+    "teacher": "the distillation teacher fails to score groups (algo.teacher.*; see the last reason)",
     "aborts": "groups are interrupted too often (strategy.max_aborts; see the last reason)",
     "filter": "strategy.group_filter drops every group (every member of a group scores the same: is the "
               "task too hard or too easy for the model?)",

@@ -87,9 +87,11 @@ class AgentLoopManager:
         weights: dict[str, float] | None = None,
         over_sample_thresholds: dict[str, float] | None = None,
         last_step: int = 0,
+        teachers: dict[str, Any] | None = None,
     ) -> None:
         """`weights` split every step's batch over the tasks (largest remainder carried across
-        steps; None = equal); `over_sample_thresholds` replace the async strategy's per task.
+        steps; None = equal); `over_sample_thresholds` replace the async strategy's per task;
+        `teachers` (task name -> its distillation teacher) score those tasks' groups once judged.
         The staleness policy is the replay buffer's; the strategy must have been given the same."""
         _check_parts(tasks, strategy, replay_buffer)
         self.staleness = replay_buffer.staleness
@@ -116,7 +118,7 @@ class AgentLoopManager:
         self._model_step = 0
         self._producer_wake = Signal()
         self._consumer_wake = Signal()
-        self.contexts = self._contexts(tasks, over_sample_thresholds or {})
+        self.contexts = self._contexts(tasks, over_sample_thresholds or {}, teachers or {})
         self._paused = False
         # Set by `hurry` when the run is stopping: drains wait at most this long, not pause_timeout_s.
         self._drain_limit_s: float | None = None
@@ -128,8 +130,8 @@ class AgentLoopManager:
         self._serving_step = 0  # the step produce_batch/get_batch is producing for right now
         self.metrics = StepMetrics(replay_buffer, self.contexts)
 
-    def _contexts(self, tasks: dict[str, tuple[Sampler, AgentLoop]],
-                  over_sample_thresholds: dict[str, float]) -> dict[str, ProduceContext]:
+    def _contexts(self, tasks: dict[str, tuple[Sampler, AgentLoop]], over_sample_thresholds: dict[str, float],
+                  teachers: dict[str, Any]) -> dict[str, ProduceContext]:
         """One produce context per task, sharing the progress, the wake-ups and the staleness policy."""
         strategy = self.strategy
         return {
@@ -150,6 +152,7 @@ class AgentLoopManager:
                 # One task: every step's batch is `batch_size` (task_batch_size), no per-step lookup.
                 step_size=None if len(tasks) == 1 else (lambda step, name=name: self.allocation.sizes(step)[name]),
                 abort_cap=strategy.abort_cap(),
+                teacher=teachers.get(name),
             )
             for name, (sampler, loop) in tasks.items()
         }

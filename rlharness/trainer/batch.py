@@ -17,8 +17,9 @@ import statistics
 import torch
 
 from rlharness.algo.advantages import compute_advantages
+from rlharness.algo.distill import distill_advantages, distill_metrics
 from rlharness.algo.shaping import overlong_penalty, truncated_samples
-from rlharness.config.schema import AlgoConf
+from rlharness.config.schema import ADVANTAGES, AlgoConf
 from rlharness.core.types import Group, RolloutState, TrainBatch
 
 
@@ -28,17 +29,22 @@ def _score(s: RolloutState) -> float:
     return float(s.reward["score"])
 
 
-def _check_sample(s: RolloutState) -> None:
+def _check_sample(s: RolloutState, distilled: bool) -> None:
     if not (len(s.response_ids) == len(s.response_logprobs) == len(s.response_model_steps)):
         raise ValueError(
             f"sample uid={s.uid}: response_ids ({len(s.response_ids)}), response_logprobs "
             f"({len(s.response_logprobs)}) and response_model_steps ({len(s.response_model_steps)}) differ in length"
         )
+    if distilled and len(s.teacher_logprobs) != len(s.response_ids):
+        raise ValueError(f"sample uid={s.uid} (task {s.task}): {len(s.teacher_logprobs)} teacher log-probs for "
+                         f"{len(s.response_ids)} response tokens: its task has a teacher, which scores every "
+                         f"group before it is trained")
 
 
 def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, train_step: int,
                       max_response_len: int, temperature: float,
-                      task_budgets: dict[str, int] | None = None) -> tuple[TrainBatch, dict[str, float]]:
+                      task_budgets: dict[str, int] | None = None,
+                      teacher_coefs: dict[str, float] | None = None) -> tuple[TrainBatch, dict[str, float]]:
     """Advantages per group (`algo.advantage`), broadcast over each sample's response tokens.
 
     Groups whose rewards are all equal stay in the batch with zero advantages (they add
@@ -49,6 +55,9 @@ def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, tr
     its `max_tokens`; a task not named there, or no dict, gets `max_response_len`, the run's
     largest): a task sampled with a smaller budget is penalised within its own buffer. With
     `algo.mask_truncated` responses cut by the budget get response_mask 0 (`rlharness.algo.shaping`).
+    `teacher_coefs` (task name -> its teacher's coef; tasks without a teacher are not named) adds the
+    distillation term -coef x reverse_kl_t to every token of those tasks' samples (rlharness/algo/distill.py),
+    from the log-probs the teacher gave each sample (`RolloutState.teacher_logprobs`).
     """
     if not groups:
         raise ValueError("build_train_batch: no groups")
@@ -56,15 +65,17 @@ def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, tr
     if len(sizes) != 1 or 0 in sizes:
         raise ValueError(f"build_train_batch: every group needs the same, non-zero size; got sizes {sorted(sizes)}")
     samples = [s for g in groups for s in g.samples]
+    coefs = teacher_coefs or {}
     for s in samples:
-        _check_sample(s)
+        _check_sample(s, s.task in coefs)
     rewards = torch.tensor([[_score(s) for s in g.samples] for g in groups], dtype=torch.float32)
     budgets = torch.tensor([[(task_budgets or {}).get(g.task, max_response_len)] for g in groups])
     penalty = overlong_penalty(torch.tensor([[len(s.response_ids) for s in g.samples] for g in groups]),
                                budgets, algo.overlong_buffer_len, algo.overlong_penalty_factor)
     scores = (rewards + penalty).reshape(-1)
-    # gae: the backend computes per-token advantages against its critic at train time (from `scores`).
-    advantages = (torch.zeros_like(scores) if algo.advantage == "gae"
+    # gae: the backend computes per-token advantages against its critic at train time (from `scores`);
+    # opd: the teacher's term below is the whole advantage.
+    advantages = (torch.zeros_like(scores) if ADVANTAGES[algo.advantage] is None
                   else compute_advantages(rewards + penalty, algo).reshape(-1))
     truncated = truncated_samples(samples)
     masked_out = [t and algo.mask_truncated for t in truncated]
@@ -77,6 +88,7 @@ def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, tr
     token_adv = torch.zeros((num_rows, width), dtype=torch.float32)
     rollout_logprobs = torch.zeros((num_rows, width), dtype=torch.float32)
     model_steps = torch.full((num_rows, width), -1, dtype=torch.long)
+    teacher_logprobs = torch.zeros((num_rows, width), dtype=torch.float32)
     for b, s in enumerate(samples):
         p, r = len(s.prompt_ids), len(s.response_ids)
         input_ids[b, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
@@ -88,6 +100,14 @@ def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, tr
         token_adv[b, p: p + r] = advantages[b] * response_mask[b, p: p + r]
         rollout_logprobs[b, p: p + r] = torch.tensor(s.response_logprobs, dtype=torch.float32)
         model_steps[b, p: p + r] = torch.tensor(s.response_model_steps, dtype=torch.long)
+        if s.task in coefs:
+            teacher_logprobs[b, p: p + r] = torch.tensor(s.teacher_logprobs, dtype=torch.float32)
+    distill: dict[str, float] = {}
+    if coefs:
+        row_coef = torch.tensor([coefs.get(s.task, 0.0) for s in samples])
+        scored = response_mask * torch.tensor([float(s.task in coefs) for s in samples]).unsqueeze(1)
+        token_adv += distill_advantages(rollout_logprobs, teacher_logprobs, scored, row_coef)
+        distill = distill_metrics(rollout_logprobs, teacher_logprobs, scored)
 
     batch = TrainBatch(
         input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask, advantages=token_adv,
@@ -95,8 +115,8 @@ def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, tr
         num_groups=len(groups), max_response_len=max_response_len,
         temperature=temperature if temperature > 0 else 1.0, scores=scores,
     )
-    metrics = rollout_metrics(groups, rewards, advantages)
-    if algo.advantage == "gae":  # not known before the critic's values (critic/* metrics)
+    metrics = {**rollout_metrics(groups, rewards, advantages), **distill}
+    if ADVANTAGES[algo.advantage] is None:  # gae: not known before the critic's values (critic/* metrics); opd: none
         del metrics["rollout/adv_abs_mean"]
     metrics["rollout/overlong_penalty_mean"] = float(penalty.mean())
     metrics["rollout/truncated_masked_frac"] = sum(masked_out) / len(samples)

@@ -20,3 +20,9 @@ class Components:
     evaluator: Any
     # task name -> the judger eval scores with, where it is not the training one (a learned reward).
     eval_judgers: dict[str, Any] = field(default_factory=dict)
+    # task name -> the distillation teacher scoring its groups (rlharness/teacher/); tasks without one absent.
+    teachers: dict[str, Any] = field(default_factory=dict)
+
+    def distinct_teachers(self) -> list[Any]:
+        """Each teacher once (tasks may share one)."""
+        return list({id(t): t for t in self.teachers.values()}.values())

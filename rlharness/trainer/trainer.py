@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 import logging
 import random
 import shutil
@@ -80,10 +81,17 @@ class Trainer:
         self._last_save_s: float | None = None
         # Each task's response budget: DAPO's overlong penalty is taken against the group's own.
         self._task_budgets = {name: conf.sampling_for(e).max_tokens for name, e in conf.task_entries().items()}
+        # Tasks with a distillation teacher -> the weight of its per-token term (rlharness/algo/distill.py).
+        self._teacher_coefs = {name: t.coef for name, e in conf.task_entries().items()
+                               if (t := conf.teacher_for(e)) is not None}
+        self._teacher_busy_s = 0.0
         self.nonfinite = NonFiniteGuard(conf.trainer.max_nonfinite_steps, conf.algo)
         # Training-health monitors (rlharness/health/): eval/accuracy is independent of the trained reward
         # only where eval scores with another judger (a learned reward trains).
-        self.health = HealthMonitors(conf.health, eval_independent=bool(components.eval_judgers),
+        health = conf.health
+        if conf.algo.advantage == "opd":  # the teacher is the signal: groups of equal rewards still learn
+            health = replace(health, monitors=[m for m in health.monitors if m != "zero_signal"])
+        self.health = HealthMonitors(health, eval_independent=bool(components.eval_judgers),
                                      eval_prompts=conf.eval.num_prompts, total_steps=conf.total_steps)
         self.bias = BiasMeter(conf.max_response_tokens())  # generated against trained (rlharness/health/bias.py)
 
@@ -99,8 +107,10 @@ class Trainer:
         probed = await probe_longest(conf, self.c.backend, self.c.task_data, self.c.encode) \
             if self.step == 0 and probe_on(conf) else {}
         self.started = True
-        warn_if_greedy({("agent.sampling" if not conf.tasks else f"tasks.{name}.sampling"): conf.sampling_for(entry)
-                        for name, entry in conf.task_entries().items()}, conf.algo.advantage)
+        if conf.algo.advantage != "opd":  # distillation has signal on greedy samples too: no group baseline
+            warn_if_greedy({("agent.sampling" if not conf.tasks else f"tasks.{name}.sampling"):
+                            conf.sampling_for(entry) for name, entry in conf.task_entries().items()},
+                           conf.algo.advantage)
         stop_event = self.stop.attach(asyncio.get_running_loop())
         self.metrics = MetricsWriter(self.run_dir, resume_step=self.step)
         self.health.replay(read_metrics(self.metrics.path))  # a resume continues the monitors' windows
@@ -199,7 +209,7 @@ class Trainer:
         batch, batch_metrics = build_train_batch(
             produced.groups, conf.algo, c.tokenizer.pad_token_id, step,
             max_response_len=conf.max_response_tokens(), temperature=conf.agent.sampling.temperature,
-            task_budgets=self._task_budgets)
+            task_budgets=self._task_budgets, teacher_coefs=self._teacher_coefs)
         if producer is None:  # colocated: the engine may hand its device to training (vLLM sleep mode)
             await c.engine.sleep()
         problem = batch_problem(batch)  # such a batch is not trained at all (its loss could only be NaN)
@@ -251,6 +261,8 @@ class Trainer:
             "rollout/groups_in_flight": float(c.manager.in_flight()),
         })
         row.update({f"perf/engine_{k}": v for k, v in c.engine.stats().items()})
+        if c.teachers:
+            row.update(self._teacher_window())
         self._rng_at_step = rng_state()
         return self._with_health(row, produced.groups)
 
@@ -298,6 +310,14 @@ class Trainer:
                     now[f"{task}/{k}"] = v
         before, self._judge_marks = getattr(self, "_judge_marks", {}), now
         return {f"judge/{k}": v - before.get(k, 0.0) for k, v in now.items()}
+
+    def _teacher_window(self) -> dict[str, float]:
+        """The teachers' scoring seconds since the last step (their calls ran while the batch was produced:
+        part of perf/rollout_s colocated, beside training in mode=disagg). Groups a teacher failed are
+        counted in rollout/groups_failed, with the reason in rollouts/dropped.jsonl."""
+        busy = sum(t.busy_s for t in self.c.distinct_teachers())
+        window, self._teacher_busy_s = busy - self._teacher_busy_s, busy
+        return {"perf/teacher_s": window}
 
     async def _evaluate(self, step: int) -> dict[str, Any]:
         """Eval metrics; the completions go to evals/step_N.jsonl and a W&B table."""

@@ -9,13 +9,15 @@ import statistics
 
 import pytest
 
-from rlharness.config.schema import HealthConf
+from rlharness.config.schema import HealthConf, SimEngineConf
+from rlharness.health.bias import BiasMeter
 from rlharness.core.checkpoint import latest_checkpoint
 from rlharness.health.alarm import EXIT_HEALTH_STOP
 from rlharness.logging_utils.metrics import read_metrics
 from rlharness.core.run_dir import RunDir
 from tests.faults.test_refused_input import SIM
-from tests.helpers import run_cli
+from tests.helpers import run_cli, run_on_virtual_clock
+from tests.producer.producer_harness import build, run_disagg, strategy_conf
 
 pytestmark = [pytest.mark.timeout(900)]
 
@@ -109,19 +111,33 @@ def test_router_parts_moving_apart_are_reward_hacking(tmp_path):
     assert rows[-1]["rollout/reward_math_mean"] < rows[1]["rollout/reward_math_mean"]
 
 
-def test_an_async_run_that_drops_long_answers_says_so(tmp_path):
-    """Token-mode expiry with max_staleness=0 drops what outlives a weight version: the long answers."""
-    run_dir = tmp_path / "run"
-    run_cli(["engine=sim", "backend=sim", "strategy=async", "max_staleness=0", "strategy.over_sample_threshold=1.0",
-             "agent.sampling.max_tokens=96", "engine.mean_response_len=40", "engine.cv=1",
-             "engine.time_per_token_s=0.002", "backend.step_time_s=0.15", "total_steps=20", "batch_size=8",
-             "sampler.prompt_repeat_k=4", "eval_every=0", "eval.num_prompts=4", f"hydra.run.dir={run_dir}"],
-            cwd=tmp_path)
-    rows = [r for r in read_metrics(RunDir(run_dir).metrics) if r["step"] > 0]
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_token_mode_expiry_drops_the_long_answers_and_the_bias_meter_says_so(seed):
+    """Token-mode expiry with max_staleness=0 drops what outlives a weight version: the long answers. The
+    real producer on the sim engine, on a virtual clock (the shares do not depend on the machine's speed)."""
+    h = build(strategy_conf("async", max_staleness=0), n_rows=400, k=4, batch_size=8, seed=seed, max_tokens=96,
+              engine_conf=SimEngineConf(mean_response_len=40, cv=1.0, time_per_token_s=0.002, slots=32))
+    meter, rows = BiasMeter(96), []
+    run_on_virtual_clock(run_disagg(h, 20, train_s=0.15,
+                                    on_batch=lambda b: rows.append(meter.update(b.generated, b.groups))))
     last = rows[-1]
     assert last["bias/dropped_by_len_bucket/72-96"] > 2 * last["bias/dropped_by_len_bucket/0-24"] > 0, last
     assert statistics.fmean(r["bias/trained_len_over_generated"] for r in rows) < 1.0
     assert sum(r["bias/dropped_samples"] for r in rows) > 0
+
+
+def test_an_async_run_logs_the_bias_metrics_and_their_histograms(tmp_path):
+    """A real async run (sim engine and backend) logs the bias numbers every step and their W&B histograms."""
+    run_dir = tmp_path / "run"
+    run_cli(["engine=sim", "backend=sim", "strategy=async", "max_staleness=0", "strategy.over_sample_threshold=1.0",
+             "agent.sampling.max_tokens=96", "engine.mean_response_len=40", "engine.cv=1",
+             "engine.time_per_token_s=0.002", "backend.step_time_s=0.15", "total_steps=6", "batch_size=8",
+             "sampler.prompt_repeat_k=4", "eval_every=0", "eval.num_prompts=4", f"hydra.run.dir={run_dir}"],
+            cwd=tmp_path)
+    rows = [r for r in read_metrics(RunDir(run_dir).metrics) if r["step"] > 0]
+    for row in rows:
+        assert "bias/trained_len_over_generated" in row and "bias/dropped_samples" in row, row
+        assert any(k.startswith("bias/dropped_by_len_bucket/") for k in row), row
     wandb_file = next((run_dir / "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()
     for key in (b"bias/generated_len", b"bias/trained_len", b"bias/generated_reward", b"bias/trained_reward"):
         assert key in wandb_file

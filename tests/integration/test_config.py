@@ -64,6 +64,8 @@ def test_every_group_option_composes(group, option):
         extra = ["task.path=/data/x.jsonl"]
     if group == "backend" and option in ("deepspeed", "fsdp2"):
         extra = ["cluster=local_ray"]
+    if group == "algo" and option == "opd":
+        extra = ["algo.teacher.path=assets/tiny-arith-teacher"]
     conf, _ = compose_conf([f"{group}={option}", *extra])
     assert getattr(conf, group).__class__ is SCHEMAS[group][extended_schema(group, option)]
 

@@ -175,12 +175,14 @@ async def run_colocate(h: Harness, steps: int, first_step: int = 1) -> None:
 
 
 async def run_disagg(h: Harness, steps: int, *, first_step: int = 1, train_s: float = 0.002,
-                     on_pause=None) -> None:
+                     on_pause=None, on_batch=None) -> None:
     loop_task = asyncio.create_task(h.mgr.produce_loop())
     try:
         for step in range(first_step, first_step + steps):
             batch = await h.mgr.get_batch(step, timeout_s=30)
             check_batch(h, batch, step)
+            if on_batch is not None:
+                on_batch(batch)
             await asyncio.sleep(train_s)  # training, concurrent with production
             await h.mgr.pause()
             assert h.mgr.in_flight() == 0

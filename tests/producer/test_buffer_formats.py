@@ -50,6 +50,8 @@ def _samples_of_format_1(group: dict[str, Any]) -> list[dict[str, Any]]:
     for s in group["samples"]:
         d = {**{k: group[k] for k in GROUP_FACTS}, **s}
         extra = {**d["extra"], **kept}
+        if d.pop("teacher_logprobs"):  # format 1 had no teacher: a state of it never holds scores
+            raise AssertionError("a distillation teacher's scores have no place in format 1")
         if d.pop("judge_limit") is not None:
             extra["judge_limit"] = s["judge_limit"]
         if group["drop_reason"] is not None:
