@@ -66,6 +66,9 @@ class AgentLoop(abc.ABC):
     async def pause(self) -> None:
         await self.engine.abort_all()
 
+    async def close(self) -> None:
+        """Release what the loop holds beyond the engine (the gateway's server and agent processes)."""
+
     async def judge_or_fail(self, group: Group) -> Group:
         """The judger's rewards; a judger that raises fails the group (with the reason), not the run."""
         try:

@@ -389,6 +389,9 @@ class AgentLoopManager:
             c.paused = False
         self._producer_wake.set()
 
+    def agent_loops(self) -> list:
+        return [c.agent_loop for c in self.contexts.values()]
+
     async def close(self, timeout_s: float = 10.0) -> None:
         """Stop the produce loop and return everything in flight to the buffer."""
         self._closed = True

@@ -72,6 +72,9 @@ class Evaluator:
         self.seed = seed
         self.last_rows: list[dict] = []
 
+    def agent_loops(self) -> list[AgentLoop]:
+        return [loop for loop in (self.greedy_loop, self.sampled_loop) if loop is not None]
+
     @property
     def num_prompts(self) -> int:
         return len(self.rows)
@@ -142,6 +145,9 @@ class MultiTaskEvaluator:
     @property
     def num_prompts(self) -> int:
         return sum(e.num_prompts for e in self.evaluators.values())
+
+    def agent_loops(self) -> list[AgentLoop]:
+        return [loop for e in self.evaluators.values() for loop in e.agent_loops()]
 
     @property
     def last_rows(self) -> list[dict]:

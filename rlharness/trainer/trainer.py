@@ -131,6 +131,7 @@ class Trainer:
             # Groups dropped since the last step or checkpoint (a save ledgers them itself) reach the ledger
             # even when the run stops, as part of the next step: a resume from the last checkpoint redoes them.
             self.ledger.write_dropped(self.step + 1, self.c.manager.pop_dropped())
+            await close_agent_loops([*self.c.manager.agent_loops(), *self.c.evaluator.agent_loops()])
             self.metrics.close()
             write_plots(self.run_dir)
             self.wandb.finish()
@@ -411,3 +412,15 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
+
+
+async def close_agent_loops(loops: list) -> None:
+    """Each loop once (a task's training and eval loops may be one object), in the run's event loop."""
+    seen: set[int] = set()
+    for loop in loops:
+        if id(loop) not in seen:
+            seen.add(id(loop))
+            try:
+                await loop.close()
+            except Exception:  # noqa: BLE001 - the run's end goes on (checkpoint written already)
+                log.exception("closing agent loop %s failed", type(loop).__name__)
