@@ -208,7 +208,7 @@ class GatewayAgentLoop(AgentLoop):
     @staticmethod
     def _reset(s: RolloutState) -> None:
         s.reset_response()
-        for key in ("agent_reward", "infra_failure", "agent_traceback", "agent_output", "branches", "token_drift"):
+        for key in ("agent_reward", "branches", "token_drift"):
             s.extra.pop(key, None)
 
     async def _run_agent(self, sess: Session) -> dict[str, Any]:

@@ -374,7 +374,9 @@ class RuleJudgerConf(JudgerConf):
 
     Each member's slow scoring may take `agent.judge_timeout_s`; past it (or past the
     memory limit) its worker process is killed and replaced, and the member is handled
-    as `on_timeout` says: "fail" marks the group FAILED, "zero" scores the member 0.
+    as `on_timeout` says: "fail": the member failed for a reason that is not the policy's
+    (`algo.failed_member_policy`: left out of its group's statistics by default, its group
+    FAILED with drop_group); "zero": scored 0, as a wrong answer.
     """
 
     num_workers: int = 2  # judging processes (not threads: a stuck one must be killable)

@@ -21,6 +21,10 @@ from __future__ import annotations
 
 from rlharness.core.types import Group, RolloutState
 
+# How the reason of a group failed by `settle` starts (the producer's stall message tells them apart).
+INFRA_PREFIX = "infrastructure failures: "
+
+
 def infra_failure(s: RolloutState) -> str | None:
     """Why `s` failed for a reason that is not the policy's, or None."""
     return s.extra.get("infra_failure")
@@ -45,17 +49,17 @@ def settle(group: Group, policy: str) -> str | None:
         return None
     first = f"member {failed[0].uid}: {failed[0].extra['infra_failure']}"
     if policy == "drop_group":
-        return f"{len(failed)} of {len(group)} member(s) failed (algo.failed_member_policy=drop_group); {first}"
+        return f"{INFRA_PREFIX}{len(failed)} of {len(group)} member(s) (algo.failed_member_policy=drop_group); {first}"
     if policy == "zero":
         for s in failed:
             s.reward = {"score": 0.0}
         if len(failed) == len(group):
-            return f"every member failed for a reason that is not the policy's; {first}"
+            return f"{INFRA_PREFIX}every member; {first}"
         return None
     valid = len(group) - len(failed)
     if valid < 2:
-        return (f"{valid} valid member(s) left of {len(group)} after infrastructure failures (a group "
-                f"baseline needs two; algo.failed_member_policy=mask); {first}")
+        return (f"{INFRA_PREFIX}{valid} valid member(s) left of {len(group)} (a group baseline needs two; "
+                f"algo.failed_member_policy=mask); {first}")
     return None
 
 

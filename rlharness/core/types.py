@@ -122,7 +122,9 @@ class RolloutState:
         self.extra = {}
 
     def reset_response(self) -> None:
-        """Forget the generated part; the prompt goes back to be generated afresh."""
+        """Forget the generated part (and why it failed); the prompt goes back to be generated afresh."""
+        for key in _RESPONSE_FAILURE_KEYS:
+            self.extra.pop(key, None)
         self.response_ids = []
         self.response_logprobs = []
         self.response_model_steps = []
@@ -183,6 +185,9 @@ class RolloutState:
             self.sample_seed, _copy_mapping(self.extra),
         )
 
+
+# What `extra` says about a response's failure (rlharness/core/member_failures.py): gone with the response.
+_RESPONSE_FAILURE_KEYS = ("infra_failure", "agent_traceback", "agent_output")
 
 # The fields `clone` and `make_group` pass by position, in order: a field added to RolloutState
 # (or moved) must be added there too.

@@ -23,12 +23,15 @@ from rlharness.core.types import Group, RolloutState, Status
 def judgement(s: RolloutState) -> str:
     if s.status == Status.FAILED:
         return f"failed: {s.extra.get('fail_reason', 'judging failed')}"
+    if "infra_failure" in s.extra:  # not the policy's: neither right nor wrong
+        return f"failed: {s.extra['infra_failure']}"
     return "correct" if s.reward is not None and s.reward.get("score", 0.0) >= 1.0 else "wrong"
 
 
 def eval_sample(s: RolloutState, kind: str, extract: Callable[[str], str | None]) -> dict[str, Any]:
     row = {"kind": kind, "response": s.response_text, "extracted": extract(s.response_text),
-           "judgement": judgement(s), "score": None if s.status == Status.FAILED else (s.reward or {}).get("score"),
+           "judgement": judgement(s),
+           "score": None if s.status == Status.FAILED or "infra_failure" in s.extra else (s.reward or {}).get("score"),
            "finish_reason": s.finish_reason}
     if "turns" in s.extra:  # the tool agent: what it called and what came back
         row["tool_calls"] = s.extra.get("tool_calls", 0)

@@ -84,6 +84,7 @@ class AgentLoopManager:
         weights: dict[str, float] | None = None,
         over_sample_thresholds: dict[str, float] | None = None,
         last_step: int = 0,
+        failed_member_policy: str = "mask",
     ) -> None:
         """`weights` split every step's batch over the tasks (largest remainder carried across
         steps; None = equal); `over_sample_thresholds` replace the async strategy's per task.
@@ -94,6 +95,7 @@ class AgentLoopManager:
         self.replay_buffer = replay_buffer
         self.batch_size = batch_size
         self.poll_interval_s = poll_interval_s
+        self.failed_member_policy = failed_member_policy  # algo.failed_member_policy (core/member_failures.py)
         weights = dict(weights) if weights is not None else {name: 1.0 for name in tasks}
         if set(weights) != set(tasks):
             raise ValueError(f"weights are for tasks {sorted(weights)}, the manager has {sorted(tasks)}")
@@ -145,6 +147,7 @@ class AgentLoopManager:
                 # One task: every step's batch is `batch_size` (task_batch_size), no per-step lookup.
                 step_size=None if len(tasks) == 1 else (lambda step, name=name: self.allocation.sizes(step)[name]),
                 abort_cap=strategy.abort_cap(),
+                failed_member_policy=self.failed_member_policy,
             )
             for name, (sampler, loop) in tasks.items()
         }

@@ -194,7 +194,7 @@ class Trainer:
         sync_s, sync_bytes = 0.0, 0
         if step % conf.sync_weights_interval == 0:
             sync_s, sync_bytes = await self._sync_weights(step)
-        self.ledger.write_step(step, produced.groups)
+        self.ledger.write_step(step, produced.groups, conf.algo.failed_member_policy)
         self.ledger.write_dropped(step, c.manager.pop_dropped())
         self.wandb.log_samples(step, produced.groups)
         row: dict[str, Any] = {"step": step, **batch_metrics, **train_metrics, **produced.stats}
