@@ -1,6 +1,6 @@
 """Inside an agent process: run the user's agent program, one sample at a time.
 
-The process (rlharness/agent/agent_pool.py starts it from the forkserver) reads one job per
+The process (forked by rlharness/agent/agent_spawner.py for agent_pool.py) reads one job per
 line from its socket, a JSON object `{"entrypoint", "row", "base_url", "client", "sys_path"}`,
 calls the program and writes one reply line: `{"answer": str}` or `{"reward": float}`, or
 `{"error": "<Type>: <message>", "traceback": ..., "output": ...}` when it raised anything
@@ -14,7 +14,7 @@ the synchronous client. `client` is `openai.AsyncOpenAI`/`OpenAI` on `<base_url>
 retried request would be a second call) and without a timeout (a call may wait at the gateway
 while the run syncs weights). A program that blocks, loops or hangs is killed from outside.
 
-Only the standard library is imported here: the client packages are preloaded by the forkserver.
+Only the standard library is imported here: the client packages are imported by the fork server.
 """
 
 from __future__ import annotations

@@ -41,7 +41,6 @@ import math
 from collections import Counter
 from typing import Any, Callable
 
-from rlharness.agent.agent_pool import register_preload
 from rlharness.agent.base import AgentLoop
 from rlharness.agent.entrypoint import load_entrypoint
 from rlharness.agent.gateway_audit import audit
@@ -115,7 +114,6 @@ class GatewayAgentLoop(AgentLoop):
             raise ValueError("agent=openai_gateway needs the tokenizer (it renders messages with its chat template)")
         self.tokenizer = tokenizer
         load_entrypoint(conf.entrypoint, "agent.entrypoint")  # refused here if it cannot run at all
-        register_preload()  # before any pool starts the run's forkserver
         self.markers = ToolMarkers(conf.tool_call_start, conf.tool_call_end, conf.tool_output_start,
                                    conf.tool_output_end)
         if conf.tool_call_end not in self.stop_strings:  # the engine stops at the end of a call
@@ -213,14 +211,19 @@ class GatewayAgentLoop(AgentLoop):
 
     async def _run_agent(self, sess: Session) -> dict[str, Any]:
         await self._acquire(sess)
-        sess.deadline = asyncio.get_running_loop().time() + self.conf.timeout_s
+        loop = asyncio.get_running_loop()
+
+        def started() -> None:  # the program's clock starts once its process has the job
+            sess.deadline = loop.time() + self.conf.timeout_s
+            sess.notify()
+
         try:
             s = sess.state
             root = self.hub.server.root_url(sess.id)
             row = {"prompt": s.prompt_text, "label": s.label, "task": s.task, "index": s.prompt_index,
                    "uid": s.uid, "model": self.conf.model_name, "base_url": root}
             return await self.hub.pool.run({"entrypoint": self.conf.entrypoint, "row": row, "base_url": root,
-                                            "client": self.conf.client})
+                                            "client": self.conf.client}, on_start=started)
         finally:
             self._release(sess)
 

@@ -21,17 +21,19 @@ import asyncio
 import concurrent.futures
 import ctypes
 import logging
+import multiprocessing
 import resource
 import signal
 import sys
+import threading
 from typing import Any
-
-from rlharness.core.forkserver import forkserver_context
 
 log = logging.getLogger(__name__)
 
 # Imported once by the forkserver, so every worker starts with them loaded.
 _PRELOAD = ["rlharness.judger.pool", "rlharness.judger.math", "rlharness.judger.router", "math_verify"]
+_preload_lock = threading.Lock()
+_preload_done = False
 
 
 class JudgeLimitExceeded(RuntimeError):
@@ -73,7 +75,13 @@ def _ready() -> bool:
 
 # ----------------------------------------------------------------------------- in the trainer
 def _forkserver_context():
-    return forkserver_context(_PRELOAD)
+    global _preload_done
+    ctx = multiprocessing.get_context("forkserver")
+    with _preload_lock:
+        if not _preload_done:
+            ctx.set_forkserver_preload(_PRELOAD)
+            _preload_done = True
+    return ctx
 
 
 class JudgePool:

@@ -10,72 +10,20 @@ import asyncio
 import json
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from rlharness.agent import build_agent_loop
 from rlharness.agent.gateway_render import ToolMarkers, render
-from rlharness.model.load import text_codec
-from rlharness.config.schema import (MathJudgerConf, ModelConf, MultiTurnToolAgentConf, OpenAIGatewayAgentConf,
-                                     SamplingConf)
+from rlharness.config.schema import MultiTurnToolAgentConf, SamplingConf
 from rlharness.engine.hf import HFEngine
-from rlharness.judger.math import MathJudger
-from rlharness.model.load import PROJECT_ROOT, load_model, load_tokenizer
 from rlharness.core.run_dir import RunDir
-from rlharness.core.types import Status, group_status, make_group
+from rlharness.core.types import Status, group_status
 from tests.agent import gateway_agents
+from tests.agent.gateway_helpers import (AGENTS, ASSET, DECODE, ENCODE, ROWS, TOK, gateway, group_of, make_loop,  # noqa: F401
+                                         model, run_groups)
 from tests.helpers import run_cli
 
 pytestmark = pytest.mark.timeout(240)
-
-ASSET = PROJECT_ROOT / "assets" / "tiny-chat"
-MODEL = ModelConf(path=str(ASSET))
-TOK = load_tokenizer(MODEL)
-ENCODE, DECODE = text_codec(TOK)
-ROWS = [json.loads(line) for line in (ASSET / "data" / "tools_train.jsonl").read_text().splitlines()[:4]]
-AGENTS = "tests.agent.gateway_agents:"
-
-
-@pytest.fixture(scope="module")
-def model():
-    return load_model(MODEL)
-
-
-def chat(question: str) -> str:
-    return TOK.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
-
-
-def group_of(i: int, k: int, templated: bool = False):
-    q = ROWS[i]["question"]
-    return make_group(task="t", prompt_index=i, epoch=0, prompt_text=chat(q) if templated else q,
-                      prompt_ids=ENCODE(chat(q)), label={"answer": ROWS[i]["answer"].rsplit("####", 1)[1].strip()},
-                      k=k, seed=5)
-
-
-def gateway(entrypoint: str, **kw) -> OpenAIGatewayAgentConf:
-    return OpenAIGatewayAgentConf(entrypoint=entrypoint, sampling=SamplingConf(max_tokens=40), **kw)
-
-
-def make_loop(conf, engine):
-    return build_agent_loop(conf, engine, MathJudger(MathJudgerConf(fallback_last_number=False)), DECODE,
-                            encode=lambda t: TOK.encode(t, add_special_tokens=False), tokenizer=TOK)
-
-
-def run_groups(model, conf, groups, concurrently: bool = False):
-    """(the loop, the groups generated), one after the other or all at once; the loop closed after."""
-    async def go():
-        engine = HFEngine.from_model(model, TOK)
-        loop = make_loop(conf, engine)
-        try:
-            if concurrently:
-                return loop, list(await asyncio.gather(*(loop.generate_group(g, enable_partial_rollout=True)
-                                                         for g in groups)))
-            return loop, [await loop.generate_group(g, enable_partial_rollout=True) for g in groups]
-        finally:
-            await loop.close()
-            await engine.close()
-    return asyncio.run(go())
 
 
 # ----------------------------------------------------------------------------- trajectories
