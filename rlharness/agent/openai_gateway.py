@@ -265,6 +265,8 @@ class GatewayAgentLoop(AgentLoop):
         s.status = Status.COMPLETED
         s.finish_reason = "length" if sess.budget_spent else "stop"
         failure = sess.failure
+        if failure is None and "error" in reply and sess.budget_spent:
+            reply = {"answer": ""}  # it stopped at its refused call: the sample ended at its budget (the policy's)
         if failure is None and "error" in reply:
             failure = f"agent {self.conf.entrypoint}" + (": " if reply.get("died") else " raised ") + reply["error"]
         if failure is None and not sess.segments:

@@ -277,3 +277,13 @@ async def records_span(row: dict, client: openai.AsyncOpenAI) -> str:
     response = await client.chat.completions.create(model=row["model"], messages=ask(row), max_tokens=3)
     record(row["uid"], span=[start, time.time()])
     return response.choices[0].message.content or ""
+
+
+async def asks_past_context(row: dict, client: openai.AsyncOpenAI) -> str:
+    """max_tokens=250 on a prompt of ~30 tokens (the model has 256 positions), then a call without max_tokens."""
+    try:
+        await client.chat.completions.create(model=row["model"], messages=ask(row), max_tokens=250)
+        record(row["uid"], past=(200, None))
+    except openai.APIStatusError as exc:
+        record(row["uid"], past=(exc.status_code, exc.body))
+    return await one_call(row, client)
