@@ -53,6 +53,7 @@ class Call:
     prompt: str | None = None
     max_tokens: Any = None  # as sent (checked by the loop)
     sampling: dict[str, Any] = field(default_factory=dict)  # the SAMPLING fields the request set
+    names: dict[str, str] = field(default_factory=dict)  # a SAMPLING name -> the API's own, where they differ
 
 
 @dataclass
@@ -151,7 +152,10 @@ def _usage(c: Completion) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------- Anthropic Messages
-_MESSAGES_FIELDS = {"messages", "system", "tools", "max_tokens", "stop_sequences", "thinking", *SAMPLING, *IGNORED}
+# Anthropic's own fields that change nothing generated here (caching hints, routing, accounting).
+_MESSAGES_IGNORED = ("cache_control", "inference_geo", "workspace_id", "user_profile_id", "diagnostics")
+_MESSAGES_FIELDS = {"messages", "system", "tools", "max_tokens", "stop_sequences", "thinking", *SAMPLING, *IGNORED,
+                    *_MESSAGES_IGNORED}
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
@@ -162,6 +166,7 @@ def parse_messages(body: dict[str, Any]) -> Call:
         raise ApiError(400, "thinking is not supported by the rollout gateway (the model writes what it writes)",
                        param="thinking")
     sampling = _sampling(body, {"stop_sequences": "stop"})
+    names = {"stop": "stop_sequences"}
     choice = body.get("tool_choice")
     if choice is not None:  # {"type": "auto"} is the default; any other choice is refused by the loop
         sampling["tool_choice"] = choice.get("type") if isinstance(choice, dict) and set(choice) <= {
@@ -182,7 +187,8 @@ def parse_messages(body: dict[str, Any]) -> Call:
         if not isinstance(tools, list):
             raise ApiError(400, "`tools` must be a list", param="tools")
         tools = [_anthropic_tool(t) for t in tools]
-    return Call(chat=True, messages=messages, tools=tools, max_tokens=body.get("max_tokens"), sampling=sampling)
+    return Call(chat=True, messages=messages, tools=tools, max_tokens=body.get("max_tokens"), sampling=sampling,
+                names=names)
 
 
 def _anthropic_tool(t: Any) -> dict[str, Any]:
@@ -270,7 +276,7 @@ def parse_responses(body: dict[str, Any]) -> Call:
             raise ApiError(400, "`tools` must be a list", param="tools")
         tools = [_responses_tool(t) for t in tools]
     return Call(chat=True, messages=messages, tools=tools, max_tokens=body.get("max_output_tokens"),
-                sampling=sampling)
+                sampling=sampling, names={"response_format": "text.format"})
 
 
 def _responses_tool(t: Any) -> dict[str, Any]:
@@ -295,8 +301,7 @@ def _responses_item(item: Any, messages: list[dict[str, Any]]) -> None:
         call = {"id": str(item.get("call_id", "")), "type": "function",
                 "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}}
         last = messages[-1] if messages else None
-        if last is not None and last["role"] == "assistant" and not any(
-                m["role"] == "tool" for m in messages[messages.index(last):]):
+        if last is not None and last["role"] == "assistant":  # the calls of the message just before
             last.setdefault("tool_calls", []).append(call)
         else:
             messages.append({"role": "assistant", "content": "", "tool_calls": [call]})

@@ -78,19 +78,21 @@ _NEUTRAL: dict[str, Callable[[Any], bool]] = {
 }
 
 
-def check_sampling(fields: dict[str, Any], sc: SamplingConf) -> None:
-    """Each sampling field the request set is the run's value, or neutral; else ApiError naming it."""
-    for name, value in fields.items():
+def check_sampling(call: Call, sc: SamplingConf) -> None:
+    """Each sampling field the request set is the run's value, or neutral; else ApiError naming it (as the
+    request's API names it)."""
+    for name, value in call.sampling.items():
+        theirs = call.names.get(name, name)
         if name in ("temperature", "top_p", "top_k"):
             run = getattr(sc, name)
             number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             ok = value is None or (number and (abs(value - run) <= 1e-9 or (name == "top_k" and run == 0 and value == -1)))
             if not ok:
-                raise ApiError(400, f"{name}={value!r} is not allowed: this run samples with {name} {run:g} "
-                                    f"(omit it or pass that value)", param=name)
+                raise ApiError(400, f"{theirs}={value!r} is not allowed: this run samples with {name} {run:g} "
+                                    f"(omit it or pass that value)", param=theirs)
         elif not _NEUTRAL[name](value):
-            raise ApiError(400, f"{name}={value!r} is not supported by the rollout gateway: the run's sampling "
-                                f"decides what is generated (agent.sampling.*)", param=name)
+            raise ApiError(400, f"{theirs}={value!r} is not supported by the rollout gateway: the run's sampling "
+                                f"decides what is generated (agent.sampling.*)", param=theirs)
 
 
 def _positions(tokenizer) -> int | None:
@@ -370,7 +372,7 @@ class GatewayAgentLoop(AgentLoop):
     def _check(self, call: Call) -> int | None:
         """Refuse what the run's sampling does not allow; the call's `max_tokens` (None: agent.sampling.max_tokens,
         within the budget left)."""
-        check_sampling(call.sampling, self.conf.sampling)
+        check_sampling(call, self.conf.sampling)
         max_tokens = call.max_tokens
         if max_tokens is None:
             return None

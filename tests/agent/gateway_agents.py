@@ -287,3 +287,35 @@ async def asks_past_context(row: dict, client: openai.AsyncOpenAI) -> str:
     except openai.APIStatusError as exc:
         record(row["uid"], past=(exc.status_code, exc.body))
     return await one_call(row, client)
+
+
+def anthropic_plain_def(row: dict, client) -> str:
+    """A synchronous `anthropic.Anthropic` program: one refused request (its error in the Messages API's
+    shape), then a served one."""
+    import anthropic
+
+    try:
+        client.messages.create(model=row["model"], max_tokens=8, stop_sequences=["\n"], messages=ask(row))
+        record(row["uid"], refused=(200, None))
+    except anthropic.APIStatusError as exc:
+        record(row["uid"], refused=(exc.status_code, exc.body))
+    response = client.messages.create(model=row["model"], max_tokens=8, system="Answer briefly.", messages=ask(row))
+    record(row["uid"], stop_reason=response.stop_reason, usage=response.usage.model_dump(),
+           kinds=[b.type for b in response.content])
+    return "".join(b.text for b in response.content if b.type == "text")
+
+
+async def responses_refusals(row: dict, client: openai.AsyncOpenAI) -> str:
+    """Responses API: previous_response_id and a foreign top_p are refused; then one served call."""
+    status = {}
+    for name, kwargs in {"previous": dict(previous_response_id="resp_1"), "top_p": dict(top_p=0.3),
+                         "builtin_tool": dict(tools=[{"type": "web_search"}])}.items():
+        try:
+            await client.responses.create(model=row["model"], input=row["prompt"], **kwargs)
+            status[name] = (200, None)
+        except openai.APIStatusError as exc:
+            status[name] = (exc.status_code, exc.body)
+    response = await client.responses.create(model=row["model"], input=row["prompt"], instructions="Be brief.",
+                                             max_output_tokens=6)
+    record(row["uid"], status=status, state=response.status, usage=response.usage.model_dump())
+    return response.output_text
