@@ -31,7 +31,7 @@ from rlharness.config.schema import (AlgoConf, CriticConf, DeepSpeedBackendConf,
 from rlharness.cluster import connect_ray
 from rlharness.model.tiny import save_tiny_model
 from rlharness.trainer.batch import build_train_batch
-from rlharness.core.types import RolloutState, Status
+from rlharness.core.types import Group, RolloutState, Status
 
 # critic/vf_clip_frac apart: it counts tokens, and one whose value moved by about cliprange_value
 # falls on either side with rounding (as the policy's train/clip_frac).
@@ -53,7 +53,7 @@ def batch(algo: AlgoConf, seed: int, groups: int, k: int = 4, vocab: int = 19):
                 prompt_ids=list(prompt), response_ids=resp, response_logprobs=[-rng.uniform(2, 4) for _ in resp],
                 response_model_steps=[0] * len(resp), reward={"score": float(rng.random() < 0.5)},
                 status=Status.COMPLETED, finish_reason="stop"))
-        out.append(members)
+        out.append(Group.from_samples(members))
     return build_train_batch(out, algo, pad_token_id=0, train_step=seed, max_response_len=24, temperature=1.0)[0]
 
 

@@ -41,7 +41,7 @@ from rlharness.engine import build_engine
 from rlharness.engine.base import GenerateRequest, SamplingParams
 from rlharness.model.load import load_tokenizer
 from rlharness.trainer.batch import build_train_batch
-from rlharness.core.types import RolloutState, Status
+from rlharness.core.types import Group, RolloutState, Status
 
 
 def step_prompts(run_dir: Path, step: int) -> list[str]:
@@ -60,7 +60,7 @@ async def sample(engine, prompt_ids: list[list[int]], samples: int, max_tokens: 
     return await asyncio.gather(*(engine.generate(r) for r in reqs))
 
 
-def groups_of(prompt_ids, results, samples: int) -> list[list[RolloutState]]:
+def groups_of(prompt_ids, results, samples: int) -> list[Group]:
     groups = []
     for i, p in enumerate(prompt_ids):
         group = []
@@ -71,7 +71,7 @@ def groups_of(prompt_ids, results, samples: int) -> list[list[RolloutState]]:
                 prompt_ids=p, response_ids=list(r.token_ids), response_logprobs=list(r.logprobs),
                 response_model_steps=[0] * len(r.token_ids), reward={"score": 0.0}, status=Status.COMPLETED,
                 finish_reason=r.finish_reason))
-        groups.append(group)
+        groups.append(Group.from_samples(group))
     return groups
 
 
@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 diff = (engine_lp[rows] - lp[rows]).abs() * mask[rows]
                 alone_lp = torch.zeros_like(lp[rows])  # each row scored by itself, no padding
                 for k, s in enumerate(batched[i]):
-                    a = trainer_logprobs(backend, [[s]], tok.pad_token_id, max_tokens, temperature)[0][0]
+                    a = trainer_logprobs(backend, [Group.from_samples([s])], tok.pad_token_id, max_tokens,
+                                         temperature)[0][0]
                     alone_lp[k, :a.shape[0]] = a
                 # The same prompt alone in the engine (no left padding), same seeds.
                 solo = groups_of([p_ids], asyncio.run(sample(engine, [p_ids], samples, max_tokens, temperature,
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 print(f"| {step} | {i} | {row['prompt_tokens']} ({row['left_pad']}) | {row['batched']:.2e} | "
                       f"{row['alone']:.2e} | {row['trainer_self']:.2e} | {row['worst']:.2e} |", flush=True)
                 if args.pad_probe == f"{step}:{i}":
-                    probe = (p_ids + batched[i][0].response_ids, len(p_ids))
+                    probe = (p_ids + batched[i].samples[0].response_ids, len(p_ids))
     finally:
         asyncio.run(engine.close())
     if probe is not None:

@@ -49,7 +49,7 @@ from rlharness.backend.torch_backend import TorchBackend  # noqa: E402
 from rlharness.config.schema import AlgoConf, HFEngineConf, LoraConf, ModelConf, TorchBackendConf  # noqa: E402
 from rlharness.engine.base import SamplingParams  # noqa: E402
 from rlharness.trainer.batch import build_train_batch  # noqa: E402
-from rlharness.core.types import RolloutState, Status  # noqa: E402
+from rlharness.core.types import Group, RolloutState, Status  # noqa: E402
 
 SETTINGS = {  # name -> (lora rank, kl_coef)
     "full": (0, 0.0),
@@ -63,11 +63,11 @@ def batch(rows: int, prompt_len: int, response_len: int, vocab: int, algo: AlgoC
     groups = []
     for gi in range(rows // 4):
         prompt = torch.randint(10, vocab, (prompt_len,), generator=g).tolist()
-        groups.append([RolloutState(
+        groups.append(Group.from_samples([RolloutState(
             uid=f"{gi}-{i}", group_id=str(gi), task="t", prompt_index=gi, epoch=0, prompt_text="",
             prompt_ids=prompt, response_ids=torch.randint(10, vocab, (response_len,), generator=g).tolist(),
             response_logprobs=[-3.0] * response_len, response_model_steps=[0] * response_len,
-            reward={"score": float(i % 2)}, status=Status.COMPLETED, finish_reason="stop") for i in range(4)])
+            reward={"score": float(i % 2)}, status=Status.COMPLETED, finish_reason="stop") for i in range(4)]))
     return build_train_batch(groups, algo, pad_token_id=0, train_step=1, max_response_len=response_len,
                              temperature=1.0)[0]
 

@@ -48,7 +48,7 @@ from rlharness.config.schema import AlgoConf, HFEngineConf, ModelConf, TorchBack
 from rlharness.engine.hf import HFEngine  # noqa: E402
 from rlharness.model.load import load_model, load_tokenizer  # noqa: E402
 from rlharness.trainer.batch import build_train_batch  # noqa: E402
-from rlharness.core.types import RolloutState, Status  # noqa: E402
+from rlharness.core.types import Group, RolloutState, Status  # noqa: E402
 
 MODEL = "assets/smollm2-135m-instruct"
 CONFIGS = {"full-logits": {}, "chunked": {}, "chunked+gc": {"gradient_checkpointing": True}}
@@ -84,7 +84,7 @@ def synthetic_batch(rows: int, mean_len: float, max_len: int, vocab: int, seed: 
                 prompt_ids=prompt, response_ids=[rng.randrange(10, vocab) for _ in range(n)],
                 response_logprobs=[-rng.uniform(1, 3) for _ in range(n)], response_model_steps=[0] * n,
                 reward={"score": float(i % 2)}, status=Status.COMPLETED, finish_reason="stop"))
-        groups.append(group)
+        groups.append(Group.from_samples(group))
     algo = AlgoConf(name="grpo", micro_batch_size=rows)
     return algo, build_train_batch(groups, algo, pad_token_id=0, train_step=1, max_response_len=max_len,
                                    temperature=1.0)[0]

@@ -77,10 +77,12 @@ def texts_for(model: str, n: int) -> list[tuple[str, str]]:
 
 
 def states(pairs: list[tuple[str, str]], gid: str):
-    from rlharness.core.types import RolloutState
+    """A group of one sample per (prompt, response) pair: the reward model scores each member's own."""
+    from rlharness.core.types import Group, RolloutState
 
-    return [RolloutState(uid=f"{gid}-{i}", group_id=gid, task="arithmetic", prompt_index=0, epoch=0, prompt_text=p,
-                         prompt_ids=[], label={}, response_text=r, sample_seed=i) for i, (p, r) in enumerate(pairs)]
+    return Group(gid, "arithmetic", 0, 0, "", {}, [
+        RolloutState(uid=f"{gid}-{i}", group_id=gid, task="arithmetic", prompt_index=0, epoch=0, prompt_text=p,
+                     prompt_ids=[], label={}, response_text=r, sample_seed=i) for i, (p, r) in enumerate(pairs)])
 
 
 async def bench(args, folder: Path) -> None:

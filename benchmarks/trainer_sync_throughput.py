@@ -67,7 +67,7 @@ import engine_throughput as et  # noqa: E402
 from rlharness.backend.rank_balance import imbalance, rank_shares  # noqa: E402
 from rlharness.config.schema import AlgoConf, HFEngineConf, ModelConf, TorchBackendConf  # noqa: E402
 from rlharness.trainer.batch import build_train_batch  # noqa: E402
-from rlharness.core.types import RolloutState, Status  # noqa: E402
+from rlharness.core.types import Group, RolloutState, Status  # noqa: E402
 
 MODEL = str(Path(__file__).resolve().parent.parent / "assets" / "smollm2-135m-instruct")
 PROMPT_LEN = 48
@@ -92,7 +92,7 @@ def batch_of(rows: int, mean_len: float, max_len: int, seed: int, algo: AlgoConf
                 prompt_ids=prompt, response_ids=[rng.randrange(10, 49152) for _ in range(n)],
                 response_logprobs=[-rng.uniform(1, 3) for _ in range(n)], response_model_steps=[0] * n,
                 reward={"score": float(rng.random() < 0.5)}, status=Status.COMPLETED, finish_reason="stop"))
-        groups.append(group)
+        groups.append(Group.from_samples(group))
     return build_train_batch(groups, algo, pad_token_id=0, train_step=1, max_response_len=max_len,
                              temperature=1.0)[0]
 

@@ -18,7 +18,7 @@ from typing import Awaitable, Callable, Iterable, TypeVar
 from rlharness.config.schema import AgentConf
 from rlharness.engine.base import RolloutEngine, SamplingParams
 from rlharness.judger.base import Judger
-from rlharness.core.types import Group, Status
+from rlharness.core.types import Group
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +74,8 @@ class AgentLoop(abc.ABC):
         try:
             return await self.judger.judge_group(group, self.conf.judge_timeout_s)
         except Exception as exc:  # noqa: BLE001 - a broken judger fails the group, not the run
-            log.warning("judging group %s raised %r; group FAILED", group[0].group_id, exc)
-            for s in group:
-                s.status = Status.FAILED
-                s.extra["fail_reason"] = f"judger {self.judger.name}: {type(exc).__name__}: {exc}"
-            return group
+            log.warning("judging group %s raised %r; group FAILED", group.group_id, exc)
+            return group.mark_failed(f"judger {self.judger.name}: {type(exc).__name__}: {exc}")
 
     def step_metrics(self, groups: list[Group]) -> dict[str, float]:
         """Metrics of this loop for one training step's batch (`groups`: this task's groups)."""

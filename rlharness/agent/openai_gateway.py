@@ -305,11 +305,8 @@ class GatewayAgentLoop(AgentLoop):
 
     @staticmethod
     def _fail_group(group: Group, reason: str) -> Group:
-        log.warning("group %s FAILED: %s", group[0].group_id, reason)
-        for s in group:
-            s.status = Status.FAILED
-            s.extra["fail_reason"] = reason
-        return group
+        log.warning("group %s FAILED: %s", group.group_id, reason)
+        return group.mark_failed(reason)
 
     # ------------------------------------------------------------------ sessions
     def _forget(self, sess: Session) -> None:
@@ -486,7 +483,7 @@ class GatewayAgentLoop(AgentLoop):
 
     # ------------------------------------------------------------------ metrics
     def step_metrics(self, groups: list[Group]) -> dict[str, float]:
-        samples = [s for g in groups for s in g]
+        samples = [s for g in groups for s in g.samples]
         refused = sum(self.refused.values())
         new_refused, self._refused_seen = refused - self._refused_seen, refused
         audited = [s for s in samples if s.extra.get("segments") and infra_failure(s) is None]

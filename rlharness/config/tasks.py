@@ -1,4 +1,4 @@
-"""How a run's tasks are wired: each task's entry, judger, agent loop, sampling and staleness bound.
+"""How a run's tasks are wired: each task's entry, judger, agent loop and sampling.
 
 A run has one task (`task` with `judger`, named by its task) or several (`tasks.<name>`, each
 defaulting to the run's parts). `RunConf` (config/run.py) answers these questions: it inherits
@@ -15,17 +15,14 @@ from rlharness.config.schema import (AgentConf, JudgerConf, RuleJudgerConf, Samp
 
 
 class TaskWiring:
-    """What `RunConf` knows about its tasks (the fields `tasks`, `task`, `judger`, `agent`, `max_staleness`)."""
+    """What `RunConf` knows about its tasks (the fields `tasks`, `task`, `judger`, `agent`). A task's
+    staleness bound is the run's `StalenessPolicy`'s (`staleness_policy` in rlharness/launch/build.py)."""
 
     def task_entries(self) -> dict[str, TaskEntryConf]:
         """The run's tasks by name: `tasks`, or the single `task` (with `judger`) named by its task."""
         if self.tasks:
             return dict(self.tasks)
         return {self.task.name: TaskEntryConf(task=self.task, judger=self.judger)}
-
-    def staleness_for(self, entry: TaskEntryConf) -> int:
-        """A task's staleness bound: its own, or the run's."""
-        return self.max_staleness if entry.max_staleness is None else entry.max_staleness
 
     def judger_for(self, entry: TaskEntryConf) -> JudgerConf:
         """The judger config a task is scored with; `auto` (or none given) = the task's own."""

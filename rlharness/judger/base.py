@@ -36,7 +36,7 @@ from collections import Counter
 from typing import Any
 
 from rlharness.core.member_failures import mark_infra_failure
-from rlharness.core.types import Group, RolloutState, Status
+from rlharness.core.types import Group, RolloutState
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class Judger(abc.ABC):
         slow = [i for i, r in enumerate(rewards) if r is None]
         if slow:
             try:
-                scored = await self.score_slow([group[i] for i in slow], timeout_s)
+                scored = await self.score_slow([group.samples[i] for i in slow], timeout_s)
             except Exception as exc:  # noqa: BLE001 - any judger error fails the group, not the run
                 return self._fail(group, _reason(exc))
             for i, r in zip(slow, scored):
@@ -133,7 +133,7 @@ class Judger(abc.ABC):
                 log.warning("judger %s: %s on a response of group %s; scored 0 (judger.on_timeout=zero)",
                             self.name, _reason(exc), s.group_id)
                 self.counts["scored_zero_on_timeout"] += 1
-                s.extra["judge_limit"] = _reason(exc)
+                s.judge_limit = _reason(exc)
                 return {"score": 0.0}
 
         return await gather_fail_fast([one(s) for s in members])
@@ -189,12 +189,9 @@ class Judger(abc.ABC):
         return {k: v for k, v in self.__dict__.items() if k not in _RUNTIME_ATTRS}
 
     def _fail(self, group: Group, reason: str) -> Group:
-        log.warning("judger %s failed on group %s: %s", self.name, group[0].group_id, reason)
+        log.warning("judger %s failed on group %s: %s", self.name, group.group_id, reason)
         self.counts["groups_failed"] += 1
-        for s in group:
-            s.status = Status.FAILED
-            s.extra["fail_reason"] = f"judger {self.name}: {reason}"
-        return group
+        return group.mark_failed(f"judger {self.name}: {reason}")
 
 
 async def gather_fail_fast(coros: list) -> list:

@@ -94,7 +94,7 @@ class LLMJudger(Judger):
             raise error(why)
         log.warning("judger llm: %s on a response of group %s; scored 0 (judger.on_timeout=zero)", why, s.group_id)
         self.counts["scored_zero_on_timeout"] += 1
-        s.extra["judge_limit"] = why
+        s.judge_limit = why
         return {"score": 0.0}
 
     async def _engine(self):

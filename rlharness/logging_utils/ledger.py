@@ -25,13 +25,14 @@ from rlharness.core.types import Group, RolloutState
 log = logging.getLogger(__name__)
 
 
-def sample_row(s: RolloutState, train_step: int) -> dict[str, Any]:
+def sample_row(group: Group, s: RolloutState, train_step: int) -> dict[str, Any]:
+    """The row of sample `s` of `group`."""
     row = {
         "uid": s.uid,
-        "group_id": s.group_id,
-        "task": s.task,
-        "prompt_index": s.prompt_index,
-        "epoch": s.epoch,
+        "group_id": group.group_id,
+        "task": group.task,
+        "prompt_index": group.prompt_index,
+        "epoch": group.epoch,
         "train_step": train_step,
         "min_policy_version": s.min_policy_version,
         "max_policy_version": s.max_policy_version,
@@ -40,12 +41,14 @@ def sample_row(s: RolloutState, train_step: int) -> dict[str, Any]:
         "response_len": len(s.response_ids),
         "num_aborts": s.num_aborts,
         "finish_reason": s.finish_reason,
-        "prompt": s.prompt_text,
+        "prompt": group.prompt_text,
         "response": s.response_text,
     }
-    for key in ("max_staleness", "admit_version", "admit_step"):  # the task's bound, and the admission it held
-        if key in s.extra:
-            row[key] = s.extra[key]
+    admission = group.admission
+    if admission is not None:  # the task's bound, and the admission it held
+        if admission.max_staleness is not None:
+            row["max_staleness"] = admission.max_staleness
+        row["admit_version"], row["admit_step"] = admission.version, admission.step
     if "turns" in s.extra:  # multi-turn loops: the model's turns and the tool outputs, readable
         row["tool_calls"] = s.extra.get("tool_calls", 0)
         row["turns"] = s.extra["turns"]
@@ -88,23 +91,24 @@ class RolloutLedger:
         """The trained samples; a member the batch left out (`masked`) goes to the dropped rows instead."""
         rows, left_out = [], []
         for g in groups:
-            for s in g:
+            for s in g.samples:
                 if masked(s, failed_member_policy):
-                    left_out.append(json_line({**sample_row(s, train_step), "reason": s.extra["infra_failure"]}))
+                    left_out.append(json_line({**sample_row(g, s, train_step), "reason": s.extra["infra_failure"]}))
                 else:
-                    rows.append(json_line(sample_row(s, train_step)))
+                    rows.append(json_line(sample_row(g, s, train_step)))
         replace_text(self.run.rollout(train_step), "".join(r + "\n" for r in rows))
         if left_out:
             with open(self.dropped_path, "a") as fh:
                 fh.write("".join(r + "\n" for r in left_out))
 
-    def write_dropped(self, train_step: int, dropped: list[tuple[Group, str]]) -> None:
+    def write_dropped(self, train_step: int, dropped: list[Group]) -> None:
+        """The rows of groups dropped (FILTERED, FAILED), each with its group's `drop_reason` as `reason`."""
         if not dropped:
             return
         with open(self.dropped_path, "a") as fh:
-            for group, reason in dropped:
-                for s in group:
-                    fh.write(json_line({**sample_row(s, train_step), "reason": reason}) + "\n")
+            for group in dropped:
+                for s in group.samples:
+                    fh.write(json_line({**sample_row(group, s, train_step), "reason": group.drop_reason}) + "\n")
 
 
 def read_ledger(run_dir: str | Path) -> tuple[list[dict], list[dict]]:

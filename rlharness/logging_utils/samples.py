@@ -20,17 +20,18 @@ from rlharness.core.run_dir import RunDir, step_of
 from rlharness.core.types import Group, RolloutState, Status
 
 
-def judgement(s: RolloutState) -> str:
+def judgement(group: Group, s: RolloutState) -> str:
+    """Sample `s` of `group`: correct | wrong | failed: <the group's drop reason>."""
     if s.status == Status.FAILED:
-        return f"failed: {s.extra.get('fail_reason', 'judging failed')}"
+        return f"failed: {group.drop_reason or 'judging failed'}"
     if "infra_failure" in s.extra:  # not the policy's: neither right nor wrong
         return f"failed: {s.extra['infra_failure']}"
     return "correct" if s.reward is not None and s.reward.get("score", 0.0) >= 1.0 else "wrong"
 
 
-def eval_sample(s: RolloutState, kind: str, extract: Callable[[str], str | None]) -> dict[str, Any]:
+def eval_sample(group: Group, s: RolloutState, kind: str, extract: Callable[[str], str | None]) -> dict[str, Any]:
     row = {"kind": kind, "response": s.response_text, "extracted": extract(s.response_text),
-           "judgement": judgement(s),
+           "judgement": judgement(group, s),
            "score": None if s.status == Status.FAILED or "infra_failure" in s.extra else (s.reward or {}).get("score"),
            "finish_reason": s.finish_reason}
     if "turns" in s.extra:  # the tool agent: what it called and what came back
@@ -44,12 +45,11 @@ def eval_rows(greedy: list[Group], sampled: list[Group] | None,
     """One row per prompt: its greedy sample and its sampled ones (same prompt order in both lists)."""
     rows = []
     for i, group in enumerate(greedy):
-        first = group[0]
-        samples = [eval_sample(s, "greedy", extract) for s in group]
+        samples = [eval_sample(group, s, "greedy", extract) for s in group.samples]
         if sampled is not None:
-            samples += [eval_sample(s, "sampled", extract) for s in sampled[i]]
-        rows.append({"task": first.task, "prompt_index": first.prompt_index, "prompt": first.prompt_text,
-                     "answer": first.label.get("answer"), "samples": samples})
+            samples += [eval_sample(sampled[i], s, "sampled", extract) for s in sampled[i].samples]
+        rows.append({"task": group.task, "prompt_index": group.prompt_index, "prompt": group.prompt_text,
+                     "answer": group.label.get("answer"), "samples": samples})
     return rows
 
 
@@ -85,13 +85,13 @@ def _bounded(units: list[list[Any]], max_rows: int) -> list[Any]:
 
 def sample_table(step: int, groups: list[Group], max_rows: int) -> tuple[list[str], list[list[Any]]]:
     """A training step's samples, group by group."""
-    tools = any("turns" in s.extra for g in groups for s in g)
+    tools = any("turns" in s.extra for g in groups for s in g.samples)
     columns = TRAIN_COLUMNS + (TOOL_COLUMNS if tools else [])
     units = []
     for g in groups:
         unit = []
-        for s in g:
-            row = [step, s.task, s.group_id, s.prompt_text, s.response_text, (s.reward or {}).get("score"),
+        for s in g.samples:
+            row = [step, g.task, g.group_id, g.prompt_text, s.response_text, (s.reward or {}).get("score"),
                    s.finish_reason, s.min_policy_version, s.max_policy_version]
             if tools:
                 row += [s.extra.get("tool_calls", 0), json.dumps(s.extra.get("turns", []))]

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from rlharness.config.schema import LoggerConf
+from rlharness.core.types import Group
 from rlharness.logging_utils.samples import eval_table, sample_table
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class WandbLogger:
         if self.run is not None:
             self.run.log({k: v for k, v in row.items() if k != "step" and v is not None}, step=int(row["step"]))
 
-    def log_samples(self, step: int, groups: list) -> None:
+    def log_samples(self, step: int, groups: list[Group]) -> None:
         """The step's samples as a table, every `logger.log_samples_every` steps."""
         if self.run is None or not groups:
             return

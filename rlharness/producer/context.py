@@ -29,9 +29,9 @@ from rlharness.producer.filters import GroupFilter
 from rlharness.producer.pending import Claimed, Started, _PendingTasks
 from rlharness.producer.progress import ProduceProgress
 from rlharness.producer.staleness import StalenessPolicy
-from rlharness.producer.replay_buffer import ReplayBuffer, mark_aborted
+from rlharness.producer.replay_buffer import ReplayBuffer
 from rlharness.producer.sampler import Sampler
-from rlharness.core.types import Group, Status, group_status
+from rlharness.core.types import Group, Status
 
 log = logging.getLogger(__name__)
 
@@ -180,9 +180,8 @@ class ProduceContext:
 
     def _stamp_admission(self, group: Group) -> None:
         """Stamp a group that starts without tokens with its admission (module docstring)."""
-        for s in group:
-            if s.response_ids and "admit_version" in s.extra:
-                return  # a continuation keeps the admission it started with
+        if group.admission is not None and any(s.response_ids for s in group.samples):
+            return  # a continuation keeps the admission it started with
         p = self.progress
         # Its place among the groups produced or in flight beyond consumption (this one included; it is
         # not in the pending set yet), counted in the batches of the steps from the consumer's next one.
@@ -195,7 +194,7 @@ class ProduceContext:
             while budget < ahead and step < p.next_consumer_step + ahead:
                 step += 1
                 budget += self._step_size(step)
-        self.staleness.stamp(group, self.task, version=self.model_step(), step=step)
+        self.staleness.stamp(group, version=self.model_step(), step=step)
 
     def expired_count(self) -> int:
         return self.replay_buffer.count(self.task, Status.EXPIRED)
@@ -236,7 +235,7 @@ class ProduceContext:
         the producer's `collect`, which also keeps its oldest-first order: aborts finish in the
         engine's order, which need not be deterministic. Returns whether to wake the producer."""
         if (not self.paused and self._collect_error is None and not task.cancelled() and task.exception() is None
-                and group_status(task.result()) == Status.COMPLETED and not has_infra_failures(task.result())
+                and task.result().status == Status.COMPLETED and not has_infra_failures(task.result())
                 and self.group_filter(task.result()) is None):
             if self.pending.claim_one(task) is not None:
                 try:
@@ -270,21 +269,17 @@ class ProduceContext:
         if not task.done() or task.cancelled():
             self.window["groups_cancelled"] += 1
             # A task that has not stopped may still write to its live states: give back a copy then.
-            return mark_aborted(started.restore() if task.done() else started.copy_as_started())
+            return (started.restore() if task.done() else started.copy_as_started()).mark_aborted()
         exc = task.exception()
         if exc is not None:
             input_group = started.restore()
-            crashes = int(input_group[0].extra.get("num_crashes", 0)) + 1
+            input_group.num_crashes += 1
+            crashes = input_group.num_crashes
             log.error("task %s: agent loop crashed on group %s (%d time(s)): %r",
-                      self.task, input_group[0].group_id, crashes, exc, exc_info=exc)
-            for s in input_group:
-                s.extra["num_crashes"] = crashes
+                      self.task, input_group.group_id, crashes, exc, exc_info=exc)
             if crashes >= MAX_CRASHES_PER_GROUP:
-                for s in input_group:
-                    s.status = Status.FAILED
-                    s.extra["fail_reason"] = f"agent loop crashed {crashes} times, last: {exc!r}"
-                return input_group
-            return mark_aborted(input_group)
+                return input_group.mark_failed(f"agent loop crashed {crashes} times, last: {exc!r}")
+            return input_group.mark_aborted()
         return task.result()
 
     def _cap_aborts(self, group: Group) -> Status:
@@ -293,38 +288,32 @@ class ProduceContext:
             return Status.ABORTED
         reason = (f"interrupted {aborts} times without partial rollout (strategy.max_aborts={self.abort_cap}): "
                   f"longer than the time between weight syncs? strategy.enable_partial_rollout=true keeps its tokens")
-        for s in group:
-            s.status = Status.FAILED
-            s.extra["fail_reason"] = reason
+        group.mark_failed(reason)
         self.window["groups_abort_capped"] += 1
         return Status.FAILED
 
     def _put(self, group: Group, known_kept: bool = False) -> Status:
         """Filter, count and store one returned group; returns the status it was stored under.
         `known_kept`: the caller found it COMPLETED and not filtered (no second check)."""
-        status = Status.COMPLETED if known_kept else group_status(group)
+        status = Status.COMPLETED if known_kept else group.status
         if status == Status.ABORTED and self.abort_cap:
             status = self._cap_aborts(group)
         if status == Status.COMPLETED and not known_kept:
             self.window["members_failed_infra"] += sum("infra_failure" in s.extra for s in group)
             reason = settle(group, self.failed_member_policy)
             if reason is not None:
-                log.warning("task %s: group %s FAILED: %s", self.task, group[0].group_id, reason[:300])
-                for s in group:
-                    s.status = Status.FAILED
-                    s.extra["fail_reason"] = reason
+                log.warning("task %s: group %s FAILED: %s", self.task, group.group_id, reason[:300])
+                group.mark_failed(reason)
                 status = Status.FAILED
         if status == Status.COMPLETED and not known_kept:
             reason = self.group_filter(group)
             if reason is not None:
-                for s in group:
-                    s.status = Status.FILTERED
-                    s.extra["filter_reason"] = reason
+                group.mark_filtered(reason)
                 status = Status.FILTERED
         window = self.window
         window["groups_generated"] += 1
         window["samples_generated"] += len(group)
-        window["tokens_generated"] += sum(len(s.response_ids) for s in group)
+        window["tokens_generated"] += group.num_response_tokens()
         if status in (Status.COMPLETED, Status.FILTERED):  # judged: rewards before any filter (seeds' raw_rewards)
             scores = [s.reward["score"] for s in group if s.reward is not None and "score" in s.reward]
             window["raw_reward_sum"] += sum(scores)
@@ -354,9 +343,9 @@ class ProduceContext:
 def drop_cause(group: Group, status: Status) -> tuple[str, str]:
     """(cause, reason) of a group dropped on arrival: judging | infra | crash | aborts | filter | expiry."""
     if status == Status.FILTERED:
-        return "filter", str(group[0].extra.get("filter_reason", "filtered"))
+        return "filter", group.drop_reason or "filtered"
     if status == Status.FAILED:
-        reason = next((str(s.extra["fail_reason"]) for s in group if "fail_reason" in s.extra), "failed")
+        reason = group.drop_reason or "failed"
         if reason.startswith("judger "):
             return "judging", reason
         if reason.startswith(INFRA_PREFIX):

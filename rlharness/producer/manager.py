@@ -414,7 +414,7 @@ class AgentLoopManager:
     # ------------------------------------------------------------------ taking a batch
     def _take(self, train_step: int, produce_s: float) -> ProducedBatch:
         groups = self.replay_buffer.take_batch(self.allocation.sizes(train_step))
-        counts = Counter(g[0].task for g in groups)
+        counts = Counter(g.task for g in groups)
         self.progress.mark_consumed(dict(counts))
         self.progress.finish_consume(train_step)
         self._producer_wake.set()  # consumption opens room for the next step
@@ -422,8 +422,8 @@ class AgentLoopManager:
         return ProducedBatch(groups=groups, train_step=train_step, stats=stats)
 
     # ------------------------------------------------------------------ ledger and accounting
-    def pop_dropped(self) -> list[tuple[Group, str]]:
-        """Filtered and failed groups with the reason, for `rollouts/dropped.jsonl`."""
+    def pop_dropped(self) -> list[Group]:
+        """Filtered and failed groups (each with its `drop_reason`), for `rollouts/dropped.jsonl`."""
         return self.replay_buffer.pop_dropped()
 
     def in_flight(self) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from rlharness.producer.staleness import admission_staleness
 from rlharness.producer.replay_buffer import ReplayBuffer
 from rlharness.core.types import Group, staleness
 
@@ -29,10 +28,10 @@ def batch_stats(groups: list[Group], train_step: int) -> dict[str, float]:
     versions: Counter = Counter()  # tokens per weight version (counted in C), for the histogram
     admitted: list[int] = []  # staleness at admission, per group
     for g in groups:
-        samples += len(g)
-        if "admit_step" in g[0].extra:
-            admitted.append(admission_staleness(g[0].extra))
-        for s in g:
+        samples += len(g.samples)
+        if g.admission is not None:
+            admitted.append(g.admission.staleness)
+        for s in g.samples:
             steps = s.response_model_steps
             if steps:
                 tokens += len(steps)
@@ -61,11 +60,11 @@ def batch_stats(groups: list[Group], train_step: int) -> dict[str, float]:
 def task_stats(name: str, groups: list[Group], window: Counter, train_step: int) -> dict[str, float]:
     """`rollout/<task>/...` and `staleness/<task>/...` of one task of a multi-task run: its part
     of the batch (`groups` are the whole batch) and its `window` counters since the last one."""
-    mine = [g for g in groups if g[0].task == name]
-    samples = [s for g in mine for s in g]
+    mine = [g for g in groups if g.task == name]
+    samples = [s for g in mine for s in g.samples]
     scores = [s.reward["score"] for s in samples if s.reward is not None and "score" in s.reward]
     oldest = min((min(s.response_model_steps) for s in samples if s.response_model_steps), default=None)
-    admitted = [admission_staleness(g[0].extra) for g in mine if "admit_step" in g[0].extra]
+    admitted = [g.admission.staleness for g in mine if g.admission is not None]
     return {
         f"staleness/{name}/max": float(staleness(oldest, train_step)) if oldest is not None else 0.0,
         f"staleness/{name}/admission_max": float(max(admitted, default=0)),
@@ -152,5 +151,5 @@ class StepMetrics:
         """What each task's agent loop reports on its part of the batch (e.g. the gateway's calls)."""
         out: dict[str, float] = {}
         for name, c in self.contexts.items():
-            out.update(c.agent_loop.step_metrics([g for g in groups if g[0].task == name]))
+            out.update(c.agent_loop.step_metrics([g for g in groups if g.task == name]))
         return out

@@ -34,28 +34,22 @@ class Started:
     def __init__(self, group: Group, seq: int = 0) -> None:
         self.group = group
         self.seq = seq  # spawn order (claims come back oldest first)
-        self._backup: Group | None = None
-        for s in group:
-            if not s.is_pristine():
-                self._backup = [m.clone() for m in group]
-                break
+        self._backup: Group | None = None if group.is_pristine() else group.clone()
 
     def restore(self) -> Group:
-        """The group as started (the live states reset, or the copy taken at the start)."""
+        """The group as started (the live one reset, or the copy taken at the start)."""
         if self._backup is None:
-            for s in self.group:
-                s.restore_pristine()
+            self.group.restore_pristine()
             return self.group
         return self._backup
 
     def copy_as_started(self) -> Group:
         """A copy of the group as started, leaving the live one alone (checkpoints of work in flight)."""
         if self._backup is None:
-            copies = [s.clone() for s in self.group]
-            for s in copies:
-                s.restore_pristine()
-            return copies
-        return [s.clone() for s in self._backup]
+            copy = self.group.clone()
+            copy.restore_pristine()
+            return copy
+        return self._backup.clone()
 
 
 Claimed = list[tuple[asyncio.Task, Started]]

@@ -20,8 +20,9 @@ import logging
 from collections import Counter, OrderedDict
 from typing import Any, Iterable
 
+from rlharness.producer.legacy_state import groups_of_format_1
 from rlharness.producer.staleness import StalenessPolicy
-from rlharness.core.types import Group, RolloutState, Status, group_status, oldest_version, stable_seed
+from rlharness.core.types import Group, Status, stable_seed
 
 log = logging.getLogger(__name__)
 
@@ -29,21 +30,9 @@ log = logging.getLogger(__name__)
 KEPT_STATUSES = (Status.COMPLETED, Status.ABORTED, Status.EXPIRED)
 DROPPED_STATUSES = (Status.FILTERED, Status.FAILED)
 
-
-def mark_aborted(group: Group) -> Group:
-    """Mark a group that was interrupted (or never started) as ABORTED, in place.
-
-    Members that finished keep COMPLETED and their tokens; the others keep whatever
-    partial tokens they hold (the agent loop already reset them when partial rollout
-    is off) and become ABORTED, so the group as a whole reports ABORTED.
-    """
-    for s in group:
-        if s.status != Status.COMPLETED:
-            s.status = Status.ABORTED
-    if group_status(group) != Status.ABORTED:
-        for s in group:  # every member finished but the group was never judged
-            s.status = Status.ABORTED
-    return group
+# The layout of `state_dict`: 2 = groups as `Group.to_dict` (1: lists of sample dicts with the
+# producer's bookkeeping in each sample's `extra`; still read, see producer/legacy_state.py).
+STATE_FORMAT = 2
 
 
 def _expire(group: Group) -> int:
@@ -54,12 +43,12 @@ def _expire(group: Group) -> int:
     would replay the response that just expired, and one too long for the staleness
     window would expire on every try.
     """
-    wasted = sum(len(s.response_ids) for s in group)
+    wasted = group.num_response_tokens()
+    group.num_expired += 1
     for s in group:
         s.reset_response()
         s.status = Status.EXPIRED
-        s.extra["num_expired"] = int(s.extra.get("num_expired", 0)) + 1
-        s.sample_seed = stable_seed(s.sample_seed, "expired", s.extra["num_expired"])
+        s.sample_seed = stable_seed(s.sample_seed, "expired", group.num_expired)
     return wasted
 
 
@@ -69,7 +58,7 @@ class ReplayBuffer:
         self.staleness = staleness
         # task -> status -> group_id -> group (insertion order = FIFO)
         self._pools: dict[str, dict[Status, OrderedDict[str, Group]]] = {}
-        self._dropped: list[tuple[Group, str]] = []
+        self._dropped: list[Group] = []  # each with its drop_reason
         # Cumulative counters (part of the checkpoint) for metrics and accounting.
         self.counters: Counter[str] = Counter()
         # Every COMPLETED/ABORTED group held is known not to be too stale at this train step, so
@@ -120,28 +109,27 @@ class ReplayBuffer:
 
         `model_step` is the producer's weight version when the group came back,
         `train_step` the earliest step it can be trained at (the consumer's next step);
-        `status`, if the caller has it, is the group's (`group_status`).
+        `status`, if the caller has it, is the group's (`Group.status`).
         """
-        if not group:
-            raise ValueError("ReplayBuffer.put: empty group")
-        task = group[0].task
-        for s in group:
-            s.extra["put_model_step"] = model_step
-            s.extra["put_train_step"] = train_step
+        if not group.samples:
+            raise ValueError(f"ReplayBuffer.put: group {group.group_id} has no samples")
+        task = group.task
+        group.put_model_step, group.put_train_step = model_step, train_step
         if status is None:
-            status = group_status(group)
+            status = group.status
         if status == Status.INIT:  # returned without being generated at all
-            status = group_status(mark_aborted(group))
+            status = group.mark_aborted().status
         if status in DROPPED_STATUSES:
-            reason = self._drop_reason(group, status)
+            if group.drop_reason is None:
+                group.drop_reason = status.value
             self.counters[f"dropped_{status.value}"] += 1
-            self._dropped.append((group, reason))
+            self._dropped.append(group)
             return status
         if status not in KEPT_STATUSES:
-            raise ValueError(f"ReplayBuffer.put: group {group[0].group_id} has status {status.value}")
-        gid = group[0].group_id
+            raise ValueError(f"ReplayBuffer.put: group {group.group_id} has status {status.value}")
+        gid = group.group_id
         if status in (Status.COMPLETED, Status.ABORTED):
-            oldest = oldest_version(group)
+            oldest = group.oldest_version()
             if self.staleness.expired(oldest, train_step, task):
                 self._expire_into_pool(group)
                 return Status.EXPIRED
@@ -152,18 +140,10 @@ class ReplayBuffer:
         self._pool(task, status)[gid] = group
         return status
 
-    @staticmethod
-    def _drop_reason(group: Group, status: Status) -> str:
-        for s in group:
-            for key in ("fail_reason", "filter_reason"):
-                if key in s.extra:
-                    return str(s.extra[key])
-        return status.value
-
     def _expire_into_pool(self, group: Group) -> None:
         self.counters["expired_tokens"] += _expire(group)
         self.counters["expired"] += 1
-        self._pool(group[0].task, Status.EXPIRED)[group[0].group_id] = group
+        self._pool(group.task, Status.EXPIRED)[group.group_id] = group
 
     def refresh_staleness(self, train_step: int) -> int:
         """Expire every kept group that would be too stale at `train_step`; returns how many."""
@@ -208,40 +188,43 @@ class ReplayBuffer:
         return batch
 
     # ------------------------------------------------------------------ dropped ledger
-    def pop_dropped(self) -> list[tuple[Group, str]]:
+    def pop_dropped(self) -> list[Group]:
+        """The FILTERED and FAILED groups put since the last call, each with its `drop_reason`."""
         out, self._dropped = self._dropped, []
         return out
-
-    def num_dropped_pending(self) -> int:
-        return len(self._dropped)
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self, in_flight: Iterable[Group] = ()) -> dict[str, Any]:
         """Every group held, plus `in_flight` groups saved as ABORTED (copies; nothing live mutated)."""
-        groups = []
-        for task, pools in self._pools.items():
-            for status, pool in pools.items():
-                for g in pool.values():
-                    groups.append([s.to_dict() for s in g])
-        for g in in_flight:
-            groups.append([s.to_dict() for s in mark_aborted([s.clone() for s in g])])
+        groups = [g.to_dict() for pools in self._pools.values() for pool in pools.values() for g in pool.values()]
+        groups += [g.clone().mark_aborted().to_dict() for g in in_flight]
         return {
+            "format": STATE_FORMAT,
             **self.staleness.state_dict(),
             "groups": groups,
-            "dropped": [[[s.to_dict() for s in g], reason] for g, reason in self._dropped],
+            "dropped": [g.to_dict() for g in self._dropped],
             "counters": dict(self.counters),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A state of this format or of format 1 (written before groups had a type of their own)."""
+        fmt = state.get("format", 1)
+        if fmt == 1:
+            groups, dropped = groups_of_format_1(state)
+        elif fmt == STATE_FORMAT:
+            groups = [Group.from_dict(d) for d in state["groups"]]
+            dropped = [Group.from_dict(d) for d in state["dropped"]]
+        else:
+            raise ValueError(f"replay buffer state format {fmt!r} is not one this code reads (1, {STATE_FORMAT}): "
+                             f"resume with the version of rlharness that wrote the checkpoint")
         self._pools.clear()
         self._oldest.clear()
         self._checked_step = 0
-        for g in state["groups"]:
-            group = [RolloutState.from_dict(d) for d in g]
-            status = group_status(group)
-            self._pool(group[0].task, status)[group[0].group_id] = group
+        for group in groups:
+            status = group.status
+            self._pool(group.task, status)[group.group_id] = group
             if status in (Status.COMPLETED, Status.ABORTED):
-                self._oldest[group[0].group_id] = oldest_version(group)
-        self._dropped = [([RolloutState.from_dict(d) for d in g], reason) for g, reason in state["dropped"]]
+                self._oldest[group.group_id] = group.oldest_version()
+        self._dropped = dropped
         self.counters = Counter(state["counters"])
 

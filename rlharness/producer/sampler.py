@@ -27,6 +27,9 @@ from rlharness.core.types import Group, Status, make_group
 
 log = logging.getLogger(__name__)
 
+# The layout of `state_dict` (a state saved without "format" has this one too).
+STATE_FORMAT = 1
+
 
 class DataExhausted(RuntimeError):
     """The dataset ran out and `sampler.allow_epoch_rollover` is False."""
@@ -124,6 +127,7 @@ class Sampler:
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:
         return {
+            "format": STATE_FORMAT,
             "task": self.task,
             "epoch": self.epoch,
             "offset": self.offset,
@@ -133,6 +137,9 @@ class Sampler:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("format", 1) != STATE_FORMAT:
+            raise ValueError(f"task {self.task!r}: sampler state format {state['format']!r} is not one this code reads "
+                             f"({STATE_FORMAT}): resume with the version of rlharness that wrote the checkpoint")
         if state["task"] != self.task:
             raise ValueError(f"sampler state is for task {state['task']!r}, not {self.task!r}")
         if state["num_rows"] != len(self.rows):

@@ -11,8 +11,8 @@ staleness `train_step - v - 1`. A task's bound is its own
 - `admission` mode (`strategy.staleness_mode=admission`, AReaL's bound): a group may
   start only for a step within the threshold of the engines' weights (`admission_room`);
   nothing expires for staleness.
-Every group that starts without tokens is stamped with its admission (`stamp`); the
-staleness at admission is `admit_step - 1 - admit_version` (`admission_staleness`).
+Every group that starts without tokens is stamped with its admission (`stamp`: the group's
+`Admission`); the staleness at admission is `step - 1 - version` (`Admission.staleness`).
 
 Built once per run (`rlharness/launch/build.py`, `staleness_policy`) and handed to the replay
 buffer, the strategy, each task's ProduceContext and the manager; nothing else computes
@@ -31,7 +31,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from rlharness.config.schema import STALENESS_MODES
-from rlharness.core.types import Group, staleness
+from rlharness.core.types import Admission, Group, staleness
 
 # The config key each field comes from (for messages that name what to change).
 CONFIG_KEYS = {"max_staleness": "max_staleness", "sync_weights_interval": "sync_weights_interval",
@@ -45,11 +45,6 @@ def stale_threshold(max_staleness: int, sync_weights_interval: int) -> int:
     if sync_weights_interval < 1:
         raise ValueError(f"sync_weights_interval={sync_weights_interval} must be >= 1")
     return (max_staleness + 1) * sync_weights_interval
-
-
-def admission_staleness(extra: Mapping) -> int:
-    """Staleness at admission of a group stamped by `StalenessPolicy.stamp` (its `extra`)."""
-    return extra["admit_step"] - 1 - extra["admit_version"]
 
 
 @dataclass(frozen=True)
@@ -117,14 +112,10 @@ class StalenessPolicy:
         last = self.furthest_step(model_step, task)
         return consumed + sum(step_size(s) for s in range(next_train_step, last + 1)) - available
 
-    def stamp(self, group: Group, task: str, *, version: int, step: int) -> None:
+    def stamp(self, group: Group, *, version: int, step: int) -> None:
         """Stamp a group starting without tokens: its weight version, the step it is budgeted for,
         and its task's bound (the ledger shows the bound held)."""
-        bound = self.bound(task)
-        for s in group:
-            s.extra["admit_version"] = version
-            s.extra["admit_step"] = step
-            s.extra["max_staleness"] = bound
+        group.admission = Admission(version, step, self.bound(group.task))
 
     # ------------------------------------------------------------------ checkpoint and checks
     def state_dict(self) -> dict:

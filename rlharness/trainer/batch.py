@@ -82,12 +82,12 @@ def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, tr
     sizes = {len(g) for g in groups}
     if len(sizes) != 1 or 0 in sizes:
         raise ValueError(f"build_train_batch: every group needs the same, non-zero size; got sizes {sorted(sizes)}")
-    samples = [s for g in groups for s in g]
+    samples = [s for g in groups for s in g.samples]
     policy = algo.failed_member_policy
-    valid = torch.tensor([[not masked(s, policy) for s in g] for g in groups])
-    rewards = torch.tensor([[_score(s, policy) for s in g] for g in groups], dtype=torch.float32)
-    budgets = torch.tensor([[(task_budgets or {}).get(g[0].task, max_response_len)] for g in groups])
-    penalty = overlong_penalty(torch.tensor([[len(s.response_ids) for s in g] for g in groups]),
+    valid = torch.tensor([[not masked(s, policy) for s in g.samples] for g in groups])
+    rewards = torch.tensor([[_score(s, policy) for s in g.samples] for g in groups], dtype=torch.float32)
+    budgets = torch.tensor([[(task_budgets or {}).get(g.task, max_response_len)] for g in groups])
+    penalty = overlong_penalty(torch.tensor([[len(s.response_ids) for s in g.samples] for g in groups]),
                                budgets, algo.overlong_buffer_len, algo.overlong_penalty_factor)
     scores = (rewards + penalty).reshape(-1)
     # gae: the backend computes per-token advantages against its critic at train time (from `scores`).
@@ -144,7 +144,7 @@ def build_train_batch(groups: list[Group], algo: AlgoConf, pad_token_id: int, tr
 def rollout_metrics(groups: list[Group], rewards: torch.Tensor, advantages: torch.Tensor,
                     valid: torch.Tensor | None = None) -> dict[str, float]:
     """Reward and length statistics of the batch; rewards over the `valid` members only ([G, k] bool)."""
-    samples = [s for g in groups for s in g]
+    samples = [s for g in groups for s in g.samples]
     response_lens = [len(s.response_ids) for s in samples]
     valid = torch.ones(rewards.shape, dtype=torch.bool) if valid is None else valid
     flat = rewards[valid] if bool(valid.any()) else rewards.reshape(-1)

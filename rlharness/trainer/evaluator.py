@@ -47,7 +47,7 @@ def _correct(group: Group) -> list[bool | None]:
     """Per member: correct or not; None where the judgement failed, or the member failed for a reason that
     is not the policy's (an agent program that crashed, the judger's limits): neither right nor wrong."""
     return [None if s.status == Status.FAILED or infra_failure(s) is not None else
-            (s.status == Status.COMPLETED and s.reward is not None and s.reward["score"] >= 1.0) for s in group]
+            (s.status == Status.COMPLETED and s.reward is not None and s.reward["score"] >= 1.0) for s in group.samples]
 
 
 def tool_metrics(samples: list) -> dict[str, float]:
@@ -97,7 +97,7 @@ class Evaluator:
         metrics: dict[str, float] = {}
         if judged:
             metrics["eval/accuracy"] = sum(judged) / len(judged)
-        metrics.update(tool_metrics([g[0] for g in greedy_groups]))
+        metrics.update(tool_metrics([s for g in greedy_groups for s in g.samples]))
         n, k = self.conf.n, self.conf.pass_k
         sampled_groups = None
         if self.sampled_loop is not None and n > 1:

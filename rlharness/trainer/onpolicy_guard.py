@@ -112,7 +112,7 @@ def onpolicy_gap_warning(step: int, groups: list[Group], row_gaps: list[float] |
         start += len(g)
         gap = sum(gaps) / len(gaps) if gaps else 0.0
         if gap > threshold:
-            named.append((gap, f"{g[0].task}/prompt {g[0].prompt_index} (epoch {g[0].epoch}, group {g[0].group_id}, "
+            named.append((gap, f"{g.task}/prompt {g.prompt_index} (epoch {g.epoch}, group {g.group_id}, "
                                f"rows {start - len(g)}-{start - 1}): {gap:.2e}"))
     named.sort(key=lambda x: -x[0])
     more = f" and {len(named) - MAX_NAMED} more" if len(named) > MAX_NAMED else ""

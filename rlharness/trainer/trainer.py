@@ -171,7 +171,7 @@ class Trainer:
         # step under way must never be checkpointed as the step before it.
         # Groups finish in timing-dependent order; train them in data order so a run
         # (and a resumed run) sums its loss the same way every time.
-        produced.groups.sort(key=lambda g: (g[0].task, g[0].epoch, g[0].prompt_index, g[0].group_id))
+        produced.groups.sort(key=lambda g: (g.task, g.epoch, g.prompt_index, g.group_id))
         batch, batch_metrics = build_train_batch(
             produced.groups, conf.algo, c.tokenizer.pad_token_id, step,
             max_response_len=conf.max_response_tokens(), temperature=conf.agent.sampling.temperature,

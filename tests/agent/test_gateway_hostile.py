@@ -15,7 +15,7 @@ import math
 import pytest
 
 from rlharness.core.run_dir import RunDir
-from rlharness.core.types import Status, group_status
+from rlharness.core.types import Status
 from rlharness.engine.hf import HFEngine
 from tests.agent.gateway_helpers import (AGENTS, ASSET, ROWS, TOK, gateway, group_asking, make_loop,  # noqa: F401
                                          model, run_groups)
@@ -73,10 +73,10 @@ def test_an_agent_reward_passes_the_judged_rewards_range_check(model, reward, ok
     as eval accuracy 1.0, or stopped the run); an ordinary one is the reward."""
     _, (g,) = run_groups(model, gateway(AGENTS + "rewards"), [group_asking(f"REWARD {reward} please", 2)])
     if ok:
-        assert group_status(g) == Status.COMPLETED and [s.reward["score"] for s in g] == [0.5, 0.5]
+        assert g.status == Status.COMPLETED and [s.reward["score"] for s in g] == [0.5, 0.5]
     else:
-        assert group_status(g) == Status.FAILED
-        assert "returned an unusable reward" in g[0].extra["fail_reason"] and g[0].uid in g[0].extra["fail_reason"]
+        assert g.status == Status.FAILED
+        assert "returned an unusable reward" in g.drop_reason and g.samples[0].uid in g.drop_reason
         assert math.isnan(float(reward)) or float(reward) != 0.5
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlharness.core.types import Status, group_status
+from rlharness.core.types import Status
 from tests.agent import gateway_agents
 from tests.agent.gateway_helpers import AGENTS, gateway, group_of, model, run_groups  # noqa: F401
 
@@ -26,7 +26,7 @@ def test_the_calculator_agent_trains_the_same_tokens_through_every_api(model):
     for name, client in (("gateway_calculator_agent", "openai"), ("gateway_anthropic_agent", "anthropic"),
                          ("gateway_responses_agent", "openai")):
         _, groups = run_groups(model, gateway(f"examples.{name}:run", client=client), [group_of(2, 3), group_of(3, 3)])
-        assert all(group_status(g) == Status.COMPLETED for g in groups)
+        assert all(g.status == Status.COMPLETED for g in groups)
         assert not any("infra_failure" in s.extra for g in groups for s in g), [s.extra for g in groups for s in g]
         runs[name] = _trained(groups)
     assert any(calls for *_, calls, _ in runs["gateway_calculator_agent"])  # tool calls went both ways

@@ -17,7 +17,7 @@ from rlharness.engine.hf import HFEngine
 from rlharness.judger.math import MathJudger
 from rlharness.model.load import PROJECT_ROOT, load_model, load_tokenizer
 from rlharness.sandbox import SandboxUnavailable, check_available
-from rlharness.core.types import Status, group_status, make_group
+from rlharness.core.types import Status, make_group
 
 pytestmark = pytest.mark.timeout(300)
 try:
@@ -63,7 +63,7 @@ def test_the_python_agent_trains_exactly_what_the_built_in_python_tool_does():
                           [group_of(i, 4, True) for i in range(4)])
     called = 0
     for g, t in zip(gateway, built_in):
-        assert group_status(g) == Status.COMPLETED
+        assert g.status == Status.COMPLETED
         for s, m in zip(g, t):
             assert s.prompt_ids == m.prompt_ids and s.response_ids == m.response_ids
             assert s.response_mask == m.loss_mask() and s.reward == m.reward

@@ -25,7 +25,7 @@ from rlharness.judger.math import MathJudger
 from rlharness.core.run_dir import RunDir
 from rlharness.model.tiny import DEFAULT_CHARS, build_char_tokenizer
 from rlharness.trainer.batch import build_train_batch
-from rlharness.core.types import Status, group_status, make_group
+from rlharness.core.types import Status, make_group
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -186,7 +186,7 @@ def test_tool_names_and_call_parsing():
 def test_tool_output_is_inserted_masked_and_the_whole_text_is_judged():
     engine, loop, group = setup(["<tool>2+3</tool>", "#### 5"])
     out = run(loop, group)
-    assert group_status(out) == Status.COMPLETED
+    assert out.status == Status.COMPLETED
     call, output, answer = "<tool>2+3</tool>", "<output>5</output>", "#### 5"
     for s in out:
         assert s.response_text == call + output + answer
@@ -273,10 +273,10 @@ def test_abort_anywhere_then_continue_gives_the_uninterrupted_response(cut):
         first = await interrupt_after(loop, engine, group, tokens=2 * cut)
         await engine.load_weights({}, version=1)
         # A copy of the interrupted group: the continuation works on `first` in place.
-        return [s.clone() for s in first], await loop.generate_group(first, enable_partial_rollout=True)
+        return first.clone(), await loop.generate_group(first, enable_partial_rollout=True)
 
     first, second = asyncio.run(main())
-    assert group_status(first) == Status.ABORTED
+    assert first.status == Status.ABORTED
     for a, s in zip(first, second):
         assert a.status == Status.ABORTED and a.num_aborts == 1 and 0 < len(a.response_ids) < len(ref.response_ids)
         check_aligned(a)
@@ -339,7 +339,7 @@ def test_a_pause_during_a_tool_call_stops_the_member_before_its_next_engine_call
         first = await task
         loop.tools["calculator"] = calculator_tool
         # A copy of the interrupted group: the continuation works on `first` in place.
-        return [s.clone() for s in first], await loop.generate_group(first, enable_partial_rollout=True)
+        return first.clone(), await loop.generate_group(first, enable_partial_rollout=True)
 
     (first,), (second,) = asyncio.run(main())
     assert first.status == Status.ABORTED
@@ -392,7 +392,7 @@ def test_end_to_end_on_the_hf_engine_with_a_tiny_random_model():
             await engine.close()
 
     loop, out = asyncio.run(main())
-    assert group_status(out) == Status.COMPLETED
+    assert out.status == Status.COMPLETED
     assert loop.tool_calls > 0, "expected the random model to close at least one '(' call"
     tools = build_tools(["calculator"])
     for s in out:

@@ -17,7 +17,7 @@ from rlharness.agent.gateway_render import ToolMarkers, render
 from rlharness.config.schema import MultiTurnToolAgentConf, SamplingConf
 from rlharness.engine.hf import HFEngine
 from rlharness.core.run_dir import RunDir
-from rlharness.core.types import Status, group_status
+from rlharness.core.types import Status
 from tests.agent import gateway_agents
 from tests.agent.gateway_helpers import (AGENTS, ASSET, DECODE, ENCODE, ROWS, TOK, gateway, group_of, make_loop,  # noqa: F401
                                          model, run_groups)
@@ -38,7 +38,7 @@ def test_the_example_agent_trains_exactly_what_the_built_in_tool_loop_does(model
                                 [group_of(2, 4, templated=True)])
     called = 0
     for g, t in zip(gateway_groups, tool_groups):
-        assert group_status(g) == Status.COMPLETED
+        assert g.status == Status.COMPLETED
         for s, m in zip(g, t):
             assert s.prompt_ids == m.prompt_ids and s.response_ids == m.response_ids
             # Log-probs to float noise: the engine batched other members alongside (another batch shape).
@@ -71,7 +71,7 @@ def test_an_edited_history_branches_at_the_last_place_it_agrees_and_both_sequenc
     from the end of the first call's prompt (a branch), the first call's tokens stay trained as the
     sample's own row, and no token is trained twice."""
     loop, (g,) = run_groups(model, gateway(AGENTS + "edits_history"), [group_of(2, 2)])
-    assert group_status(g) == Status.COMPLETED
+    assert g.status == Status.COMPLETED
     markers = ToolMarkers("<tool>", "</tool>", "<output>", "</output>")
     for s in g:
         messages = gateway_agents.seen(s.uid)["messages"]
@@ -109,7 +109,7 @@ def test_refused_requests_get_openai_errors_and_the_rollout_goes_on(model):
     """Every field that would be silently ignored is refused (400) and named; malformed bodies are 400
     and an oversized one 413, never 500; the served call after them is the only one recorded."""
     loop, (g,) = run_groups(model, gateway(AGENTS + "refused_then_served"), [group_of(1, 2)])
-    seen = gateway_agents.seen(g[0].uid)
+    seen = gateway_agents.seen(g.samples[0].uid)
     status = {name: code for name, (code, _) in seen["status"].items()}
     assert status == {"model": 404, "temperature": 400, "temperature_nan": 400, "n": 400, "max_tokens": 400,
                       "stream": 400, "top_p": 400, "top_k": 400, "min_p": 400, "repetition_penalty": 400,
@@ -172,7 +172,7 @@ def test_a_pause_mid_call_parks_it_and_the_continued_group_finishes_it_on_new_we
         (a,), (s,) = asyncio.run(go())
     finally:
         handle.remove()
-    r = ref[0]
+    r = ref.samples[0]
     n = len(a.response_ids)
     assert a.status == Status.ABORTED and a.num_aborts == 1 and 0 < n < len(r.response_ids)
     assert set(a.response_model_steps) == {0}

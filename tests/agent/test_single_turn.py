@@ -12,7 +12,7 @@ from rlharness.agent.single_turn import SingleTurnAgentLoop
 from rlharness.config.schema import AgentConf, SamplingConf, SimEngineConf, SingleTurnAgentConf
 from rlharness.engine.sim import SimEngine
 from rlharness.judger.base import Judger
-from rlharness.core.types import Status, group_status, make_group
+from rlharness.core.types import Status, make_group
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -60,7 +60,7 @@ async def _interrupt(loop, group, partial: bool, after_s: float, until=None):
 def test_generates_and_judges_in_place():
     engine, loop, group = _setup(mean=5, cv=1.0, tpt=1e-4)
     out = asyncio.run(loop.generate_group(group, enable_partial_rollout=False))
-    assert group_status(out) == Status.COMPLETED
+    assert out.status == Status.COMPLETED
     for s in out:
         assert s.response_ids and len(s.response_ids) == len(s.response_logprobs) == len(s.response_model_steps)
         assert s.response_text == decode(s.response_ids)
@@ -74,7 +74,7 @@ def test_partial_rollout_continues_token_for_token_on_newer_weights():
 
     async def main():
         first = await _interrupt(loop, group, partial=True, after_s=0.05)
-        assert group_status(first) == Status.ABORTED
+        assert first.status == Status.ABORTED
         assert all(s.status == Status.ABORTED and s.num_aborts == 1 for s in first)
         assert all(0 < len(s.response_ids) < 40 for s in first)
         snap = [(list(s.response_ids), list(s.response_logprobs), list(s.response_model_steps)) for s in first]
@@ -83,7 +83,7 @@ def test_partial_rollout_continues_token_for_token_on_newer_weights():
         return snap, second
 
     snap, second = asyncio.run(main())
-    assert group_status(second) == Status.COMPLETED
+    assert second.status == Status.COMPLETED
     for (ids, lps, steps), s in zip(snap, second):
         n = len(ids)
         assert s.response_ids[:n] == ids and s.response_logprobs[:n] == lps and s.response_model_steps[:n] == steps
@@ -108,7 +108,7 @@ def test_continuation_keeps_members_that_already_finished():
         if s.uid in done:
             assert (s.response_ids, s.finish_reason) == done[s.uid]
             assert s.num_aborts == 0
-    assert group_status(second) == Status.COMPLETED
+    assert second.status == Status.COMPLETED
 
 
 def test_without_partial_rollout_an_interrupted_group_restarts_from_scratch():
@@ -122,7 +122,7 @@ def test_without_partial_rollout_an_interrupted_group_restarts_from_scratch():
         return await loop.generate_group(first, enable_partial_rollout=False)
 
     second = asyncio.run(main())
-    assert group_status(second) == Status.COMPLETED
+    assert second.status == Status.COMPLETED
     assert all(set(s.response_model_steps) == {3} for s in second)
 
 
@@ -130,7 +130,7 @@ def test_a_judger_that_raises_marks_the_group_failed():
     engine, loop, group = _setup(judger=Broken(), mean=3, tpt=1e-4)
     out = asyncio.run(loop.generate_group(group, enable_partial_rollout=False))
     assert all(s.status == Status.FAILED for s in out)
-    assert "judge down" in out[0].extra["fail_reason"]
+    assert "judge down" in out.drop_reason
 
 
 def test_unknown_agent_name_is_refused():
@@ -152,7 +152,6 @@ class _CrashingMember(SingleTurnAgentLoop):
 
 def test_a_crashed_member_cancels_its_siblings_and_leaves_the_restored_group_alone():
     from rlharness.producer.pending import Started
-    from rlharness.producer.replay_buffer import mark_aborted
 
     loop = _CrashingMember(SingleTurnAgentConf(), None, FirstTokenParity(), decode)
     group = make_group(task="t", prompt_index=0, epoch=0, prompt_text="p", prompt_ids=[5, 6], label={}, k=3)
@@ -161,7 +160,7 @@ def test_a_crashed_member_cancels_its_siblings_and_leaves_the_restored_group_alo
         started = Started(group)  # what the producer keeps to give the group back
         with pytest.raises(RuntimeError, match="member 0 crashed"):
             await loop.generate_group(group, enable_partial_rollout=False)
-        restored = mark_aborted(started.restore())  # the producer's crash path
+        restored = started.restore().mark_aborted()  # the producer's crash path
         await asyncio.sleep(0.4)  # longer than the siblings would have run
         return restored
 

@@ -8,7 +8,7 @@ import torch
 from rlharness.algo.shaping import overlong_penalty
 from rlharness.config.schema import AlgoConf, ConfigError
 from rlharness.trainer.batch import build_train_batch
-from rlharness.core.types import RolloutState, Status
+from rlharness.core.types import Group, RolloutState, Status
 from tests.helpers import compose_conf
 
 
@@ -20,12 +20,12 @@ def test_overlong_penalty_hand_values():
     assert (overlong_penalty(lens, 8, 0) == 0).all()
 
 
-def _group(lens, finish, scores):
-    return [RolloutState(uid=f"u{i}", group_id="g", task="t", prompt_index=0, epoch=0, prompt_text="",
-                         prompt_ids=[5, 6], response_ids=[7] * n, response_logprobs=[-1.0] * n,
-                         response_model_steps=[0] * n, reward={"score": s}, status=Status.COMPLETED,
-                         finish_reason=f)
-            for i, (n, f, s) in enumerate(zip(lens, finish, scores))]
+def _group(lens, finish, scores, task="t"):
+    return Group.from_samples([
+        RolloutState(uid=f"u{i}", group_id="g", task=task, prompt_index=0, epoch=0, prompt_text="",
+                     prompt_ids=[5, 6], response_ids=[7] * n, response_logprobs=[-1.0] * n,
+                     response_model_steps=[0] * n, reward={"score": s}, status=Status.COMPLETED, finish_reason=f)
+        for i, (n, f, s) in enumerate(zip(lens, finish, scores))])
 
 
 def test_batch_applies_overlong_penalty_before_advantages_and_masks_truncated():
@@ -96,9 +96,7 @@ def test_overlong_penalty_uses_each_groups_own_task_budget():
     # Budgets 16 and 64, buffer 8: the 16-token task's lengths [4, 12, 16, 16] are penalised within its
     # own buffer (8..16), not the run's largest budget (56..64, where they would all get 0).
     short = _group([4, 12, 16, 16], ["stop", "stop", "length", "length"], [0.0, 0.0, 0.0, 0.0])
-    long = _group([4, 12, 16, 60], ["stop"] * 4, [0.0, 0.0, 0.0, 0.0])
-    for s in long:
-        s.task = "long"
+    long = _group([4, 12, 16, 60], ["stop"] * 4, [0.0, 0.0, 0.0, 0.0], task="long")
     algo = AlgoConf(name="t", advantage="drgrpo", overlong_buffer_len=8)
     batch, metrics = build_train_batch([short, long], algo, pad_token_id=0, train_step=1, max_response_len=64,
                                        temperature=1.0, task_budgets={"t": 16, "long": 64})

@@ -16,7 +16,7 @@ import torch
 from rlharness.algo.losses import aggregate_loss, clipped_policy_loss, token_logprobs
 from rlharness.config.schema import AlgoConf
 from rlharness.trainer.batch import build_train_batch
-from rlharness.core.types import RolloutState, Status
+from rlharness.core.types import Group, RolloutState, Status
 
 PAD, VOCAB = 0, 7
 
@@ -34,8 +34,12 @@ B = sample("b", [5, 1], [2, 3, 4, 6], [-1.1, -1.2, -1.3, -1.4], [2, 2, 3, 3], sc
 DRGRPO = AlgoConf(name="drgrpo", advantage="drgrpo")  # advantages r - mean: +0.5 for A, -0.5 for B
 
 
+def group(*samples: RolloutState) -> Group:
+    return Group.from_samples(list(samples))
+
+
 def build():
-    return build_train_batch([[A, B]], DRGRPO, pad_token_id=PAD, train_step=7, max_response_len=8, temperature=1.0)
+    return build_train_batch([group(A, B)], DRGRPO, pad_token_id=PAD, train_step=7, max_response_len=8, temperature=1.0)
 
 
 def test_batch_tensors_by_hand():
@@ -116,7 +120,7 @@ def test_rollout_metrics():
 
 def test_zero_signal_groups_stay_in_the_batch():
     same = [sample("c", [1], [2], [-0.1], [0], 1.0), sample("d", [1], [3], [-0.2], [0], 1.0)]
-    batch, metrics = build_train_batch([[A, B], same], DRGRPO, PAD, 1, 8, 1.0)
+    batch, metrics = build_train_batch([group(A, B), group(*same)], DRGRPO, PAD, 1, 8, 1.0)
     assert batch.input_ids.shape[0] == 4 and batch.num_groups == 2
     assert batch.advantages[2:].abs().sum().item() == 0
     assert batch.response_mask[2:].sum().item() == 2
@@ -124,7 +128,7 @@ def test_zero_signal_groups_stay_in_the_batch():
 
 
 def test_greedy_temperature_scores_at_one():
-    batch, _ = build_train_batch([[A, B]], DRGRPO, PAD, 1, 8, temperature=0.0)
+    batch, _ = build_train_batch([group(A, B)], DRGRPO, PAD, 1, 8, temperature=0.0)
     assert batch.temperature == 1.0
 
 
@@ -132,9 +136,9 @@ def test_bad_input_is_named():
     unjudged = sample("u", [1], [2], [-0.1], [0], 0.0)
     unjudged.reward = None
     with pytest.raises(ValueError, match="uid=u"):
-        build_train_batch([[A, unjudged]], DRGRPO, PAD, 1, 8, 1.0)
+        build_train_batch([group(A, unjudged)], DRGRPO, PAD, 1, 8, 1.0)
     ragged = sample("r", [1], [2, 3], [-0.1], [0, 0], 0.0)
     with pytest.raises(ValueError, match="uid=r"):
-        build_train_batch([[A, ragged]], DRGRPO, PAD, 1, 8, 1.0)
+        build_train_batch([group(A, ragged)], DRGRPO, PAD, 1, 8, 1.0)
     with pytest.raises(ValueError, match="same, non-zero size"):
-        build_train_batch([[A, B], [A]], DRGRPO, PAD, 1, 8, 1.0)
+        build_train_batch([group(A, B), group(A)], DRGRPO, PAD, 1, 8, 1.0)

@@ -15,7 +15,7 @@ from rlharness.backend import build_backend
 from rlharness.backend.torch_backend import TorchBackend, lr_multiplier
 from rlharness.config.schema import AlgoConf, ModelConf, TorchBackendConf
 from rlharness.trainer.batch import build_train_batch
-from rlharness.core.types import RolloutState, Status
+from rlharness.core.types import Group, RolloutState, Status
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -23,7 +23,7 @@ METRICS = {"train/loss", "train/pg_loss", "train/kl", "train/entropy", "train/gr
            "train/lr", "train/tis_ratio_mean", "train/tis_truncated_frac", "train/logprob_diff_rollout"}
 
 
-def make_groups(seed: int, num_groups: int = 3, k: int = 4, vocab: int = 24, rewards=None) -> list[list[RolloutState]]:
+def make_groups(seed: int, num_groups: int = 3, k: int = 4, vocab: int = 24, rewards=None) -> list[Group]:
     """Groups with different prompt and response lengths; token ids avoid the 4 special tokens."""
     rng = random.Random(seed)
     groups = []
@@ -38,7 +38,7 @@ def make_groups(seed: int, num_groups: int = 3, k: int = 4, vocab: int = 24, rew
                 prompt_ids=list(prompt), response_ids=[rng.randrange(4, vocab) for _ in range(n)],
                 response_logprobs=[-rng.uniform(2.0, 4.0) for _ in range(n)], response_model_steps=[0] * n,
                 reward={"score": score}, status=Status.COMPLETED, finish_reason="stop"))
-        groups.append(group)
+        groups.append(Group.from_samples(group))
     return groups
 
 

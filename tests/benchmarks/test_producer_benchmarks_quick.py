@@ -258,7 +258,7 @@ def test_refresh_staleness_skips_rescans_but_never_keeps_a_too_stale_group():
 
 
 def test_clone_is_deep_for_every_mutable_field_but_the_read_only_prompt():
-    s = _completed("t", 3)[0]
+    s = _completed("t", 3).samples[0]
     s.label = {"numbers": [1, 2]}
     s.extra = {"trace": {"a": [1]}}
     c = s.clone()

@@ -15,7 +15,7 @@ from rlharness.backend.deepspeed_backend import pad_rows
 from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, ModelConf, TorchBackendConf
 from rlharness.distributed.train_actor import TrainingWorkerDied
 from rlharness.trainer.batch import build_train_batch
-from rlharness.core.types import RolloutState, Status
+from rlharness.core.types import Group, RolloutState, Status
 
 pytestmark = [pytest.mark.ray, pytest.mark.deepspeed, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -34,7 +34,7 @@ def make_batch(algo: AlgoConf, seed: int, num_groups: int = 3, k: int = 3, vocab
                 prompt_ids=list(prompt), response_ids=resp, response_logprobs=[-rng.uniform(2, 4) for _ in resp],
                 response_model_steps=[0] * len(resp), reward={"score": float(rng.random() < 0.5)},
                 status=Status.COMPLETED, finish_reason="stop"))
-        groups.append(group)
+        groups.append(Group.from_samples(group))
     return build_train_batch(groups, algo, pad_token_id=0, train_step=1, max_response_len=8, temperature=1.0)[0]
 
 

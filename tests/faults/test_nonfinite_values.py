@@ -32,7 +32,7 @@ from rlharness.logging_utils.ledger import read_ledger
 from rlharness.logging_utils.metrics import json_line
 from rlharness.launch.preflight import compose_checked
 from rlharness.core.run_dir import RunDir
-from rlharness.core.types import RolloutState, Status
+from rlharness.core.types import Group, RolloutState, Status
 from tests.faults.test_refused_input import refused
 from tests.helpers import run_cli
 
@@ -85,10 +85,12 @@ def test_a_non_finite_value_is_refused_on_the_command_line(tmp_path):
 
 
 # ----------------------------------------------------------------------------- rewards
-def group_of(n: int = 2) -> list[RolloutState]:
-    return [RolloutState(uid=f"u{i}", group_id="g", task="t", prompt_index=0, epoch=0, prompt_text="p",
-                         prompt_ids=[1], response_ids=[2], response_logprobs=[-1.0], response_model_steps=[0],
-                         response_text="42", label={"answer": "42"}, status=Status.COMPLETED) for i in range(n)]
+def group_of(n: int = 2) -> Group:
+    label = {"answer": "42"}
+    return Group.from_samples([
+        RolloutState(uid=f"u{i}", group_id="g", task="t", prompt_index=0, epoch=0, prompt_text="p", prompt_ids=[1],
+                     response_ids=[2], response_logprobs=[-1.0], response_model_steps=[0], response_text="42",
+                     label=label, status=Status.COMPLETED) for i in range(n)])
 
 
 class FixedScore(Judger):
@@ -105,7 +107,7 @@ class FixedScore(Judger):
     score_inline = score
 
 
-def judged(judger: Judger) -> list[RolloutState]:
+def judged(judger: Judger) -> Group:
     return asyncio.run(judger.judge_group(group_of(), timeout_s=10))
 
 
@@ -114,7 +116,7 @@ def test_a_reward_outside_float32_fails_its_group(value):
     judger = FixedScore(value)
     group = judged(judger)
     assert all(s.status == Status.FAILED for s in group)
-    assert "float32" in group[0].extra["fail_reason"] and "fixed" in group[0].extra["fail_reason"]
+    assert "float32" in group.drop_reason and "fixed" in group.drop_reason
     assert judger.stats()["rewards_out_of_range"] == 1 and judger.stats()["groups_failed"] == 1
 
 
@@ -126,7 +128,7 @@ def test_a_float32_reward_is_kept():
 def test_router_composition_beyond_float32_fails_the_group():
     judger = RouterJudger(RouterJudgerConf(weights={"math": 1e300, "format": 0.0}))
     group = judged(judger)
-    assert group[0].status == Status.FAILED and "float32" in group[0].extra["fail_reason"]
+    assert group.status == Status.FAILED and "float32" in group.drop_reason
     assert judger.stats()["rewards_out_of_range"] == 1
 
 
@@ -170,7 +172,7 @@ def test_a_remote_score_beyond_float32_fails_its_group(judge_replying):
             await judger.close()
 
     group = asyncio.run(main())
-    assert group[0].status == Status.FAILED and "1e+39" in group[0].extra["fail_reason"]
+    assert group.status == Status.FAILED and "1e+39" in group.drop_reason
     assert judger.stats()["rewards_out_of_range"] == 1 and judger.stats()["groups_failed"] == 1
 
 

@@ -71,7 +71,7 @@ def test_the_thread_path_keeps_its_timeout_and_fails_the_member():
 def test_an_inline_raise_fails_the_group_with_the_reason():
     group = asyncio.run(_ThreadRecorder(inline=True, raise_inline=True).judge_group(_group(["a", "b"], {}), 5))
     assert all(s.status == Status.FAILED for s in group)
-    assert group[0].extra["fail_reason"] == "judger recorder: ValueError: bad label"
+    assert group.drop_reason == "judger recorder: ValueError: bad label"
 
 
 def test_math_judger_answers_plain_numbers_inline_and_defers_expressions_to_math_verify():

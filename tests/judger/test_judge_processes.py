@@ -50,9 +50,9 @@ def test_a_tower_fails_its_member_at_the_timeout_and_the_others_are_judged():
 
     stuck, after, stats = asyncio.run(main())
     assert all(s.status == Status.COMPLETED for s in stuck)
-    assert stuck[0].extra["infra_failure"] == ("judger math: JudgeLimitExceeded: timeout after 1.5 s (judging process "
-                                               "replaced)")
-    assert "infra_failure" not in stuck[1].extra and stuck[1].reward["score"] == 1.0
+    assert stuck.samples[0].extra["infra_failure"] == ("judger math: JudgeLimitExceeded: timeout after 1.5 s "
+                                                       "(judging process replaced)")
+    assert "infra_failure" not in stuck.samples[1].extra and stuck.samples[1].reward["score"] == 1.0
     assert [s.reward["score"] for s in after] == [1.0, 0.0]  # a fresh process took over
     assert stats["timeouts"] == 1 and stats["groups_failed"] == 0 and stats["processes_replaced"] == 1
 
@@ -74,7 +74,7 @@ def test_a_tower_label_scores_zero_with_on_timeout_zero_and_the_event_loop_keeps
 
     group, ticks, stats = asyncio.run(main())
     assert [s.status for s in group] == [Status.COMPLETED] * 2 and [s.reward for s in group] == [{"score": 0.0}] * 2
-    assert all("timeout after 2 s" in s.extra["judge_limit"] for s in group)
+    assert all("timeout after 2 s" in s.judge_limit for s in group)
     assert stats["scored_zero_on_timeout"] == 2 and stats["groups_failed"] == 0
     # ~200 ticks fit in the 2 s; a judger holding this interpreter's lock would allow almost none.
     assert ticks >= 20
@@ -90,7 +90,7 @@ def test_router_with_math_uses_judging_processes_too():
             await r.close()
 
     group = asyncio.run(main())
-    assert "timeout after 1 s" in group[0].extra["infra_failure"]
+    assert "timeout after 1 s" in group.samples[0].extra["infra_failure"]
 
 
 def _alive(pid: int) -> bool:
@@ -127,7 +127,7 @@ def test_ctrl_c_during_judging_stops_the_process_and_its_judging_processes(tmp_p
             j = MathJudger(MathJudgerConf(num_workers=1))
             g = make_group(task="t", prompt_index=0, epoch=0, prompt_text="p", prompt_ids=[1],
                            label={{"answer": "1"}}, k=1)
-            g[0].response_text, g[0].status = {TOWER!r}, Status.COMPLETED
+            g.samples[0].response_text, g.samples[0].status = {TOWER!r}, Status.COMPLETED
             task = asyncio.ensure_future(j.judge_group(g, timeout_s=600))
             while j.__dict__.get("_pool") is None:
                 await asyncio.sleep(0.05)

@@ -17,7 +17,7 @@ from rlharness.judger import build_judger
 from rlharness.judger.llm import LLMJudger
 from rlharness.judger.reward_model import RewardModelJudger, check_reward_model
 from rlharness.core.run_dir import RunDir
-from rlharness.core.types import RolloutState, Status
+from rlharness.core.types import Group, RolloutState, Status
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -59,10 +59,12 @@ def rm_dir(tmp_path_factory) -> Path:
     return save_classifier(tmp_path_factory.mktemp("rm") / "rm")
 
 
-def group(pairs: list[tuple[str, str]], label: dict | None = None) -> list[RolloutState]:
-    return [RolloutState(uid=str(i), group_id="g", task="arithmetic", prompt_index=0, epoch=0, prompt_text=p,
-                         prompt_ids=[], label=label or {"answer": "959"}, response_text=r, sample_seed=i)
-            for i, (p, r) in enumerate(pairs)]
+def group(pairs: list[tuple[str, str]], label: dict | None = None) -> Group:
+    """One sample per (prompt, response) pair: the judgers score each member's own prompt and response."""
+    label = label or {"answer": "959"}
+    return Group("g", "arithmetic", 0, 0, "", label, [
+        RolloutState(uid=str(i), group_id="g", task="arithmetic", prompt_index=0, epoch=0, prompt_text=p,
+                     prompt_ids=[], label=label, response_text=r, sample_seed=i) for i, (p, r) in enumerate(pairs)])
 
 
 def judge(judger, states, timeout_s: float = 120.0):
@@ -157,19 +159,20 @@ def test_a_hung_reward_model_process_times_out_as_configured_and_is_replaced(rm_
             scorer = (await j._scorer()).scorer
             pid = scorer._pool.schedule(os.getpid).result(timeout=60)  # the one worker process
             os.kill(pid, signal.SIGSTOP)
-            hung, hung_beside = await asyncio.gather(j.judge_group(states, 2.0), j.judge_group(beside, 2.0))
+            hung_groups = await asyncio.gather(j.judge_group(states, 2.0), j.judge_group(beside, 2.0))
             assert j.stats()["scoring_calls"] == 2  # the first group's call, then one for both
             after = await j.judge_group(group(PAIRS[:3]), 120.0)
             new_pid = scorer._pool.schedule(os.getpid).result(timeout=60)
-            return first, hung + hung_beside, after, pid, new_pid
+            return first, hung_groups, after, pid, new_pid
         finally:
             await j.close()
 
-    first, hung, after, pid, new_pid = asyncio.run(go())
+    first, hung_groups, after, pid, new_pid = asyncio.run(go())
+    hung = [s for g in hung_groups for s in g]
     stats = j.stats()
     assert stats["timeouts"] == 2 and stats["processes_replaced"] == 1, stats  # one per group, one process
     if on_timeout == "fail":
-        assert all(s.status is Status.FAILED for s in hung) and "timeout" in hung[0].extra["fail_reason"]
+        assert all(s.status is Status.FAILED for s in hung) and all("timeout" in g.drop_reason for g in hung_groups)
         assert stats["groups_failed"] == 2 and stats["scored_zero_on_timeout"] == 0
     else:
         assert [s.reward for s in hung] == [{"score": 0.0}] * 6 and all(s.status is not Status.FAILED for s in hung)
@@ -251,7 +254,7 @@ def test_llm_judger_scores_what_the_judge_wrote_and_counts_unparseable(tiny_mode
     never = replace(conf, score_pattern=r"SCORE=(\d+)")  # the judge never writes this: all unparseable
     failing = build_judger(never)
     out = judge(failing, group([("p=", r) for r in responses]))
-    assert all(s.status is Status.FAILED for s in out) and "unparseable judgement" in out[0].extra["fail_reason"]
+    assert all(s.status is Status.FAILED for s in out) and "unparseable judgement" in out.drop_reason
     assert failing.stats()["unparseable"] >= 1 and failing.stats()["groups_failed"] == 1
     zero = build_judger(replace(never, on_timeout="zero"))
     out = judge(zero, group([("p=", r) for r in responses]))

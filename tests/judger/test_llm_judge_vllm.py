@@ -18,7 +18,7 @@ import pytest
 from rlharness.config.schema import LLMJudgerConf
 from rlharness.judger import build_judger
 from rlharness.core.run_dir import RunDir
-from rlharness.core.types import RolloutState, Status
+from rlharness.core.types import Group, RolloutState, Status
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -82,8 +82,8 @@ def test_the_vllm_judge_scores_as_the_hf_judge_and_counts_unparseable(judged_run
                            response_text=s["response"]) for s in samples]
 
     async def go():
-        try:
-            return await reference.judge_group(states, 120.0)
+        try:  # every trained sample in one call: the judge scores each member's own prompt and response
+            return await reference.judge_group(Group("all", "arithmetic", 0, 0, "", {}, states), 120.0)
         finally:
             await reference.close()
 

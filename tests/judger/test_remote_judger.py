@@ -114,15 +114,15 @@ def test_judge_group_marks_failed_when_the_judger_raises(server):
     group = asyncio.run(_judger(server, "/error", max_retries=1).judge_group(_group(), timeout_s=60))
     assert all(s.status == Status.FAILED for s in group)
     assert all(s.reward is None for s in group)
-    assert "HTTP 500 judge exploded (after 2 attempts)" in group[0].extra["fail_reason"]
+    assert "HTTP 500 judge exploded (after 2 attempts)" in group.drop_reason
 
 
 @pytest.mark.timeout(30)
 def test_judge_group_marks_failed_when_the_judger_exceeds_its_timeout(server):
     # The server answers after 1 s; the group's judging budget is 0.2 s.
     group = asyncio.run(_judger(server, "/slow", timeout_s=5).judge_group(_group(k=1), timeout_s=0.2))
-    assert group[0].status == Status.FAILED
-    assert group[0].extra["fail_reason"].endswith("timeout")
+    assert group.status == Status.FAILED
+    assert group.drop_reason.endswith("timeout")
 
 
 def test_judge_group_marks_failed_when_a_rule_judger_raises():
@@ -133,4 +133,4 @@ def test_judge_group_marks_failed_when_a_rule_judger_raises():
         s.label = {"target": 3}  # a math judger needs label["answer"]
     group = asyncio.run(MathJudger().judge_group(group, timeout_s=10))
     assert all(s.status == Status.FAILED for s in group)
-    assert "KeyError" in group[0].extra["fail_reason"]
+    assert "KeyError" in group.drop_reason

@@ -42,13 +42,13 @@ def check_mix_ledger(run_dir: Path, steps: int, batch_size: int, weights: dict[s
         for t, w in weights.items():
             assert abs(total[t] - steps * batch_size * Fraction(repr(float(w))) / w_sum) < 1, (t, total[t])
 
-    buffered = list(state["replay_buffer"]["groups"]) + [g for g, _ in state["replay_buffer"]["dropped"]]
+    buffered = list(state["replay_buffer"]["groups"]) + list(state["replay_buffer"]["dropped"])
     places: dict[str, Counter] = defaultdict(Counter)  # task -> (epoch, prompt) -> groups
     for rows in (trained, dropped):
         for task, epoch, prompt, _gid in {(r["task"], r["epoch"], r["prompt_index"], r["group_id"]) for r in rows}:
             places[task][(epoch, prompt)] += 1
     for g in buffered:
-        places[g[0]["task"]][(g[0]["epoch"], g[0]["prompt_index"])] += 1
+        places[g["task"]][(g["epoch"], g["prompt_index"])] += 1
     for task, sampler in state["samplers"].items():
         seen = places[task]
         twice = {k: n for k, n in seen.items() if n > 1}

@@ -61,7 +61,10 @@ def test_a_task_bound_outside_the_run_s_is_refused_naming_the_key(value, message
     with pytest.raises(ConfigError, match=message):
         compose_conf(["experiment=arith_mix", "max_staleness=2", f"tasks.unpadded.max_staleness={value}"])
     conf, _ = compose_conf(["experiment=arith_mix", "max_staleness=2", "tasks.unpadded.max_staleness=1"])
-    assert [conf.staleness_for(e) for e in conf.task_entries().values()] == [2, 1]
+    from rlharness.launch.build import staleness_policy
+
+    policy = staleness_policy(conf)
+    assert [policy.bound(name) for name in conf.task_entries()] == [2, 1]
 
 
 def test_the_run_builds_one_staleness_policy_that_every_part_asks(tmp_path):

@@ -100,7 +100,7 @@ class Harness:
     max_staleness: int
     staleness_mode: str = "token"
     trained: list[tuple[int, Group]] = field(default_factory=list)  # (train_step, group)
-    dropped: list[tuple[Group, str]] = field(default_factory=list)
+    dropped: list[Group] = field(default_factory=list)
 
 
 def build(
@@ -138,19 +138,19 @@ def check_batch(h: Harness, batch: ProducedBatch, step: int) -> None:
     its start version, and trained no earlier than that step's turn allows)."""
     assert len(batch.groups) == h.mgr.batch_size
     for g in batch.groups:
-        admit_step, admit_version = g[0].extra["admit_step"], g[0].extra["admit_version"]
-        assert 0 <= admit_step - 1 - admit_version
+        admission = g.admission
+        assert 0 <= admission.staleness
         if h.staleness_mode == "admission":
-            assert admit_step - 1 - admit_version <= h.max_staleness, (step, admit_step, admit_version)
+            assert admission.staleness <= h.max_staleness, (step, admission)
         for s in g:
-            assert (s.extra["admit_step"], s.extra["admit_version"]) == (admit_step, admit_version)
+            assert s.group_id == g.group_id and s.task == g.task == TASK
             assert s.status.value == "completed"
             assert s.response_ids and len(s.response_ids) == len(s.response_logprobs) == len(s.response_model_steps)
             staleness = step - 1 - min(s.response_model_steps)
             assert 0 <= staleness, (step, s.response_model_steps)
             if h.staleness_mode == "token":
                 assert staleness <= h.max_staleness, (step, s.response_model_steps)
-            assert min(s.response_model_steps) >= admit_version  # no token older than the admission
+            assert min(s.response_model_steps) >= admission.version  # no token older than the admission
             assert s.response_model_steps == sorted(s.response_model_steps)  # continuations only append newer
     if h.staleness_mode == "token":
         assert batch.stats["staleness/max"] <= h.max_staleness
@@ -209,11 +209,11 @@ def check_nothing_lost(h: Harness, extra_trained: list[Group] = (), extra_droppe
     assert h.mgr.in_flight() == 0
     h.dropped.extend(h.mgr.pop_dropped())
     trained = [g for _, g in h.trained] + list(extra_trained)
-    dropped = [g for g, _ in h.dropped] + list(extra_dropped)
+    dropped = h.dropped + list(extra_dropped)
     everything = trained + dropped + buffered_groups(h.rb)
-    keys = Counter((g[0].epoch, g[0].prompt_index) for g in everything)
+    keys = Counter((g.epoch, g.prompt_index) for g in everything)
     dup = {k: n for k, n in keys.items() if n > 1}
     assert not dup, f"prompts seen more than once within an epoch: {dup}"
-    assert len({g[0].group_id for g in everything}) == len(everything)
+    assert len({g.group_id for g in everything}) == len(everything)
     assert len(everything) == h.sampler.drawn, (len(everything), h.sampler.drawn)
     check_accounting(h)

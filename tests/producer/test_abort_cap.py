@@ -44,7 +44,7 @@ def test_the_cap_fails_the_group_with_the_reason_and_counts_it():
     h, most, capped = _run(max_aborts=3)
     assert most <= 3 - 1  # a group reaching the cap leaves the buffer as FAILED
     h.dropped.extend(h.mgr.pop_dropped())
-    reasons = [reason for _, reason in h.dropped]
+    reasons = [g.drop_reason for g in h.dropped]
     assert capped >= 1 and len(reasons) == capped
     assert all(r.startswith("interrupted 3 times without partial rollout (strategy.max_aborts=3)") for r in reasons)
     check_nothing_lost(h)

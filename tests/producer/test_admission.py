@@ -81,7 +81,7 @@ def test_sync_and_async_train_the_same_on_policy_batches_at_max_staleness_0(mode
         check_nothing_lost(h)
         for step, g in h.trained:
             assert {v for s in g for v in s.response_model_steps} == {step - 1}
-        runs.append(sorted((step, g[0].prompt_index, tuple(tuple(s.response_ids) for s in g))
+        runs.append(sorted((step, g.prompt_index, tuple(tuple(s.response_ids) for s in g))
                            for step, g in h.trained))
     assert runs[0] == runs[1]
 
@@ -149,7 +149,7 @@ def test_step_stats_report_both_measures_and_the_histogram_plot_sums_them(tmp_pa
             hist = {int(k.rsplit("_", 1)[1]): v for k, v in batch.stats.items() if k.startswith("staleness/tokens_at_")}
             assert hist == {k: float(tokens.count(k)) for k in set(tokens)}
             assert batch.stats["staleness/max"] == max(tokens)
-            admitted = [g[0].extra["admit_step"] - 1 - g[0].extra["admit_version"] for g in batch.groups]
+            admitted = [g.admission.staleness for g in batch.groups]
             assert batch.stats["staleness/admission_max"] == max(admitted) <= 2
             assert batch.stats["staleness/admission_mean"] == pytest.approx(sum(admitted) / len(admitted))
             rows.append({"step": step, **batch.stats})

@@ -67,7 +67,7 @@ def test_a_batch_larger_than_the_dataset_is_refused_or_warned(caplog):
     assert warned == ["task t: batch_size=5 groups per step exceeds the dataset's 4 prompts: every batch holds "
                       "some prompts more than once (from consecutive epochs)"]
     batch = asyncio.run(h.mgr.produce_batch(1))  # it does: 5 groups from 4 prompts
-    assert len({g[0].prompt_index for g in batch.groups}) == 4
+    assert len({g.prompt_index for g in batch.groups}) == 4
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         build(strategy_conf("sync"), n_rows=5, batch_size=5, rollover=True)

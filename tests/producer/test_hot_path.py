@@ -11,7 +11,7 @@ import pytest
 from rlharness.core.gc_tuning import GC_THRESHOLDS, tune_gc, untune_gc
 from rlharness.producer.context import Signal
 from rlharness.producer.pending import _PendingTasks
-from rlharness.core.types import RolloutState, Status, group_status, make_group, member_seeds, new_uid
+from rlharness.core.types import Admission, Group, RolloutState, Status, make_group, member_seeds, new_uid
 
 
 def _named(name: str):
@@ -21,7 +21,7 @@ def _named(name: str):
 
 def _full_state() -> RolloutState:
     s = make_group(task="t", prompt_index=3, epoch=1, prompt_text="p", prompt_ids=[5, 6],
-                   label={"answer": "4", "numbers": [1, 2]}, k=1, seed=7)[0]
+                   label={"answer": "4", "numbers": [1, 2]}, k=1, seed=7).samples[0]
     s.append_tokens([1, 2], [-0.1, -0.2], [0, 1])
     s.response_text, s.reward, s.status, s.finish_reason, s.num_aborts = "12", {"score": 1.0}, Status.COMPLETED, "stop", 2
     s.extra.update(generate_s=0.5, history=[{"turn": 1}])
@@ -57,9 +57,10 @@ def test_make_group_seeds_depend_on_the_sample_alone_and_differ_between_members(
         repr((0, "t", 0, 0, 0)).encode(), digest_size=64).digest()[:8], "little") >> 1]
     assert len({s.uid for s in g}) == 5 and len({s.group_id for s in g}) == 1
     assert all(s.status == Status.INIT and s.response_ids == [] and s.extra == {} for s in g)
-    g[0].response_ids.append(1)
-    assert g[1].response_ids == []  # members share no response list
-    assert all(s.prompt_ids is g[0].prompt_ids and s.label is g[0].label for s in g)  # one read-only prompt
+    assert (g.task, g.prompt_index, g.epoch, g.prompt_text) == ("math", 11, 2, "q") and g.is_pristine()
+    g.samples[0].response_ids.append(1)
+    assert g.samples[1].response_ids == []  # members share no response list
+    assert all(s.prompt_ids is g.samples[0].prompt_ids and s.label is g.label for s in g)  # one read-only prompt
 
 
 def test_append_tokens_extends_an_explicit_mask_and_makes_an_implicit_one_explicit():
@@ -94,7 +95,7 @@ def test_group_status_is_the_worst_member(statuses, expected):
     g = make_group(task="t", prompt_index=0, epoch=0, prompt_text="p", prompt_ids=[1], label={}, k=len(statuses))
     for s, st in zip(g, statuses):
         s.status = st
-    assert group_status(g) == expected
+    assert g.status == expected
 
 
 @pytest.mark.timeout(10)
@@ -151,7 +152,7 @@ def test_pending_hook_returning_false_claims_quietly():
         pending.spawn(_named("slow"), lambda g: asyncio.sleep(10, result=g))
         done = await pending.wait_any(0.1)
         assert done == set() and len(seen) == 1 and pending.count() == 1
-        assert seen[0][0][1].group[0].prompt_text == "g"
+        assert seen[0][0][1].group.prompt_text == "g"
         await pending.cancel_all(1)
 
     asyncio.run(main())
@@ -170,17 +171,23 @@ def test_tune_gc_freezes_and_sets_thresholds_and_untune_restores():
 def test_started_resets_a_pristine_group_in_place_and_copies_any_other_at_the_start():
     from rlharness.producer.pending import Started
 
-    fresh = _named("f") + _named("g")
+    fresh = make_group(task="t", prompt_index=0, epoch=0, prompt_text="f", prompt_ids=[1], label={}, k=2)
     started = Started(fresh)
-    fresh[0].append_tokens([1], [-0.1], [0])
-    fresh[0].status, fresh[0].response_text, fresh[0].extra["generate_s"] = Status.COMPLETED, "1", 0.1
+    member = fresh.samples[0]
+    member.append_tokens([1], [-0.1], [0])
+    member.status, member.response_text, member.extra["generate_s"] = Status.COMPLETED, "1", 0.1
+    fresh.admission = Admission(version=0, step=1, max_staleness=0)  # stamped once started
+    fresh.mark_failed("judger down")
     copy = started.copy_as_started()
-    assert fresh[0].response_ids == [1] and copy[0].is_pristine() and copy[0].uid == fresh[0].uid  # live untouched
-    assert started.restore() is fresh and all(s.is_pristine() for s in fresh)
+    assert member.response_ids == [1] and fresh.admission is not None  # the live group untouched
+    assert copy.is_pristine() and [s.uid for s in copy] == [s.uid for s in fresh]
+    assert started.restore() is fresh and fresh.is_pristine() and fresh.admission is None and fresh.drop_reason is None
 
-    cont = [_full_state()]
-    cont[0].status = Status.ABORTED
+    cont = Group.from_samples([_full_state()], num_crashes=1)
+    cont.samples[0].status = Status.ABORTED
     started = Started(cont)
-    cont[0].append_tokens([3], [-0.3], [2])
+    cont.samples[0].append_tokens([3], [-0.3], [2])
+    cont.num_crashes = 2
     restored = started.restore()
-    assert restored[0] is not cont[0] and restored[0].response_ids == [1, 2] and cont[0].response_ids == [1, 2, 3]
+    assert restored is not cont and restored.samples[0].response_ids == [1, 2] and restored.num_crashes == 1
+    assert cont.samples[0].response_ids == [1, 2, 3]

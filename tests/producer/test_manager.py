@@ -111,7 +111,7 @@ def test_tail_batch_triggers_at_its_threshold(expired):
     h = build(strategy_conf("async", max_staleness=0, over_sample_threshold=1.0, tail_batch_trigger_size=3),
               batch_size=4)
     _put_expired(h, expired)
-    expired_ids = {g[0].group_id for g in h.rb.groups(TASK, Status.EXPIRED)}
+    expired_ids = {g.group_id for g in h.rb.groups(TASK, Status.EXPIRED)}
     ctx = h.mgr.contexts[TASK]
     drawn_before = h.sampler.drawn
     batch = asyncio.run(h.mgr.produce_batch(1))
@@ -120,8 +120,8 @@ def test_tail_batch_triggers_at_its_threshold(expired):
     assert ctx.last_round_tail is tail and ctx.tail_rounds == int(tail)
     # EXPIRED groups are re-sampled first in both modes (never stranded).
     assert h.rb.count(TASK, Status.EXPIRED) == 0
-    assert expired_ids <= {g[0].group_id for g, _ in h.dropped} | {g[0].group_id for _, g in h.trained} | {
-        g[0].group_id for g in buffered_groups(h.rb)}
+    assert expired_ids <= {g.group_id for g in h.dropped} | {g.group_id for _, g in h.trained} | {
+        g.group_id for g in buffered_groups(h.rb)}
     if tail:  # no over-sampling: only the missing groups were drawn fresh
         assert ctx.pending.max_count_seen <= 4
         assert h.sampler.drawn - drawn_before == 4 - expired
@@ -137,9 +137,9 @@ def test_partial_rollout_keeps_tokens_logprobs_versions_and_only_appends():
     snapshots: dict[str, tuple] = {}
     checked = {"continued": 0, "trained_seen": 0}
 
-    def prefix_ok(s):
+    def prefix_ok(s, g):
         snap = snapshots.get(s.uid)
-        if snap is None or snap[3] != s.extra.get("num_expired", 0):
+        if snap is None or snap[3] != g.num_expired:
             return None
         ids, lps, steps, _ = snap
         n = len(ids)
@@ -150,14 +150,14 @@ def test_partial_rollout_keeps_tokens_logprobs_versions_and_only_appends():
     def on_pause(h):
         for _, g in h.trained[checked["trained_seen"]:]:
             for s in g:
-                if prefix_ok(s):
+                if prefix_ok(s, g):
                     checked["continued"] += 1
         checked["trained_seen"] = len(h.trained)
         for g in h.rb.groups(TASK, Status.ABORTED):
             for s in g:
-                prefix_ok(s)  # a later interruption extends the earlier one
+                prefix_ok(s, g)  # a later interruption extends the earlier one
                 snapshots[s.uid] = (list(s.response_ids), list(s.response_logprobs), list(s.response_model_steps),
-                                    s.extra.get("num_expired", 0))
+                                    g.num_expired)
 
     asyncio.run(run_disagg(h, 12, train_s=0.004, on_pause=on_pause))
     check_nothing_lost(h)
@@ -201,7 +201,7 @@ def test_save_mid_async_run_and_load_into_a_fresh_manager_continues_with_nothing
     assert h2.mgr.accounting()["unaccounted"] == 0
     asyncio.run(run_disagg(h2, 12, first_step=5))
     # Union over both runs: run 1's trained + run 1's dropped before the snapshot are not in run 2's state.
-    run1_dropped_before = [g for g, _ in h1.dropped]
+    run1_dropped_before = list(h1.dropped)
     check_nothing_lost(h2, extra_trained=[g for _, g in h1.trained], extra_dropped=run1_dropped_before)
     assert sorted({s for s, _ in h2.trained}) == list(range(5, 17))
 
@@ -222,10 +222,10 @@ def test_a_judger_that_raises_marks_the_group_failed_and_the_run_goes_on():
         h = build(strategy_conf("sync", max_staleness=0), judger=RaisingJudger(every=3), n_rows=30)
         asyncio.run(runner(h, 6))
         check_nothing_lost(h)
-        failed = [(g, r) for g, r in h.dropped if g[0].status == Status.FAILED]
-        assert failed and all("cannot judge prompt" in r for _, r in failed)
-        assert all(g[0].prompt_index % 3 == 0 for g, _ in failed)
-        assert all(g[0].prompt_index % 3 != 0 for _, g in h.trained)
+        failed = [g for g in h.dropped if g.status == Status.FAILED]
+        assert failed and all("cannot judge prompt" in g.drop_reason for g in failed)
+        assert all(g.prompt_index % 3 == 0 for g in failed)
+        assert all(g.prompt_index % 3 != 0 for _, g in h.trained)
 
 
 class DeafEngine(SimEngine):
@@ -295,9 +295,9 @@ def test_a_crashing_agent_loop_is_retried_then_failed_and_nothing_is_lost():
     h = build(strategy_conf("async", max_staleness=1, over_sample_threshold=0.5), engine=engine, n_rows=40)
     asyncio.run(run_colocate(h, 8))
     check_nothing_lost(h)
-    failed = [(g, r) for g, r in h.dropped if g[0].status == Status.FAILED]
-    assert failed and all("crashed 3 times" in r and "engine exploded" in r for _, r in failed)
-    assert all(str(g[0].prompt_index).startswith("3") for g, _ in failed)
+    failed = [g for g in h.dropped if g.status == Status.FAILED]
+    assert failed and all("crashed 3 times" in g.drop_reason and "engine exploded" in g.drop_reason for g in failed)
+    assert all(str(g.prompt_index).startswith("3") and g.num_crashes == 3 for g in failed)
 
 
 def test_production_that_cannot_keep_anything_stops_with_a_clear_error():
@@ -346,9 +346,10 @@ def test_a_task_that_crashes_after_writing_into_its_group_gives_the_group_back_a
     ctx.agent_loop = WritesThenCrashes(agent.conf, agent.engine, agent.judger, agent.decode)
     fresh = h.sampler.sample()
     partial = h.sampler.sample()  # a continuation: a member holding partial tokens from an earlier round
-    partial[0].append_tokens([7, 8], [-0.5, -0.5], [0, 0])
-    partial[0].status, partial[0].finish_reason, partial[0].num_aborts = Status.ABORTED, "abort", 1
-    partial[1].status = Status.ABORTED
+    first, second = partial.samples
+    first.append_tokens([7, 8], [-0.5, -0.5], [0, 0])
+    first.status, first.finish_reason, first.num_aborts = Status.ABORTED, "abort", 1
+    second.status = Status.ABORTED
     before = [s.clone() for s in partial]
 
     async def main():
@@ -358,12 +359,13 @@ def test_a_task_that_crashes_after_writing_into_its_group_gives_the_group_back_a
         ctx.collect(ctx.pending.claim(tasks))
 
     asyncio.run(main())
-    back = {g[0].group_id: g for g in [h.rb.pop_group(TASK, Status.ABORTED), h.rb.pop_group(TASK, Status.ABORTED)]}
-    got_fresh, got_partial = back[fresh[0].group_id], back[partial[0].group_id]
-    assert got_fresh is not None and all(
-        s.status == Status.ABORTED and not s.response_ids and not s.response_text and s.reward is None
-        and s.extra["num_crashes"] == 1 for s in got_fresh)
+    back = {g.group_id: g for g in [h.rb.pop_group(TASK, Status.ABORTED), h.rb.pop_group(TASK, Status.ABORTED)]}
+    got_fresh, got_partial = back[fresh.group_id], back[partial.group_id]
+    assert got_fresh.num_crashes == 1 and got_partial.num_crashes == 1
+    assert got_fresh.admission is None  # stamped when it started: undone with the rest
+    assert all(s.status == Status.ABORTED and not s.response_ids and not s.response_text and s.reward is None
+               for s in got_fresh)
     for s, b in zip(got_partial, before):
         assert (s.response_ids, s.response_logprobs, s.response_model_steps, s.response_text, s.reward, s.num_aborts) \
             == (b.response_ids, b.response_logprobs, b.response_model_steps, b.response_text, b.reward, b.num_aborts)
-        assert s.status == Status.ABORTED and s.extra["num_crashes"] == 1
+        assert s.status == Status.ABORTED

@@ -12,7 +12,7 @@ from rlharness.producer.pending import _PendingTasks
 from rlharness.producer.staleness import StalenessPolicy
 from rlharness.producer.replay_buffer import ReplayBuffer
 from rlharness.producer.sampler import DataExhausted, ExpiredPoolEmpty, Sampler
-from rlharness.core.types import Status, group_status, make_group, stable_seed
+from rlharness.core.types import Status, make_group, stable_seed
 
 
 def _sampler(n=10, k=2, seed=0, rollover=True, shuffle=True, rb=None):
@@ -35,15 +35,15 @@ def test_sampler_is_lazy_and_covers_each_epoch_once_with_a_seeded_reshuffle():
     assert s._order is None  # no iteration state before the first draw
     epoch0 = [s.sample() for _ in range(10)]
     epoch1 = [s.sample() for _ in range(10)]
-    assert sorted(g[0].prompt_index for g in epoch0) == list(range(10))
-    assert sorted(g[0].prompt_index for g in epoch1) == list(range(10))
-    assert {g[0].epoch for g in epoch0} == {0} and {g[0].epoch for g in epoch1} == {1}
-    assert [g[0].prompt_index for g in epoch0] != [g[0].prompt_index for g in epoch1]
+    assert sorted(g.prompt_index for g in epoch0) == list(range(10))
+    assert sorted(g.prompt_index for g in epoch1) == list(range(10))
+    assert {g.epoch for g in epoch0} == {0} and {g.epoch for g in epoch1} == {1}
+    assert [g.prompt_index for g in epoch0] != [g.prompt_index for g in epoch1]
     again, _ = _sampler(n=10, seed=3)
-    assert [again.sample()[0].prompt_index for _ in range(20)] == [g[0].prompt_index for g in epoch0 + epoch1]
+    assert [again.sample().prompt_index for _ in range(20)] == [g.prompt_index for g in epoch0 + epoch1]
     g = epoch0[0]
-    assert len(g) == 2 and len({x.uid for x in g}) == 2 and len({x.group_id for x in g}) == 1
-    assert g[0].prompt_ids == encode(g[0].prompt_text)
+    assert len(g) == 2 and len({x.uid for x in g}) == 2 and {x.group_id for x in g} == {g.group_id}
+    assert g.samples[0].prompt_ids == encode(g.prompt_text)
 
 
 def test_sampler_resumes_its_exact_position():
@@ -51,10 +51,10 @@ def test_sampler_resumes_its_exact_position():
     for _ in range(9):
         s.sample()
     state = s.state_dict()
-    expected = [s.sample()[0].prompt_index for _ in range(12)]
+    expected = [s.sample().prompt_index for _ in range(12)]
     fresh, _ = _sampler(n=7, seed=5)
     fresh.load_state_dict(state)
-    assert [fresh.sample()[0].prompt_index for _ in range(12)] == expected
+    assert [fresh.sample().prompt_index for _ in range(12)] == expected
     with pytest.raises(ValueError, match="dataset now has"):
         _sampler(n=8)[0].load_state_dict(state)
 
@@ -70,7 +70,7 @@ def test_sampler_prefers_aborted_then_expired_then_fresh_and_tail_takes_only_exp
     rb.put(a, model_step=0, train_step=1)
     assert s.sample() is a
     assert s.sample() is e  # EXPIRED is re-sampled even with tail batch off
-    assert s.sample()[0].prompt_index not in (a[0].prompt_index, e[0].prompt_index)
+    assert s.sample().prompt_index not in (a.prompt_index, e.prompt_index)
     with pytest.raises(ExpiredPoolEmpty):
         s.sample(from_expired_only=True)
     rb.put(e, model_step=0, train_step=1)
@@ -134,23 +134,24 @@ def test_buffer_take_batch_pops_stalest_first_and_refuses_a_short_batch():
 def test_buffer_drops_filtered_and_failed_with_reason_and_checkpoints_in_flight_as_aborted():
     s, rb = _sampler(n=10)
     f, x, kept, flying = s.sample(), s.sample(), _complete(s.sample(), [0, 0]), s.sample()
-    for m in f:
-        m.status, m.extra["filter_reason"] = Status.FILTERED, "all_equal_reward"
-    for m in x:
-        m.status, m.extra["fail_reason"] = Status.FAILED, "judger boom"
-    for g in (f, x, kept):
+    f.mark_filtered("all_equal_reward")
+    x.mark_failed("judger boom")
+    unexplained = s.sample()
+    for m in unexplained:
+        m.status = Status.FAILED
+    for g in (f, x, unexplained, kept):
         rb.put(g, model_step=0, train_step=1)
     assert rb.counts() == {"completed": 1, "aborted": 0, "expired": 0}
-    assert [r for _, r in rb.pop_dropped()] == ["all_equal_reward", "judger boom"]
+    assert [g.drop_reason for g in rb.pop_dropped()] == ["all_equal_reward", "judger boom", "failed"]
     assert rb.pop_dropped() == []
-    assert rb.counters["dropped_filtered"] == 1 and rb.counters["dropped_failed"] == 1
+    assert rb.counters["dropped_filtered"] == 1 and rb.counters["dropped_failed"] == 2
     state = rb.state_dict(in_flight=[flying])
     assert all(m.status == Status.INIT for m in flying)  # the live group is untouched
     fresh = ReplayBuffer(StalenessPolicy(max_staleness=0))
     fresh.load_state_dict(state)
     assert fresh.counts() == {"completed": 1, "aborted": 1, "expired": 0}
     restored = fresh.pop_group(TASK, Status.ABORTED)
-    assert restored[0].group_id == flying[0].group_id and group_status(restored) == Status.ABORTED
+    assert restored.group_id == flying.group_id and restored.status == Status.ABORTED
 
 
 # ----------------------------------------------------------------------------- pending tasks
@@ -176,14 +177,14 @@ def test_pending_tasks_are_handled_exactly_once_by_concurrent_claimers():
             while pending.count():
                 done = await pending.wait_any(0.05)
                 for _task, started in pending.claim(done):
-                    handled.append(started.group[0].prompt_text)
+                    handled.append(started.group.prompt_text)
 
         await asyncio.gather(claimer(), claimer(), claimer())
         assert sorted(handled) == sorted(f"g{i}" for i in range(30))
 
         slow = [pending.spawn(_named(f"s{i}"), lambda g: asyncio.sleep(10, result=g)) for i in range(3)]
         claimed = await pending.cancel_all()
-        assert {started.group[0].prompt_text for _, started in claimed} == {"s0", "s1", "s2"}
+        assert {started.group.prompt_text for _, started in claimed} == {"s0", "s1", "s2"}
         assert all(t.cancelled() for t in slow) and pending.count() == 0
         assert await pending.cancel_all() == []
         # schedule_one checks the stop flag and the budget before taking a group

@@ -136,12 +136,12 @@ def assert_nothing_lost_or_duplicated(run_dir: Path, total_steps: int, max_stale
         assert r["train_step"] - 1 - r["min_policy_version"] <= max_staleness
     _, ckpt = latest_checkpoint(run_dir)
     state = load_state(ckpt / "trainer.pt")["producer"]
-    buffered = {(g[0]["epoch"], g[0]["prompt_index"]) for g in _buffer_groups(state["replay_buffer"])}
+    buffered = {(g["epoch"], g["prompt_index"]) for g in _buffer_groups(state["replay_buffer"])}
     assert not buffered & (trained_groups | dropped_groups)
     drawn = sum(s["drawn"] for s in state["samplers"].values())
     assert len(trained_groups) + len(dropped_groups) + len(buffered) == drawn
 
 
-def _buffer_groups(buffer_state) -> list[list[dict]]:
-    """Groups held in a saved ReplayBuffer state, in flight ones included (saved as ABORTED)."""
-    return list(buffer_state["groups"]) + [g for g, _reason in buffer_state["dropped"]]
+def _buffer_groups(buffer_state) -> list[dict]:
+    """Groups held in a saved ReplayBuffer state (`Group.to_dict`), in flight ones included (saved as ABORTED)."""
+    return list(buffer_state["groups"]) + list(buffer_state["dropped"])

@@ -16,7 +16,7 @@ import torch
 from rlharness.algo.losses import aggregate_loss, clipped_policy_loss, loss_denominator, token_logprobs
 from rlharness.config.schema import AlgoConf
 from rlharness.trainer.batch import build_train_batch
-from rlharness.core.types import RolloutState, Status
+from rlharness.core.types import Group, RolloutState, Status
 
 PAD, VOCAB = 0, 9
 DRGRPO = AlgoConf(name="drgrpo", advantage="drgrpo")  # advantages r - mean: +0.5 / -0.5
@@ -42,8 +42,8 @@ def plain_sample() -> RolloutState:
 
 
 def build():
-    return build_train_batch([[tool_sample(), plain_sample()]], DRGRPO, PAD, train_step=5, max_response_len=8,
-                             temperature=1.0)
+    return build_train_batch([Group.from_samples([tool_sample(), plain_sample()])], DRGRPO, PAD, train_step=5,
+                             max_response_len=8, temperature=1.0)
 
 
 def test_state_mask_bookkeeping_and_serialisation():
