@@ -65,7 +65,7 @@ def test_the_thread_path_keeps_its_timeout_and_fails_the_member():
     """Past its timeout the member failed for a reason that is not the policy's (algo.failed_member_policy)."""
     j = _ThreadRecorder(inline=False, sleep_s=1.0)
     group = asyncio.run(j.judge_group(_group(["a"], {}), timeout_s=0.05))
-    assert group[0].status == Status.COMPLETED and group[0].extra["infra_failure"].endswith("timeout")
+    assert group.status == Status.COMPLETED and group.samples[0].extra["infra_failure"].endswith("timeout")
 
 
 def test_an_inline_raise_fails_the_group_with_the_reason():
