@@ -46,8 +46,6 @@ class AgentPool:
         self.max_idle = max_idle
         self._idle: list[AgentProcess] = []
         self._busy: set[AgentProcess] = set()
-        self.started = 0  # processes started (replacements included)
-        self.killed = 0  # processes killed or found dead (a timeout, a cancelled group, the program's exit)
         self._closed = False
         self._server: subprocess.Popen | None = None
         self._control: socket.socket | None = None
@@ -109,7 +107,6 @@ class AgentPool:
             theirs.close()
         pid = await fut
         reader, writer = await asyncio.open_connection(sock=ours, limit=_REPLY_LIMIT)
-        self.started += 1
         return AgentProcess(pid, reader, writer)
 
     async def _exit_code(self, pid: int) -> int | None:
@@ -158,8 +155,6 @@ class AgentPool:
             return {"error": f"its process could not be reached: {exc}", "died": True}
         finally:
             self._busy.discard(worker)
-            if not healthy:
-                self.killed += 1
             if healthy and not self._closed and len(self._idle) < self.max_idle:
                 self._idle.append(worker)
             else:

@@ -102,7 +102,10 @@ def main() -> None:
             importlib.import_module(name)
         except ImportError:
             pass
-    serve(control)
+    try:
+        serve(control)
+    except OSError:  # the pool closed its end while a line was on its way: the run is done with us
+        pass
 
 
 if __name__ == "__main__":

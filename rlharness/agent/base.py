@@ -92,3 +92,16 @@ class AgentLoop(abc.ABC):
                 stop=self.stop_strings, greedy=False)
         return params
 
+
+
+async def close_agent_loops(loops: list[AgentLoop]) -> None:
+    """Close each loop once (a task's training and eval loops may be one object), in the event loop that ran
+    them (the gateway's server and agent processes belong to it)."""
+    seen: set[int] = set()
+    for loop in loops:
+        if id(loop) not in seen:
+            seen.add(id(loop))
+            try:
+                await loop.close()
+            except Exception:  # noqa: BLE001 - the run's end goes on (its checkpoint is written)
+                log.exception("closing agent loop %s failed", type(loop).__name__)

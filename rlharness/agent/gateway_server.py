@@ -166,6 +166,7 @@ class GatewayHub:
     """The server and the agent processes the gateway loops of one event loop share (module docstring)."""
 
     def __init__(self, max_request_bytes: int, max_concurrency: int) -> None:
+        self.loop = asyncio.get_running_loop()
         self.server = GatewayServer(max_request_bytes)
         self.pool = AgentPool(max_idle=max_concurrency)
         # Agent programs running at once (a call parked for a weight sync gives its slot back).

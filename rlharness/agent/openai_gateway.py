@@ -137,6 +137,8 @@ class GatewayAgentLoop(AgentLoop):
         self._decode_raw = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
 
     async def _join(self) -> GatewayHub:
+        if self.hub is not None and self.hub.loop is not asyncio.get_running_loop():
+            self.hub, self._sessions, self._by_uid = None, {}, {}  # a new event loop: the old one's are gone
         if self.hub is None:
             self.hub = join_hub(self.conf.max_request_bytes, self.conf.max_concurrency)
         await self.hub.server.start()

@@ -42,6 +42,7 @@ from rlharness.logging_utils.wandb_logger import WandbLogger
 from rlharness.core.run_dir import CHECKPOINTS, RunDir, step_name
 from rlharness.producer.sampler import DataExhausted
 from rlharness.core.stopping import StopController
+from rlharness.agent.base import close_agent_loops
 from rlharness.trainer.batch import build_train_batch
 from rlharness.trainer.onpolicy_guard import (all_tokens_on_policy, guard_on, onpolicy_gap_warning, save_evidence,
                                               weights_verdict)
@@ -413,14 +414,3 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
 
-
-async def close_agent_loops(loops: list) -> None:
-    """Each loop once (a task's training and eval loops may be one object), in the run's event loop."""
-    seen: set[int] = set()
-    for loop in loops:
-        if id(loop) not in seen:
-            seen.add(id(loop))
-            try:
-                await loop.close()
-            except Exception:  # noqa: BLE001 - the run's end goes on (checkpoint written already)
-                log.exception("closing agent loop %s failed", type(loop).__name__)
