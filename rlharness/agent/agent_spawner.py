@@ -17,7 +17,6 @@ server also ends, killing its processes, when the control socket closes.
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import os
 import selectors
@@ -25,16 +24,10 @@ import signal
 import socket
 import sys
 
+from rlharness.agent.agent_worker import die_with_parent, worker_main
+
 # Imported here once, so that every agent process starts with them (one not installed is skipped).
 PRELOAD = ("httpx", "openai", "anthropic")
-
-
-def die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
 
 
 def _exit_code(status: int) -> int:
@@ -42,8 +35,6 @@ def _exit_code(status: int) -> int:
 
 
 def serve(control: socket.socket) -> None:
-    from rlharness.agent.agent_worker import worker_main
-
     children: set[int] = set()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -78,7 +69,6 @@ def serve(control: socket.socket) -> None:
                             os.close(wake_w)
                             signal.set_wakeup_fd(-1)
                             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                            die_with_parent()
                             worker_main(socket.socket(fileno=fd))
                         finally:
                             os._exit(0)

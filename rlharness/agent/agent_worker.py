@@ -116,8 +116,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                 "output": tail.text}
 
 
-def _die_with_parent() -> None:
-    """SIGKILL when the forkserver (and so the run) is gone: a killed run leaves no agent running."""
+def die_with_parent() -> None:
+    """SIGKILL when our parent (the fork server, or the run for the server) is gone: a killed run leaves no
+    agent running."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -127,7 +128,7 @@ def _die_with_parent() -> None:
 
 def worker_main(sock) -> None:
     """The process's body: jobs in, replies out, until the socket closes."""
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle; it kills us itself
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # output written below Python's streams (C code, subprocesses) is dropped

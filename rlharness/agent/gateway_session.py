@@ -109,7 +109,6 @@ class Session:
         self.calls = 0
         self.tool_calls = 0
         self.prefix_mismatch = 0
-        self.branches = 0  # segments started from a mark of another one
         self.budget_spent = False  # a call was refused for the sample's budget: the sample has ended
         self.seen_messages: dict[int, int] = {}  # segment id -> messages its last call sent (+ its reply)
         self.agent_task: asyncio.Task | None = None
@@ -192,8 +191,6 @@ class Session:
         if seg is None:
             if plan.mismatch:
                 self.prefix_mismatch += 1
-            elif self.segments:
-                self.branches += 1
             seed = self.state.sample_seed if not self.segments else stable_seed(
                 self.state.sample_seed, "segment", len(self.segments))
             seg = Segment(prompt_ids=plan.prompt_ids, text=plan.parent_text, seed=seed)
