@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlharness.config.schema import ConfigError
 from rlharness.config.store import register_configs
 from rlharness.launch.evaluate import OutputGuard, Source, prepare_eval_argv, run_evaluation
+from rlharness.core.redaction import redact
 
 register_configs()
 EXIT_REFUSED = 2
@@ -43,7 +44,7 @@ def main(cfg: DictConfig) -> None:
         if _GUARD is None:
             raise
         _GUARD.rollback()
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         sys.exit(EXIT_REFUSED)
 
 
@@ -51,6 +52,6 @@ if __name__ == "__main__":
     try:
         sys.argv, _SOURCE, _GUARD = prepare_eval_argv(sys.argv)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         sys.exit(EXIT_REFUSED)
     main()

@@ -26,6 +26,7 @@ from rlharness.config.run import adopt_strategy_max_staleness
 from rlharness.config.store import register_configs
 from rlharness.launch.launcher import RefusedInput, run
 from rlharness.launch.preflight import Finished, RunDirGuard, preflight
+from rlharness.core.redaction import redact
 from rlharness.trainer.nonfinite import NonFiniteTraining
 
 log = logging.getLogger("rlharness")
@@ -49,12 +50,12 @@ def main(cfg: DictConfig) -> float | None:
         if HydraConfig.get().mode == RunMode.MULTIRUN or _GUARD is None:
             raise exc.error from None  # the job's own error, as Hydra reports a job's
         _GUARD.rollback()
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         sys.exit(EXIT_REFUSED)
     except NonFiniteTraining as exc:  # the run trained, then had to stop: one line, not a traceback
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         sys.exit(EXIT_FAILED)
     # Returned to Hydra (sweepers may optimise it): final eval accuracy if any.
     return last.get("eval/accuracy") if last else None
@@ -66,7 +67,7 @@ if __name__ == "__main__":
     try:
         sys.argv, _RESUME_OVERRIDES, _GUARD = preflight(sys.argv)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         sys.exit(EXIT_REFUSED)
     except Finished as exc:
         print(exc, file=sys.stderr)

@@ -3,7 +3,7 @@
 It asks the model the task's question, offering a `python` function (one argument, `code`); when
 the model calls it, the agent runs the code in rlharness's sandbox (`rlharness.sandbox.run`: a
 process of its own in bubblewrap namespaces, with CPU, memory, process and output limits; see
-docs/sandbox.md) and sends back what it printed, or an error line, as the tool message; the
+docs/concepts/sandbox.md) and sends back what it printed, or an error line, as the tool message; the
 model's last answer is returned for the run's judger to score. The tool output the model sees is
 the same as `agent=multi_turn_tool agent.tools=[python]` shows (`sandbox_output`), so
 `experiment=gateway_code` and `experiment=code_tools` see the same tool outputs.

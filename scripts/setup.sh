@@ -3,7 +3,7 @@
 # Usage: bash scripts/setup.sh   (idempotent; re-running only installs what is missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The python tool's sandbox (rlharness/sandbox, docs/sandbox.md): bubblewrap for its namespaces,
+# The python tool's sandbox (rlharness/sandbox, docs/concepts/sandbox.md): bubblewrap for its namespaces,
 # libseccomp for its filter, Debian's python3 as the interpreter the sandboxed code runs with.
 if ! command -v bwrap >/dev/null || [ ! -x /usr/bin/python3 ] || ! ldconfig -p | grep libseccomp.so.2 >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -92,7 +92,7 @@ class PythonTool:
         if conf.isolation == "rlimits":
             log.warning("python tool: agent.sandbox.isolation=rlimits, the weaker mode: the code runs without "
                         "namespaces (no child processes, no network sockets, rlimits), but it sees the file system "
-                        "with the rights of %s (docs/sandbox.md)", "nobody" if os.geteuid() == 0 else "this user")
+                        "with the rights of %s (docs/concepts/sandbox.md)", "nobody" if os.geteuid() == 0 else "this user")
         else:
             log.info("python tool: each call in bubblewrap namespaces, %s", conf)
 

@@ -18,6 +18,8 @@ from rlharness.config.schema import (
     TaskConf, TaskEntryConf, TrainerConf, _check, _one_of, check_prompt_repeat_k, non_finite_values)
 from rlharness.config.tasks import TaskWiring
 
+MAX_SAMPLES_PER_STEP = 1_000_000  # sequences generated in one step (or one eval): memory, not a setting
+
 
 @dataclass
 class RunConf(TaskWiring):
@@ -114,6 +116,14 @@ class RunConf(TaskWiring):
             if self.eval.num_prompts > entry.task.num_eval:
                 raise ConfigError(f"eval.num_prompts={self.eval.num_prompts} exceeds {key}={entry.task.num_eval}")
         check_prompt_repeat_k(self.sampler.prompt_repeat_k, advantage=self.algo.advantage)
+        samples = self.batch_size * self.sampler.prompt_repeat_k
+        if samples > MAX_SAMPLES_PER_STEP:
+            raise ConfigError(f"batch_size={self.batch_size} x sampler.prompt_repeat_k={self.sampler.prompt_repeat_k} = "
+                              f"{samples} samples per step is not allowed: at most {MAX_SAMPLES_PER_STEP} (each is a "
+                              f"sequence generated, held and trained in the step)")
+        if self.eval.num_prompts * self.eval.n > MAX_SAMPLES_PER_STEP:
+            raise ConfigError(f"eval.num_prompts={self.eval.num_prompts} x {self.eval.n} samples each is not allowed: "
+                              f"at most {MAX_SAMPLES_PER_STEP} samples per evaluation")
         for name, entry in self.task_entries().items():
             max_tokens = self.sampling_for(entry).max_tokens
             if self.algo.overlong_buffer_len >= max_tokens:

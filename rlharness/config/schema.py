@@ -81,6 +81,23 @@ def refuse_url_credentials(key: str, url: str | None) -> None:
             f"+judger.headers.Authorization=env:JUDGE_TOKEN with JUDGE_TOKEN exported")
 
 
+_CHAR_NAMES = {"\r": "a carriage return (\\r: a file edited on Windows?)", "\n": "a line feed (\\n)",
+               "\t": "a tab at its start or end", " ": "a space at its start or end", "\x00": "a NUL byte"}
+
+
+def header_value_problem(value: str) -> str | None:
+    """Why `value` cannot be sent as an HTTP header value (RFC 7230 field-value: visible ASCII characters,
+    spaces and tabs between them; httpx sends ASCII), or None. Says where and what, never the value."""
+    for i, ch in enumerate(value):
+        inner = 0 < i < len(value) - 1
+        if "\x21" <= ch <= "\x7e" or (ch in " \t" and inner):
+            continue
+        what = _CHAR_NAMES.get(ch) or (f"a control character (U+{ord(ch):04X})" if ord(ch) < 0x20 or ord(ch) == 0x7F
+                                       else f"a non-ASCII character (U+{ord(ch):04X})")
+        return f"character {i + 1} of {len(value)} is {what}"
+    return None
+
+
 # What algo.failed_member_policy may say (rlharness/core/member_failures.py).
 FAILED_MEMBER_POLICIES = ("mask", "zero", "drop_group")
 
@@ -203,7 +220,7 @@ SANDBOX_ISOLATIONS = ("namespaces", "rlimits")
 
 @dataclass
 class SandboxConf:
-    """Limits and isolation of one sandboxed Python call (rlharness/sandbox, docs/sandbox.md); the
+    """Limits and isolation of one sandboxed Python call (rlharness/sandbox, docs/concepts/sandbox.md); the
     defaults are the safe ones."""
 
     # namespaces: bubblewrap (user, pid, net, ipc, uts, mount namespaces) + rlimits + seccomp; refused at
@@ -285,7 +302,7 @@ class MultiTurnToolAgentConf(AgentConf):
     # the budget is not run (the model is shown "error: ...").
     tool_budget_s: float = 30.0
     tool_workers: int = 2  # tool calls run at once (threads; a python call is a sandboxed process)
-    # The python tool's sandbox (`tools: [python]`; rlharness/sandbox, docs/sandbox.md).
+    # The python tool's sandbox (`tools: [python]`; rlharness/sandbox, docs/concepts/sandbox.md).
     sandbox: SandboxConf = field(default_factory=SandboxConf)
 
     def __post_init__(self) -> None:
@@ -368,6 +385,16 @@ class JudgerConf:
 
 
 
+MAX_JUDGE_WORKERS = 256
+
+
+def check_judging_processes(num_workers: int, worker_memory_mb: int) -> None:
+    """A judger's killable processes (rlharness/judger/pool.py): how many, and the memory each may take."""
+    _check(1 <= num_workers <= MAX_JUDGE_WORKERS, "judger.num_workers", num_workers,
+           f"1..{MAX_JUDGE_WORKERS} (processes started)")
+    _check(worker_memory_mb >= 256, "judger.worker_memory_mb", worker_memory_mb, ">= 256")
+
+
 @dataclass
 class RuleJudgerConf(JudgerConf):
     """A judger whose slow scoring (math-verify) runs in worker processes that can be killed.
@@ -384,8 +411,7 @@ class RuleJudgerConf(JudgerConf):
     on_timeout: str = "fail"  # fail | zero
 
     def __post_init__(self) -> None:
-        _check(self.num_workers >= 1, "judger.num_workers", self.num_workers, ">= 1")
-        _check(self.worker_memory_mb >= 256, "judger.worker_memory_mb", self.worker_memory_mb, ">= 256")
+        check_judging_processes(self.num_workers, self.worker_memory_mb)
         _one_of("judger.on_timeout", self.on_timeout, ("fail", "zero"))
 
 
@@ -460,6 +486,8 @@ class RewardModelJudgerConf(JudgerConf):
     num_cpus: float = 0.0
     # A scoring call past agent.judge_timeout_s (or a crashed scoring process): fail the group | score 0.
     on_timeout: str = "fail"
+    # Run the folder's own code (config.json auto_map) to load it: only for a folder you trust.
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         if non_finite_values(self):
@@ -477,6 +505,7 @@ class RewardModelJudgerConf(JudgerConf):
         _one_of("judger.on_timeout", self.on_timeout, ("fail", "zero"))
 
 
+MAX_RENDERED_CHARS = 1_000_000  # a judge prompt beyond this is no prompt any judge model reads
 LLM_JUDGE_TEMPLATE = ("Is the answer to this problem correct? Reply with a score from 0 (wrong) to 10 (right).\n"
                       "Problem: {{ prompt }}\nAnswer: {{ response }}\nScore:")
 
@@ -507,6 +536,13 @@ class LLMJudgerConf(JudgerConf):
     # An answer with no match (counted as judge/unparseable) or none within agent.judge_timeout_s:
     # fail the group | score the member 0. (An engine error always fails the group.)
     on_timeout: str = "fail"
+    # Run the judge folder's own code (config.json auto_map) to load it: only for a folder you trust.
+    trust_remote_code: bool = False
+    # Judging processes that render the template and read the score, killed and replaced past
+    # agent.judge_timeout_s (a template with huge loops, a catastrophic score_pattern).
+    num_workers: int = 1
+    worker_memory_mb: int = 1024  # address-space limit of each of those processes
+    max_rendered_chars: int = 16384  # a longer rendering fails its member (and the start, on a task's first row)
 
     def __post_init__(self) -> None:
         if non_finite_values(self):  # left to RunConf's generic pass (see RewardModelJudgerConf)
@@ -515,6 +551,9 @@ class LLMJudgerConf(JudgerConf):
         _check(self.max_tokens >= 1, "judger.max_tokens", self.max_tokens, ">= 1")
         _check(self.temperature >= 0, "judger.temperature", self.temperature, ">= 0 (0 = greedy)")
         _one_of("judger.on_timeout", self.on_timeout, ("fail", "zero"))
+        check_judging_processes(self.num_workers, self.worker_memory_mb)
+        _check(1 <= self.max_rendered_chars <= MAX_RENDERED_CHARS, "judger.max_rendered_chars",
+               self.max_rendered_chars, f"1..{MAX_RENDERED_CHARS}")
         try:
             re.compile(self.score_pattern)
         except re.error as exc:
@@ -583,6 +622,11 @@ class RemoteJudgerConf(JudgerConf):
             if ref is not None and ref not in os.environ:  # refused before the run starts, not at its first request
                 raise ConfigError(f"judger.headers.{name}={value} is not allowed: the environment variable {ref} "
                                   f"is not set (export it before starting)")
+            problem = header_value_problem(os.environ[ref] if ref is not None else str(value))
+            if problem is not None:  # the HTTP client's error would quote the whole value into every log
+                where = f"the environment variable {ref} holds" if ref is not None else "it is"
+                raise ConfigError(f"judger.headers.{name}{'=' + str(value) if ref is not None else ''} is not allowed: "
+                                  f"{where} no legal HTTP header value: {problem} (the value is not shown)")
         _check(self.batch_url is None or self.batch_url.startswith(("http://", "https://")), "judger.batch_url",
                self.batch_url, "null or an http:// or https:// URL")
         _check(self.timeout_s > 0, "judger.timeout_s", self.timeout_s, "> 0")
@@ -597,6 +641,9 @@ class RemoteJudgerConf(JudgerConf):
 # ----------------------------------------------------------------------------- model
 LORA_SYNCS = ("merged", "adapter")
 VLLM_MAX_LORA_RANK = 512  # the largest of vLLM's max_lora_rank values (vllm.config.lora.MaxLoRARanks)
+
+
+MAX_LORA_SCALE = 1024  # alpha / rank beyond this multiplies the update into overflow, not a setting
 
 
 @dataclass
@@ -617,7 +664,9 @@ class LoraConf:
 
     def __post_init__(self) -> None:
         _check(isinstance(self.rank, int) and self.rank >= 0, "model.lora.rank", self.rank, "an integer >= 0")
-        _check(self.alpha > 0, "model.lora.alpha", self.alpha, "> 0")
+        _check(self.alpha > 0 and self.alpha <= MAX_LORA_SCALE * max(self.rank, 1), "model.lora.alpha", self.alpha,
+               f"> 0 and at most {MAX_LORA_SCALE} x model.lora.rank (the update is scaled by alpha / rank; "
+               f"usual: 1-2 x rank)")
         _check(0 <= self.dropout < 1, "model.lora.dropout", self.dropout, "in [0, 1)")
         _one_of("model.lora.sync", self.sync, LORA_SYNCS)
         _check(all(isinstance(t, str) and t for t in self.target_modules), "model.lora.target_modules",
@@ -1013,6 +1062,11 @@ class AlgoConf:
 
 
 # ----------------------------------------------------------------------------- task
+# Rows a generated task (arithmetic, countdown, reasoning_gym) makes at the start: more than any run here
+# consumes (400 steps x 64 prompts is 25,600), and about what fits in memory as prompts.
+MAX_TASK_ROWS = 10_000_000
+
+
 @dataclass
 class TaskConf:
     name: str = MISSING
@@ -1028,7 +1082,7 @@ class TaskConf:
 
     def __post_init__(self) -> None:
         _check(isinstance(self.seed, int) and self.seed >= 0, "task.seed", self.seed, "an integer >= 0")
-        _check(self.num_eval >= 0, "task.num_eval", self.num_eval, ">= 0")
+        _check(0 <= self.num_eval <= MAX_TASK_ROWS, "task.num_eval", self.num_eval, f"0..{MAX_TASK_ROWS}")
         _check(self.max_prompt_tokens >= 0, "task.max_prompt_tokens", self.max_prompt_tokens,
                ">= 0 (0 = the model's positions minus the response budget)")
         _one_of("task.long_prompts", self.long_prompts, ("refuse", "drop"))
@@ -1053,7 +1107,8 @@ class ArithmeticTaskConf(TaskConf):
             _one_of("task.operators[]", op, ("+", "-", "*"))
         _check(len(self.operators) >= 1 and len(set(self.operators)) == len(self.operators), "task.operators",
                list(self.operators), "one or more distinct operators among +, -, *")
-        _check(self.num_train >= 1, "task.num_train", self.num_train, ">= 1")
+        _check(1 <= self.num_train <= MAX_TASK_ROWS, "task.num_train", self.num_train,
+               f"1..{MAX_TASK_ROWS} (rows generated at the start)")
         # Problems are drawn without repeats; more than exist could never be drawn (the draw would not end).
         space = 10 ** (2 * self.digits) * len(self.operators)
         if self.num_train + self.num_eval > space:
@@ -1079,7 +1134,8 @@ class CountdownTaskConf(TaskConf):
         super().__post_init__()
         _check(2 <= self.num_numbers <= 6, "task.num_numbers", self.num_numbers, "2..6")
         _check(self.max_number >= 1, "task.max_number", self.max_number, ">= 1")
-        _check(self.num_train >= 1, "task.num_train", self.num_train, ">= 1")
+        _check(1 <= self.num_train <= MAX_TASK_ROWS, "task.num_train", self.num_train,
+               f"1..{MAX_TASK_ROWS} (rows generated at the start)")
 
 
 @dataclass
@@ -1120,11 +1176,16 @@ class ReasoningGymTaskConf(TaskConf):
     instruction: str = ""
     # Wrap the question in the model's chat template.
     apply_chat_template: bool = True
+    # Before the run a few items are generated in a process of their own, under this time (and 4 GB): a
+    # dataset_config whose sizes make one item take minutes (max_terms: 1e8) is refused, not run for hours.
+    probe_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.num_eval >= 0, "task.num_eval", self.num_eval, ">= 0")
-        _check(self.num_train >= 1, "task.num_train", self.num_train, ">= 1")
+        _check(1 <= self.num_train <= MAX_TASK_ROWS, "task.num_train", self.num_train,
+               f"1..{MAX_TASK_ROWS} (rows generated at the start)")
+        _check(self.probe_timeout_s > 0, "task.probe_timeout_s", self.probe_timeout_s, "> 0")
         # The dataset name and config keys are checked by RunConf, which knows the task's key.
 
 

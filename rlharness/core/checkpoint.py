@@ -55,6 +55,14 @@ def writing(path: str | Path):
         raise CheckpointWriteError(f"cannot write {path}: {text}") from exc
 
 
+def error_line(exc: BaseException, limit: int = 400) -> str:
+    """An error as one line: a Ray actor's error as its cause's, lines joined (a state dict's size mismatch
+    lists its tensors on lines of their own), cut at `limit` characters."""
+    exc = getattr(exc, "cause", None) or exc  # ray.exceptions.RayTaskError: the actor's own exception
+    text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
 def complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     """(step, path) of every complete checkpoint, oldest first."""
     root = RunDir(run_dir).checkpoints
@@ -142,11 +150,34 @@ def check_state_files(directory: str | Path, allow: tuple[type, ...] = (), patte
 
 
 def read_meta(ckpt_dir: Path) -> dict[str, Any]:
+    """The checkpoint's meta.json: {"step": its directory's step, "model_version": int, ...}."""
     path = ckpt_dir / "meta.json"
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {ckpt_dir} is corrupted: cannot read {path.name} ({exc})") from exc
+    check_fields(meta, {"step": int, "model_version": int}, path)
+    m = _STEP_DIR.match(ckpt_dir.name)
+    if m and meta["step"] != int(m.group(1)):
+        raise CheckpointError(f"{path}: step is {meta['step']}, its directory says {int(m.group(1))}")
+    return meta
+
+
+def check_fields(state: Any, types: dict[str, type | tuple[type, ...]], path: Path) -> None:
+    """A checkpoint file's top level holds these keys with these types: one line naming the file, else."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint file {path} holds a {type(state).__name__}, not the expected mapping "
+                              f"with {', '.join(types)}")
+    for key, kind in types.items():
+        if key not in state:
+            has = ", ".join(map(str, state)) or "nothing"
+            raise CheckpointError(f"checkpoint file {path} lacks {key!r} (it has {has}): written by another program "
+                                  f"or version?")
+        value = state[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            raise CheckpointError(f"checkpoint file {path}: {key!r} is {repr(value)[:60]} ({type(value).__name__}), "
+                                  f"expected {names}")
 
 
 def _prune(root: Path, keep: int) -> None:

@@ -50,6 +50,34 @@ RUN_OUTPUTS = (CHECKPOINTS, METRICS, ROLLOUTS)
 RUN_MARKERS = (HYDRA, *RUN_OUTPUTS)
 
 
+def output_path_problem(path: Path) -> str | None:
+    """Why `path` cannot be an output folder (None: it can): it or a folder above it is a file or a
+    symbolic link to nothing, or the nearest existing folder is not writable. A symbolic link to an
+    existing folder (outputs -> /scratch/...) is fine; a dangling one would make a folder somewhere else."""
+    import os
+
+    path = Path(path).expanduser()
+    for p in (path, *path.parents):
+        if p.is_symlink() and not p.exists():
+            return f"{p} is a symbolic link to {os.readlink(p)}, which does not exist"
+        if p.exists():
+            if not p.is_dir():
+                return f"{p} is a file, not a folder"
+            if p != path and not os.access(p, os.W_OK | os.X_OK):
+                return f"cannot create folders in {p} (no write permission)"
+            return None
+    return None
+
+
+def first_missing(path: Path) -> Path | None:
+    """The first folder that making `path` would create (None: it exists): what a refused start removes."""
+    if path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
+
+
 def step_name(step: int) -> str:
     """`step_XXXXXXXX`: a checkpoint's folder, and the stem of a step's ledger and eval file."""
     return f"step_{step:08d}"

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any, Iterator
 
+from rlharness.core.redaction import redact
+
 
 class Status(str, Enum):
     INIT = "init"
@@ -314,7 +316,7 @@ class Group:
     def _drop(self, status: Status, reason: str) -> Group:
         for s in self.samples:
             s.status = status
-        self.drop_reason = reason
+        self.drop_reason = redact(reason)  # an error may quote a header or a URL with credentials
         return self
 
     # ------------------------------------------------------------------ copies

@@ -12,6 +12,7 @@ import random
 
 from rlharness.config.schema import ArithmeticTaskConf
 from rlharness.data.base import PromptRow, TaskData
+from rlharness.logging_utils.progress import Progress
 
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
@@ -33,7 +34,9 @@ def make_arithmetic_task(conf: ArithmeticTaskConf, tokenizer=None) -> TaskData:
         )
     seen: set[tuple[int, str, int]] = set()
     rows: list[tuple[str, str]] = []
+    progress = Progress(f"task arithmetic: generating {wanted} problems", wanted)
     while len(rows) < wanted:
+        progress.update(len(rows))
         a, b, op = rng.randint(0, hi), rng.randint(0, hi), rng.choice(list(conf.operators))
         if (a, op, b) in seen:
             continue

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from rlharness.config.schema import CountdownTaskConf
 from rlharness.data.base import PromptRow, TaskData
+from rlharness.logging_utils.progress import Progress
 
 # Draws that may be spent per wanted problem before concluding the space is too small.
 _MAX_DRAWS_PER_PROBLEM = 50
@@ -75,7 +76,9 @@ def generate_problems(conf: CountdownTaskConf) -> list[CountdownProblem]:
     seen: set[tuple[tuple[int, ...], int]] = set()
     problems: list[CountdownProblem] = []
     draws = 0
+    progress = Progress(f"task countdown: generating {wanted} problems", wanted)
     while len(problems) < wanted:
+        progress.update(len(problems))
         draws += 1
         if draws > _MAX_DRAWS_PER_PROBLEM * wanted:
             raise ValueError(

@@ -20,11 +20,14 @@ Label: the item itself plus the dataset's name and config, so the judger
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import time
 from typing import Any
 
 from rlharness.config.schema import ConfigError, ReasoningGymTaskConf
 from rlharness.data.base import PromptRow, TaskData
+from rlharness.logging_utils.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +35,11 @@ log = logging.getLogger(__name__)
 _MAX_DRAWS_PER_ROW = 20
 # Config fields rlharness sets itself (from task.seed and the split sizes).
 _RESERVED_KEYS = ("seed", "size")
+# The probe of a dataset config before a run (`probe_dataset`): items, and the limits one item must fit.
+PROBE_ITEMS = 3
+PROBE_MEMORY_MB = 4096
+MAX_QUESTION_CHARS = 100_000  # far beyond any model's positions: a size typo, not a task
+_PROBED: dict[str, float] = {}
 
 
 def dataset_names() -> list[str]:
@@ -47,7 +55,8 @@ def config_keys(dataset: str) -> list[str]:
     return [f.name for f in dataclasses.fields(DATASETS[dataset][1]) if f.name not in _RESERVED_KEYS]
 
 
-def check_dataset(dataset: str, dataset_config: dict[str, Any], key: str = "task") -> None:
+def check_dataset(dataset: str, dataset_config: dict[str, Any], key: str = "task",
+                  timeout_s: float = 30.0) -> None:
     """Refuse an unknown dataset, an unknown config key, or values the dataset's own validation rejects."""
     names = dataset_names()
     if dataset not in names:
@@ -57,12 +66,56 @@ def check_dataset(dataset: str, dataset_config: dict[str, Any], key: str = "task
     if unknown:
         raise ConfigError(f"{key}.dataset_config has unknown key(s) {', '.join(unknown)} for dataset {dataset!r}; "
                           f"valid: {', '.join(allowed)}")
+    probe_dataset(dataset, dataset_config, key, timeout_s)
+
+
+class DatasetProbe:
+    """A few items of a dataset, generated where they can be killed (a judging process: rlharness/judger/pool.py)."""
+
+    def __init__(self, dataset: str, dataset_config: dict[str, Any]):
+        self.dataset, self.dataset_config = dataset, dataset_config
+
+    def probe(self) -> tuple[float, int]:
+        """(seconds per item, the longest question in characters) over PROBE_ITEMS items after a first one
+        (which pays for imports)."""
+        ds = make_dataset(self.dataset, self.dataset_config, size=PROBE_ITEMS + 1, seed=0)
+        longest = len(str(ds[0]["question"]))
+        t0 = time.perf_counter()
+        longest = max([longest] + [len(str(ds[i]["question"])) for i in range(1, PROBE_ITEMS + 1)])
+        return (time.perf_counter() - t0) / PROBE_ITEMS, longest
+
+
+def probe_dataset(dataset: str, dataset_config: dict[str, Any], key: str = "task", timeout_s: float = 30.0) -> float:
+    """Seconds per item of `dataset` with `dataset_config`, found by generating a few in a process of their own
+    under a time and memory limit: values the dataset's validation rejects, sizes that make one item take
+    minutes or gigabytes (`max_terms: 1e8`), or questions no model could read are refused before a run
+    generates thousands of them. Remembered per config (preflight and the job ask once each)."""
+    from rlharness.judger.pool import JudgeLimitExceeded, JudgePool
+
+    cache_key = json.dumps([dataset, dataset_config], sort_keys=True, default=str)
+    if cache_key in _PROBED:
+        return _PROBED[cache_key]
+    shown = f"{key}.dataset_config={dataset_config}"
+    pool = JudgePool(DatasetProbe(dataset, dataset_config), 1, PROBE_MEMORY_MB)
     try:
-        make_dataset(dataset, dataset_config, size=1, seed=0)
-    except Exception as exc:  # noqa: BLE001 - the dataset's validate() asserts; a bad type raises TypeError
-        detail = str(exc) or type(exc).__name__
-        raise ConfigError(f"{key}.dataset_config={dataset_config} is rejected by dataset {dataset!r}: "
-                          f"{detail}") from None
+        pool.start()  # not the dataset's refusal: a process that cannot start is raised as it is
+        try:
+            per_item, longest = pool.call_blocking("probe", (), timeout_s)
+        except JudgeLimitExceeded as exc:
+            what = (f"took more than {timeout_s:g} s ({key}.probe_timeout_s)" if exc.kind == "timeout" else
+                    f"ran out of memory ({PROBE_MEMORY_MB} MB)" if exc.kind == "memory" else "crashed")
+            raise ConfigError(f"{shown} is not allowed: generating {PROBE_ITEMS} {dataset!r} items {what}; a size in "
+                              f"it is too large (a run generates thousands)") from None
+        except Exception as exc:  # noqa: BLE001 - the dataset's validate() asserts; a bad type raises TypeError
+            detail = str(exc) or type(exc).__name__
+            raise ConfigError(f"{shown} is rejected by dataset {dataset!r}: {detail}") from None
+    finally:
+        pool.close()
+    if longest > MAX_QUESTION_CHARS:
+        raise ConfigError(f"{shown} is not allowed: dataset {dataset!r} makes questions of {longest} characters "
+                          f"(at most {MAX_QUESTION_CHARS}); lower the sizes in it")
+    _PROBED[cache_key] = per_item
+    return per_item
 
 
 def make_dataset(dataset: str, dataset_config: dict[str, Any], size: int, seed: int):
@@ -84,10 +137,15 @@ def split_items(conf: ReasoningGymTaskConf) -> tuple[list[dict], list[dict]]:
     wanted = conf.num_eval + conf.num_train
     max_draws = _MAX_DRAWS_PER_ROW * wanted
     ds = make_dataset(conf.dataset, conf.dataset_config, size=max_draws, seed=conf.seed)
+    per_item = probe_dataset(conf.dataset, conf.dataset_config, timeout_s=conf.probe_timeout_s)
+    log.info("task reasoning_gym %s: generating %d items (about %.0f s at %.2f ms each)", conf.dataset, wanted,
+             wanted * per_item, 1e3 * per_item)
+    progress = Progress(f"task reasoning_gym {conf.dataset}: generating {wanted} items", wanted)
     eval_items: list[dict] = []
     eval_questions: set[str] = set()
     i = 0
     while len(eval_items) < conf.num_eval:
+        progress.update(len(eval_items))
         if i >= max_draws:
             raise ConfigError(
                 f"task.dataset={conf.dataset}: only {len(eval_items)} distinct questions in {max_draws} draws, "
@@ -99,6 +157,7 @@ def split_items(conf: ReasoningGymTaskConf) -> tuple[list[dict], list[dict]]:
             eval_items.append(item)
     train_items: list[dict] = []
     while len(train_items) < conf.num_train and i < max_draws:
+        progress.update(len(eval_items) + len(train_items))
         item = ds[i]
         i += 1
         if item["question"] not in eval_questions:
@@ -118,7 +177,7 @@ def _label(conf: ReasoningGymTaskConf, item: dict) -> dict[str, Any]:
 
 
 def make_reasoning_gym_task(conf: ReasoningGymTaskConf, tokenizer=None) -> TaskData:
-    check_dataset(conf.dataset, conf.dataset_config)
+    check_dataset(conf.dataset, conf.dataset_config, timeout_s=conf.probe_timeout_s)
     eval_items, train_items = split_items(conf)
 
     def rows(items: list[dict]) -> list[PromptRow]:

@@ -14,8 +14,9 @@ a LoRA run merges its adapter into the base weights there, and the export, `eval
 resume=<run>` and anything else built on it get the merged model.
 
 Refused in one line (exit 2, nothing written): a run directory without complete checkpoints,
-a `--step` that has none (the line lists the steps there are), an output folder that is not
-empty.
+a `--step` that has none (the line lists the steps there are), a checkpoint whose files are
+truncated, unreadable or of another model (rlharness/model/weight_files.py), an output path that is a
+file, a dangling symbolic link, a folder that is not empty or one inside the run's checkpoints/.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ import sys
 import time
 from pathlib import Path
 
-from rlharness.core.checkpoint import CheckpointError, complete_checkpoints
-from rlharness.core.run_dir import RunDir
+from rlharness.core.checkpoint import CheckpointError, complete_checkpoints, error_line
+from rlharness.core.redaction import redact
+from rlharness.core.run_dir import RunDir, output_path_problem
+from rlharness.model.weight_files import check_backend_weights
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +113,16 @@ def export_checkpoint(ckpt_dir: Path, out_dir: str | Path) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     out = Path(out_dir)
-    refuse_non_empty(out)
+    refuse_output(out, ckpt_dir.parent.parent)
     src = model_dir(ckpt_dir)
+    check_backend_weights(Path(ckpt_dir) / BACKEND_SUBDIR)  # readable, and the weights fit config.json
     t0 = time.monotonic()
-    state = checkpoint_state_dict(ckpt_dir)
+    try:
+        state = checkpoint_state_dict(ckpt_dir)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a LoRA adapter or base model that does not load: named
+        raise CheckpointError(f"checkpoint {ckpt_dir} cannot be read: {error_line(exc)}") from exc
     config = AutoConfig.from_pretrained(str(src))
     dtype = next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -142,9 +151,18 @@ def export_checkpoint(ckpt_dir: Path, out_dir: str | Path) -> Path:
     return out
 
 
-def refuse_non_empty(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+def refuse_output(out: Path, run_dir: Path) -> None:
+    """The output folder must be absent or an empty folder, and not inside the run's checkpoints/ (where a
+    running or resumed run prunes and cleans up folders)."""
+    problem = output_path_problem(out)
+    if problem is not None:
+        raise CheckpointError(f"output folder {out}: {problem}; choose another folder")
+    if out.exists() and any(out.iterdir()):
         raise CheckpointError(f"output folder {out} is not empty: refusing to overwrite it (choose a new folder)")
+    checkpoints = RunDir(run_dir).checkpoints.resolve()
+    if out.resolve() == checkpoints or checkpoints in out.resolve().parents:
+        raise CheckpointError(f"output folder {out} is inside the run's {checkpoints}: the run's checkpoints are "
+                              f"pruned and cleaned there; export somewhere else (e.g. exported/{run_dir.name})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,12 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        refuse_non_empty(Path(args.out_dir))
+        refuse_output(Path(args.out_dir), Path(args.run_dir))
         step, ckpt = find_checkpoint(args.run_dir, args.step)
         print(f"exporting {ckpt} (step {step}) to {args.out_dir} ...", file=sys.stderr, flush=True)
         export_checkpoint(ckpt, args.out_dir)
     except CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2
     print(f"done: {args.out_dir} is a Hugging Face model folder (AutoModelForCausalLM.from_pretrained, "
           f"vllm serve {args.out_dir})", file=sys.stderr)

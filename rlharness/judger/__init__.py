@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from rlharness.config import registry
-from rlharness.config.schema import JudgerConf
+from rlharness.config.schema import ConfigError, JudgerConf
 from rlharness.judger.base import Judger
+
 
 def build_judger(conf: JudgerConf) -> Judger:
     """The judger `conf.name` names (rlharness/config/registry.py)."""
@@ -14,7 +15,8 @@ def build_judger(conf: JudgerConf) -> Judger:
 def check_learned_judgers(run_conf) -> None:
     """Refuse, before a run starts, a learned judger's model folder it cannot use (each task's judger,
     router parts included): a reward model that is not a sequence classifier or whose logit is
-    ambiguous; a judge model folder that does not exist."""
+    ambiguous; a judge model folder that does not exist; weights that are unreadable, hold code or do
+    not fit the folder's config.json."""
     from rlharness.config.schema import LLMJudgerConf, RewardModelJudgerConf, RouterJudgerConf
 
     for name, entry in run_conf.task_entries().items():
@@ -30,8 +32,12 @@ def check_learned_judgers(run_conf) -> None:
                 check_reward_model(part, part_key)
             elif isinstance(part, LLMJudgerConf):
                 from rlharness.judger.reward_model import model_folder
+                from rlharness.model.weight_files import WeightFileError, check_weights
 
-                model_folder(part.path, part_key)
+                try:
+                    check_weights(model_folder(part, part_key), trust_remote_code=part.trust_remote_code)
+                except WeightFileError as exc:
+                    raise ConfigError(f"{part_key}.path={part.path}: {exc}") from None
 
 
 __all__ = ["Judger", "build_judger", "check_learned_judgers"]

@@ -60,6 +60,10 @@ class Judger(abc.ABC):
         (None: the judger scores the whole response, or extracts nothing)."""
         return None
 
+    def check_sample(self, prompt_text: str, label: dict[str, Any], timeout_s: float, key: str, where: str) -> None:
+        """Refuse (ConfigError naming `key`) before the run starts what would fail every group: a judger
+        whose own code the config writes (an llm judge's template) tries it on one of the task's rows."""
+
     def score_inline(self, response_text: str, label: dict[str, Any]) -> dict[str, float] | None:
         """The reward if it is cheap to compute here (microseconds, no I/O, cannot hang), else None.
 

@@ -1,18 +1,27 @@
-"""Format judger: 1 when the whole response matches a regular expression, else 0."""
+"""Format judger: 1 when the whole response matches a regular expression, else 0.
+
+The pattern is the user's and the text the model's: a pattern that backtracks catastrophically
+(`(.|.)*X`) must not stall the event loop. It is matched with `regex` (re's syntax; it finds most such
+matches in microseconds): inline under `INLINE_TIMEOUT_S`, and past that in a judging process, which is
+killed at `agent.judge_timeout_s` like any slow judgement.
+"""
 
 from __future__ import annotations
 
-import re
 from typing import Any
+
+import regex
 
 from rlharness.config.schema import ConfigError, FormatJudgerConf
 from rlharness.judger.base import Judger
 
+INLINE_TIMEOUT_S = 0.01  # the most one inline match may hold the event loop
 
-def compile_pattern(pattern: str, key: str) -> re.Pattern:
+
+def compile_pattern(pattern: str, key: str) -> regex.Pattern:
     try:
-        return re.compile(pattern)
-    except re.error as exc:
+        return regex.compile(pattern)
+    except regex.error as exc:
         raise ConfigError(f"{key}={pattern!r} is not a valid regular expression: {exc}") from None
 
 
@@ -27,6 +36,7 @@ class FormatJudger(Judger):
         return {"score": 1.0 if self.pattern.fullmatch(response_text) else 0.0}
 
     def score_inline(self, response_text: str, label: dict[str, Any]) -> dict[str, float] | None:
-        # One regex match. A worker thread would not protect the loop from a pathological pattern
-        # anyway: `re` holds the GIL while it matches.
-        return self.score(response_text, label)
+        try:
+            return {"score": 1.0 if self.pattern.fullmatch(response_text, timeout=INLINE_TIMEOUT_S) else 0.0}
+        except TimeoutError:  # a slow match: the judging processes, under the judging timeout
+            return None

@@ -31,7 +31,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 # Imported once by the forkserver, so every worker starts with them loaded.
-_PRELOAD = ["rlharness.judger.pool", "rlharness.judger.math", "rlharness.judger.router", "math_verify"]
+_PRELOAD = ["rlharness.judger.pool", "rlharness.judger.math", "rlharness.judger.router", "rlharness.judger.llm",
+            "math_verify", "jinja2.sandbox", "regex"]
 _preload_lock = threading.Lock()
 _preload_done = False
 
@@ -65,8 +66,8 @@ def _init_worker(judger: Any, memory_mb: int) -> None:
             pass
 
 
-def _score(response_text: str, label: dict[str, Any]) -> dict[str, float]:
-    return _judger.score(response_text, label)
+def _call(method: str, args: tuple) -> Any:
+    return getattr(_judger, method)(*args)
 
 
 def _ready() -> bool:
@@ -85,7 +86,8 @@ def _forkserver_context():
 
 
 class JudgePool:
-    """`num_workers` processes scoring with a pickled copy of `judger` (its `score`)."""
+    """`num_workers` processes, each holding a pickled copy of `judger` (a rule judger, or what an llm
+    judger runs there: its template and score pattern) and calling its methods."""
 
     def __init__(self, judger: Any, num_workers: int, memory_mb: int):
         import pebble
@@ -101,9 +103,14 @@ class JudgePool:
         self._pool.schedule(_ready).result(timeout=timeout_s)
 
     async def score(self, response_text: str, label: dict[str, Any], timeout_s: float) -> dict[str, float]:
-        """The judger's `score` in a worker; JudgeLimitExceeded past `timeout_s` (counted from its start
-        on a worker, not while queued) or the memory limit. Cancelling the await kills that worker too."""
-        future = self._pool.schedule(_score, args=(response_text, label), timeout=timeout_s)
+        """The judger's `score` in a worker (see `call`)."""
+        return await self.call("score", (response_text, label), timeout_s)
+
+    async def call(self, method: str, args: tuple, timeout_s: float) -> Any:
+        """`judger.<method>(*args)` in a worker; JudgeLimitExceeded past `timeout_s` (counted from its start
+        on a worker, not while queued) or the memory limit. Cancelling the await kills that worker too.
+        An exception the method raises is raised here."""
+        future = self._pool.schedule(_call, args=(method, args), timeout=timeout_s)
         try:
             return await asyncio.wrap_future(future)
         except concurrent.futures.TimeoutError:
@@ -118,6 +125,13 @@ class JudgePool:
                 self.workers_replaced += 1
                 raise JudgeLimitExceeded(f"judging process died (exit code {exc.exitcode})", "died") from None
             raise
+
+    def call_blocking(self, method: str, args: tuple, timeout_s: float) -> Any:
+        """`call` for code that is not on an event loop (checks before a run starts)."""
+        async def once() -> Any:
+            return await self.call(method, args, timeout_s)
+
+        return asyncio.run(once())
 
     def close(self) -> None:
         self._pool.stop()

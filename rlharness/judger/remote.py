@@ -16,7 +16,9 @@ keys in a reply are kept in the reward.
 
 `judger.headers` go with every request; a value `env:NAME` is read from the environment
 when the request is made (never stored in the config, so a token stays out of every file).
-A variable that is not set is refused with the config (before anything starts), naming it.
+A variable that is not set, or holds no legal header value (a `\r` from a file edited on Windows), is
+refused with the config (before anything starts), naming it and never its value; the value is
+redacted from every error text the run writes (rlharness/core/redaction.py).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ import os
 import random
 from typing import Any
 
-from rlharness.config.schema import ENV_PREFIX, RemoteJudgerConf
+from rlharness.config.schema import ENV_PREFIX, RemoteJudgerConf, header_value_problem
 from rlharness.judger.base import Judger, gather_fail_fast
+from rlharness.core.redaction import register_secret
 from rlharness.core.types import RolloutState
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,11 @@ class RemoteJudger(Judger):
                 headers[name] = str(value)
             elif var in os.environ:
                 headers[name] = os.environ[var]
+                register_secret(headers[name])  # a rotated token is redacted too
+                problem = header_value_problem(headers[name])
+                if problem is not None:
+                    raise RemoteJudgeError(f"judger.headers.{name}: the environment variable {var} holds no legal "
+                                           f"HTTP header value: {problem} (the value is not shown)")
             else:
                 raise RemoteJudgeError(f"judger.headers.{name}: the environment variable {var} is no longer set")
         return headers

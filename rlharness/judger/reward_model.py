@@ -42,48 +42,39 @@ START_TIMEOUT_S = 300.0  # loading the model in its process (a big one from a sl
 FROZEN_GRACE_S = 5.0  # past a call's timeout: its process never took the call up (frozen), see _ProcessScorer
 
 
-def model_folder(path: str | None, key: str) -> Path:
-    """The folder `key`.path names (relative paths as model.path: the current directory, then the
-    project), checked as model.path is (no GGUF file, no code of its own)."""
+def model_folder(conf: Any, key: str) -> Path:
+    """The folder a learned judger's `conf.path` names (relative paths as model.path: the current
+    directory, then the project), checked as model.path is (no GGUF file, no code of its own unless
+    `<key>.trust_remote_code`)."""
     from rlharness.model.load import check_model_files
 
-    if not path:
+    if not conf.path:
         raise ConfigError(f"{key}.path is not set: name a model folder "
                           f"(a reward model: e.g. one made by scripts/train_reward_model.py)")
-    try:
-        return check_model_files(ModelConf(path=path))
-    except ConfigError as exc:
-        raise ConfigError(str(exc).replace("model.path=", f"{key}.path=", 1)) from None
+    return check_model_files(judge_model_conf(conf), key)
 
 
-def weight_names(folder: Path) -> list[str]:
-    """The tensor names of a checkpoint folder, read without loading the tensors."""
-    import json
-
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return list(json.loads(index.read_text())["weight_map"])
-    if (folder / "model.safetensors").is_file():
-        from safetensors import safe_open
-
-        with safe_open(str(folder / "model.safetensors"), framework="pt") as fh:
-            return list(fh.keys())
-    if (folder / "pytorch_model.bin").is_file():
-        import torch
-
-        return list(torch.load(folder / "pytorch_model.bin", map_location="meta", weights_only=True, mmap=True))
-    return []
+def judge_model_conf(conf: Any) -> ModelConf:
+    """The model settings a learned judger's folder loads with (its own trust_remote_code)."""
+    return ModelConf(path=conf.path, trust_remote_code=conf.trust_remote_code)
 
 
 def check_reward_model(conf: RewardModelJudgerConf, key: str = "judger") -> None:
-    """Refuse, before a run starts, a folder that is not a sequence classifier or a head whose logit
-    is ambiguous. Reads config.json and the tensor names only."""
+    """Refuse, before a run starts, a folder that is not a sequence classifier, a head whose logit
+    is ambiguous, or weights that are unreadable, hold code or do not fit its config.json. Reads
+    config.json and the weight files' headers only (rlharness/model/weight_files.py)."""
     from transformers import AutoConfig
 
-    folder = model_folder(conf.path, key)
-    config = AutoConfig.from_pretrained(str(folder))
+    from rlharness.model.weight_files import WeightFileError, check_weights, tensor_shapes
+
+    folder = model_folder(conf, key)
+    config = AutoConfig.from_pretrained(str(folder), trust_remote_code=conf.trust_remote_code)
     architectures = list(getattr(config, "architectures", None) or [])
-    heads = sorted({n.split(".")[0] for n in weight_names(folder) if n.startswith(HEAD_PREFIXES)})
+    try:
+        names = list(tensor_shapes(folder))
+    except WeightFileError as exc:
+        raise ConfigError(f"{key}.path={conf.path}: {exc}") from None
+    heads = sorted({n.split(".")[0] for n in names if n.startswith(HEAD_PREFIXES)})
     if not any(a.endswith("ForSequenceClassification") for a in architectures) or not heads:
         raise ConfigError(
             f"{key}.path={conf.path}: {folder} is not a sequence classifier (architectures {architectures}, "
@@ -96,6 +87,10 @@ def check_reward_model(conf: RewardModelJudgerConf, key: str = "judger") -> None
     if conf.label_index is not None and conf.label_index >= labels:
         raise ConfigError(f"{key}.label_index={conf.label_index} is not allowed: {folder} has {labels} "
                           f"label(s) (0..{labels - 1})")
+    try:
+        check_weights(folder, "AutoModelForSequenceClassification", conf.trust_remote_code)
+    except WeightFileError as exc:
+        raise ConfigError(f"{key}.path={conf.path}: {exc}") from None
 
 
 class RewardModelScorer:
@@ -112,13 +107,13 @@ class RewardModelScorer:
         torch.set_num_threads(conf.torch_threads)
         warm_up_vml()  # the scoring process's first forward must not be MKL's first call (rlharness/core/vml_warmup.py)
         hf_logging.disable_progress_bar()  # a bar per (re)start of the process would clutter the run's log
-        folder = model_folder(conf.path, "judger")
+        folder = model_folder(conf, "judger")
         self.conf = conf
-        self.tokenizer = load_tokenizer(ModelConf(path=str(folder)), shared=False)  # its own: padding side set below
+        self.tokenizer = load_tokenizer(judge_model_conf(conf), shared=False)  # its own: padding side set below
         self.tokenizer.padding_side = "right"
         self.encode = text_codec(self.tokenizer)[0]
         self.model = AutoModelForSequenceClassification.from_pretrained(
-            str(folder), dtype=getattr(torch, conf.dtype)).to(conf.device).eval()
+            str(folder), dtype=getattr(torch, conf.dtype), trust_remote_code=conf.trust_remote_code).to(conf.device).eval()
         if self.model.config.pad_token_id is None:  # the head pools the last token that is not padding
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.label_index = conf.label_index or 0
@@ -346,7 +341,7 @@ class RewardModelJudger(Judger):
 
     def __init__(self, conf: RewardModelJudgerConf | None = None):
         self.conf = conf or RewardModelJudgerConf()
-        model_folder(self.conf.path, "judger")
+        model_folder(self.conf, "judger")
 
     def normalise(self, logit: float) -> float:
         return (logit + self.conf.reward_shift) * self.conf.reward_scale

@@ -85,6 +85,10 @@ class RouterJudger(Judger):
         total = sum(self.conf.weights[name] * s for name, s in parts.items())
         return {"score": total, **parts}
 
+    def check_sample(self, prompt_text: str, label: dict[str, Any], timeout_s: float, key: str, where: str) -> None:
+        for name, part in self.learned.items():
+            part.check_sample(prompt_text, label, timeout_s, f"{key}.{name}", where)
+
     def stats(self) -> dict[str, float]:
         """The router's counts plus its learned parts' (their timeouts, judge/unparseable...)."""
         out = super().stats()

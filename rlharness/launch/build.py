@@ -100,6 +100,23 @@ def build_engine_for(conf: RunConf, tokenizer, decode):
         return build_engine(conf.engine, conf.model, conf.seed)
 
 
+def check_model_weights(conf: RunConf) -> None:
+    """The model folders a run loads (the policy, PPO's critic) hold readable weights that fit their
+    config.json: refused in one line naming the file, before any engine or trainer loads them."""
+    from rlharness.config.schema import ConfigError
+    from rlharness.model.load import resolve_model_path
+    from rlharness.model.weight_files import WeightFileError, check_weights
+
+    folders = {"model": conf.model.path}
+    if conf.algo.advantage == "gae" and conf.algo.critic.path is not None:
+        folders["algo.critic"] = conf.algo.critic.path
+    for key, path in folders.items():
+        try:
+            check_weights(resolve_model_path(path, key), trust_remote_code=conf.model.trust_remote_code)
+        except WeightFileError as exc:
+            raise ConfigError(f"{key}.path={path!r}: {exc}") from None
+
+
 def load_tasks(conf: RunConf, check_data: Callable[[RunConf, dict[str, Any]], None]):
     """(tokenizer, task data, judgers) of every task: data fitted, then `check_data`, then each
     judger checked against its task's rows. What training and `evaluate.py` both start from."""
@@ -107,6 +124,8 @@ def load_tasks(conf: RunConf, check_data: Callable[[RunConf, dict[str, Any]], No
     from rlharness.model.load import check_token_ids, load_tokenizer
 
     tokenizer = load_tokenizer(conf.model)
+    if conf.engine.name != "sim" or conf.backend.name != "sim":  # the model is loaded: its files must fit
+        check_model_weights(conf)
     entries = conf.task_entries()
     task_data = {name: _load_task(conf, name, e, tokenizer) for name, e in entries.items()}
     check_data(conf, task_data)
@@ -115,13 +134,23 @@ def load_tasks(conf: RunConf, check_data: Callable[[RunConf, dict[str, Any]], No
         f"tasks.{name}" if conf.tasks else f"task={conf.task.name}": [r.prompt_text for r in (*d.train, *d.eval)]
         for name, d in task_data.items()}, encode)
     judgers = {}
-    for name, entry in entries.items():
-        judger_conf = conf.judger_for(entry)
-        judgers[name] = build_judger(judger_conf)
-        rows = task_data[name].train or task_data[name].eval
-        if rows:
-            check_judger_fits(name, entry.task.name, judger_conf.name, judgers[name].label_keys, rows[0].label,
-                              f"tasks.{name}.judger" if conf.tasks else "judger")
+    try:
+        for name, entry in entries.items():
+            judger_conf = conf.judger_for(entry)
+            judgers[name] = build_judger(judger_conf)
+            rows = task_data[name].train or task_data[name].eval
+            key = f"tasks.{name}.judger" if conf.tasks else "judger"
+            if rows:
+                check_judger_fits(name, entry.task.name, judger_conf.name, judgers[name].label_keys, rows[0].label,
+                                  key)
+                judgers[name].check_sample(rows[0].prompt_text, rows[0].label, conf.agent_for(entry).judge_timeout_s,
+                                           key, f"the first prompt of task {name}")
+    except BaseException:  # refused: the judging processes a check started go too
+        import asyncio
+
+        for judger in judgers.values():
+            asyncio.run(judger.close())
+        raise
     return tokenizer, task_data, judgers
 
 

@@ -30,8 +30,8 @@ from typing import Any
 
 from rlharness.config.run import RunConf
 from rlharness.config.schema import ConfigError
-from rlharness.launch.overrides import merge_overrides, override_key
-from rlharness.core.run_dir import EVALUATE_PREFIX, HYDRA, RunDir
+from rlharness.launch.overrides import merge_overrides, override_key, path_override
+from rlharness.core.run_dir import EVALUATE_PREFIX, HYDRA, RunDir, first_missing
 
 log = logging.getLogger("rlharness")
 
@@ -59,22 +59,24 @@ class OutputGuard:
     removed again when the input is refused."""
 
     added: list[Path]
+    created: Path | None = None  # the first folder made on the way to a new output directory
 
     @classmethod
     def record(cls, out_dir: Path, output_subdir: str) -> OutputGuard:
         if out_dir.exists():
             return cls([p for p in (out_dir / output_subdir, RunDir(out_dir).log("evaluate")) if not p.exists()])
-        missing = out_dir
-        while not missing.parent.exists():
-            missing = missing.parent
-        return cls([missing])
+        return cls([out_dir], first_missing(out_dir))
 
     def rollback(self) -> None:
+        from rlharness.launch.preflight import remove_empty_parents
+
         for p in self.added:
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
             else:
                 p.unlink(missing_ok=True)
+        if self.added:
+            remove_empty_parents(self.added[0], self.created)
 
 
 def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, OutputGuard | None]:
@@ -83,7 +85,8 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
     from rlharness.core.checkpoint import CheckpointError
     from rlharness.export import find_checkpoint, lora_base, model_dir
     from rlharness.launch.overrides import read_run_overrides
-    from rlharness.launch.preflight import ConfigSource, compose_checked
+    from rlharness.launch.preflight import ConfigSource, compose_checked, refuse_output_path
+    from rlharness.model.weight_files import check_backend_weights
 
     evaluate_conf = ConfigSource(config_name="evaluate")  # evaluate.py's primary config, same conf/
 
@@ -116,12 +119,14 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
                                       f"first (python -m rlharness.export {run} --step {found_step} <out dir>), then "
                                       f"evaluate model.path=<out dir>")
             model = model_dir(ckpt)
+            check_backend_weights(ckpt / "backend")  # readable, and the weights fit config.json
         except CheckpointError as exc:  # said as the key the user typed
             raise ConfigError(f"resume={resume}: {exc}") from None
         old = [o for o in saved if override_key(o) != "model.path" and not override_key(o).startswith("hydra.")]
         merged = merge_overrides(old, overrides) + [f"model.path={model}"]
         cfg = compose_checked(merged, evaluate_conf)
         source = Source(model_path=str(model), run_dir=str(run), checkpoint_step=found_step)
+    refuse_output_path(Path(str(cfg.hydra.run.dir)))
     out_dir = Path(str(cfg.hydra.run.dir)).expanduser().resolve()
     output_subdir = str(cfg.hydra.output_subdir)
     if RunDir(out_dir).holds_run():  # asked for explicitly (hydra.run.dir=<run>): beside the run's files, never over them
@@ -129,6 +134,8 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
         output_subdir = f"{HYDRA}/{EVALUATE_PREFIX}{stamp}"
         merged = [*merged, f"hydra.output_subdir={output_subdir}"]
         source.subdir = f"{EVALUATE_PREFIX}{stamp}"
+    if not any(override_key(o) == "hydra.run.dir" for o in merged):  # Hydra's `now` must not move it
+        merged = [*merged, path_override("hydra.run.dir", out_dir)]
     return [argv[0], *merged, *flags], source, OutputGuard.record(out_dir, output_subdir)
 
 
@@ -158,6 +165,7 @@ def run_evaluation(conf: RunConf, run_dir: Path, source: Source) -> dict[str, An
     from rlharness.launch.launcher import _close, set_threads_from_env
     from rlharness.logging_utils.progress import phase
     from rlharness.logging_utils.samples import write_eval_rows
+    from rlharness.core.redaction import install_log_redaction
     from rlharness.model.load import text_codec
     from rlharness.trainer.trainer import seed_everything
 
@@ -166,10 +174,13 @@ def run_evaluation(conf: RunConf, run_dir: Path, source: Source) -> dict[str, An
 
         require_vllm()
     set_threads_from_env()
+    install_log_redaction()
     seed_everything(conf.seed)
     with phase(f"loading the tokenizer and tasks ({', '.join(conf.task_entries())})"):
-        tokenizer, task_data, judgers = load_tasks(conf, check_eval_splits)
-        judgers = verifiable_judgers(conf, judgers)  # a learned reward is not what accuracy is measured by
+        tokenizer, task_data, trained_with = load_tasks(conf, check_eval_splits)
+        judgers = verifiable_judgers(conf, trained_with)  # a learned reward is not what accuracy is measured by
+        replaced = [j for name, j in trained_with.items() if judgers[name] is not j]
+        asyncio.run(_close(None, None, replaced))  # their judging processes (an llm judge's, started by its check)
     encode, decode = text_codec(tokenizer)
     engine = None
     try:

@@ -21,8 +21,9 @@ from rlharness.core.checkpoint import CheckpointError
 from rlharness.config.run import RunConf
 from rlharness.config.schema import ConfigError
 from rlharness.data.jsonl import DataFileError
-from rlharness.launch.preflight import check_installed
+from rlharness.core.redaction import install_log_redaction
 from rlharness.core.run_dir import RunDir
+from rlharness.launch.preflight import check_installed
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
 
         return serve_worker_node(conf.cluster, uses_ray(conf), conf.run_dir)
     run_dir = Path(conf.run_dir)
+    install_log_redaction()  # train.log and the console: no secret, whatever error quotes one
     try:
         # What train.py's preflight checked, again for jobs that never pass through it: a sweep's or
         # Slurm's jobs and their requeued lives.

@@ -52,7 +52,7 @@ from rlharness.config.schema import ConfigError, LocalRayClusterConf, ReasoningG
 from rlharness.launch.slurm_capacity import check_capacity
 from rlharness.distributed.placement_plan import check_fits
 from rlharness.launch.overrides import FROZEN_ON_RESUME, override_key, override_value, path_override, prepare_resume_argv
-from rlharness.core.run_dir import HYDRA, HYDRA_YAML, RESUMED_PREFIX, RunDir
+from rlharness.core.run_dir import HYDRA, HYDRA_YAML, RESUMED_PREFIX, RunDir, first_missing, output_path_problem
 
 # Hydra's flags after which it does not run the job (help, printing the config, completion,
 # a rerun of a pickled config): nothing is checked, `resume=<dir>` is still rewritten.
@@ -136,8 +136,9 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
     else:
         # The run directory without composing when it is given: a start in a run's directory is a
         # resume, and overrides of keys of that run's experiment only compose once merged with its own.
-        run_dir = Path(given_dir if given_dir is not None else
-                       str(compose_checked(overrides, source).hydra.run.dir)).expanduser().resolve()
+        run_dir = Path(given_dir if given_dir is not None else str(compose_checked(overrides, source).hydra.run.dir))
+        refuse_output_path(run_dir)
+        run_dir = run_dir.expanduser().resolve()
         never = any(override_key(o) == "resume" and o.split("=", 1)[1] == "never" for o in overrides)
         holds_run = RunDir(run_dir).holds_run()
         if never and holds_run:
@@ -173,6 +174,14 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
     guard = RunDirGuard.record(run_dir, str(cfg.hydra.output_subdir), Path(argv[0]).stem)
     run_lock.acquire(run_dir)  # before Hydra writes anything there; held until this process ends
     return hydra_argv(argv[0], ns, overrides), applied, guard
+
+
+def refuse_output_path(run_dir: Path) -> None:
+    """A run directory that cannot be one (a file, a dangling symbolic link, a folder not writable), refused
+    before Hydra tries to make it."""
+    problem = output_path_problem(run_dir)
+    if problem is not None:
+        raise ConfigError(f"hydra.run.dir={run_dir} is not allowed: {problem}; choose another directory")
 
 
 def _resume_target(overrides: list[str]) -> Path | None:
@@ -249,7 +258,8 @@ def check_task_datasets(conf) -> None:
 
     for name, entry in conf.task_entries().items():
         if isinstance(entry.task, ReasoningGymTaskConf):
-            check_dataset(entry.task.dataset, entry.task.dataset_config, f"tasks.{name}.task" if conf.tasks else "task")
+            check_dataset(entry.task.dataset, entry.task.dataset_config, f"tasks.{name}.task" if conf.tasks else "task",
+                          entry.task.probe_timeout_s)
 
 
 def check_placement(conf) -> None:
@@ -363,6 +373,7 @@ def compose_typed(overrides: list[str], source: ConfigSource = ConfigSource()):
         job.run_dir = "preflight"
         adopt_strategy_max_staleness(job, overrides)  # as train.py
         conf = OmegaConf.to_object(job)  # the schemas' __post_init__ checks
+        refuse_parts_no_task_uses(conf, overrides)
         if conf.model.lora.enabled:  # its targets exist in model.path (reads the model's layout)
             from rlharness.model.lora import check_model_conf
 
@@ -374,6 +385,22 @@ def compose_typed(overrides: list[str], source: ConfigSource = ConfigSource()):
     finally:
         GlobalHydra.instance().clear()
     return cfg, conf
+
+
+def refuse_parts_no_task_uses(conf, overrides: list[str]) -> None:
+    """With several tasks (`tasks.<name>`) each task has its own task config and judger: a run-level
+    `task=` or `judger=` (or a key under them) would be silently ignored, so it is refused."""
+    if not conf.tasks:
+        return
+    experiment = next((override_value(o) for o in reversed(overrides) if override_key(o) == "experiment"), None)
+    source = f" (from experiment={experiment})" if experiment else ""
+    for o in overrides:
+        part = override_key(o).split(".", 1)[0]
+        if part in ("task", "judger"):
+            raise ConfigError(
+                f"{o} is not allowed: this run has several tasks{source}, {', '.join(conf.tasks)}, each with its own "
+                f"task and judger, so a run-level {part} applies to none of them; set it per task: "
+                f"{part}@tasks.<name>.{part}=<option> or tasks.<name>.{part}.<key>=<value>")
 
 
 def nested_judger_key(exc: ConfigError, job) -> ConfigError:
@@ -418,14 +445,30 @@ def check_model(conf, checked: set[tuple] | None = None) -> None:
     if conf.algo.advantage == "gae" and conf.algo.critic.path is not None:  # the critic's own folder
         from dataclasses import replace
 
-        try:
-            check_model_files(replace(conf.model, path=conf.algo.critic.path))
-        except ConfigError as exc:
-            raise ConfigError(str(exc).replace("model.path=", "algo.critic.path=", 1)) from None
+        # Loaded with the policy's settings (backend/critic.py): model.trust_remote_code applies.
+        check_model_files(replace(conf.model, path=conf.algo.critic.path), "algo.critic", "model.trust_remote_code")
+        check_critic_tokenizer(conf)
     if asking:
         require_chat_template(load_tokenizer(conf.model), asking[0], conf.model.path)
     if checked is not None:
         checked.add(key)
+
+
+def check_critic_tokenizer(conf) -> None:
+    """PPO's critic reads the policy's token ids: a critic folder whose tokenizer gives ids other meanings
+    (or whose embedding lacks rows for them) would learn values of other tokens, or crash at step 1."""
+    from rlharness.model.load import resolve_model_path
+    from rlharness.model.tokenizer_match import tokenizer_differences
+
+    policy = resolve_model_path(conf.model.path)
+    critic = resolve_model_path(conf.algo.critic.path, "algo.critic")
+    differences = tokenizer_differences(policy, critic, trust_remote_code=conf.model.trust_remote_code)
+    if differences:
+        raise ConfigError(
+            f"algo.critic.path={conf.algo.critic.path!r} is not allowed with model.path={conf.model.path!r}: the "
+            f"critic reads the policy's token ids, but their tokenizers differ ({'; '.join(differences[:3])}); use a "
+            f"critic of the policy's model family (the same tokenizer), or leave algo.critic.path unset (the "
+            f"policy's checkpoint)")
 
 
 def check_agent_entrypoints(conf, with_model: bool = True) -> None:
@@ -518,6 +561,10 @@ def one_line(exc: BaseException, overrides: list[str]) -> str:
         name = f"{dotted.group(1)}.{dotted.group(2)}"
         return (f"tasks.{name}: a task name cannot contain '.' (task names may use only "
                 f"{schema_module.TASK_NAME_CHARS})")
+    composing = re.search(r"In '([^'/]+)/([^']+)': ConfigKeyError raised while composing config", text)
+    full_key = re.search(r"full_key: (\S+)", text)
+    if composing and full_key:
+        return option_sets_missing_key(*composing.groups(), full_key.group(1), str(cause), overrides)
     merging = re.search(r"Error merging override (\S+)", text)
     if merging:
         return f"{merging.group(1)} is not allowed: {cause_line or text}"
@@ -527,10 +574,44 @@ def one_line(exc: BaseException, overrides: list[str]) -> str:
     return f"{head} ({key})" if key else head
 
 
+def option_sets_missing_key(group: str, option: str, key: str, cause: str, overrides: list[str]) -> str:
+    """The line for a config file (an experiment, most often) that sets a key the chosen option of
+    another group does not have: `experiment=chat_math judger=reward_model` while chat_math sets a math
+    judger's key. Names the file, the key, the option and what to do."""
+    import re
+
+    part = key.split(".", 1)[0]
+    chosen = next((override_value(o) for o in reversed(overrides) if override_key(o) == part), None)
+    schema = re.search(r"object_type=(\w+)", cause)
+    what = f"{part}={chosen}" if chosen else f"the chosen {part}"
+    if schema:
+        what += f" ({schema.group(1)})"
+    if group == "experiment" and chosen:
+        todo = (f"experiment={option} was made for its own {part}: leave out {part}={chosen} to keep it, or start "
+                f"without the experiment and give its other settings yourself (conf/experiment/{option}.yaml)")
+    else:
+        todo = f"check the key in {group}/{option}.yaml, or choose a {part} that has it"
+    return f"{group}={option} sets {key}, which {what} does not have: {todo}"
+
+
 def _schema_module():
     from rlharness.config import schema
 
     return schema
+
+
+def remove_empty_parents(path: Path, top: Path | None) -> None:
+    """Remove the folders above `path` up to `top` (a start created them) while they are empty: another
+    start may have put its own run there meanwhile, which stays."""
+    if top is None:
+        return
+    for parent in path.parents:
+        if not (parent == top or top in parent.parents):
+            break
+        try:
+            parent.rmdir()
+        except OSError:  # not empty (or gone): leave it and everything above
+            break
 
 
 @dataclass
@@ -543,18 +624,22 @@ class RunDirGuard:
     log_name: str
     log_size: int | None
     lock_bytes: bytes | None = None  # the lock file as it was (it names the last holder's PID)
+    # The first folder this start creates on the way to run_dir (Hydra makes outputs/<date>/<time>).
+    created: Path | None = None
 
     @classmethod
     def record(cls, run_dir: Path, output_subdir: str, job_name: str) -> RunDirGuard:
         log, lock = RunDir(run_dir).log(job_name), RunDir(run_dir).lock
         return cls(run_dir, run_dir.exists(), output_subdir, log.name,
                    log.stat().st_size if log.is_file() else None,
-                   lock.read_bytes() if lock.is_file() else None)
+                   lock.read_bytes() if lock.is_file() else None, first_missing(run_dir))
 
     def rollback(self) -> None:
-        """Undo this start's traces: a directory it created goes; an existing run is left as it was."""
+        """Undo this start's traces: the folders it created go (outputs/<date>/ too, when this start
+        made it); an existing run is left as it was."""
         if not self.existed:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+            remove_empty_parents(self.run_dir, self.created)
             return
         if self.output_subdir.startswith(f"{HYDRA}/{RESUMED_PREFIX}"):
             shutil.rmtree(self.run_dir / self.output_subdir, ignore_errors=True)

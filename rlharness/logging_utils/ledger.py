@@ -19,6 +19,7 @@ from typing import Any
 
 from rlharness.core.member_failures import masked
 from rlharness.logging_utils.metrics import json_line, jsonl_rows, replace_text
+from rlharness.core.redaction import redact
 from rlharness.core.run_dir import RunDir, step_of
 from rlharness.core.types import Group, RolloutState
 
@@ -52,9 +53,12 @@ def sample_row(group: Group, s: RolloutState, train_step: int) -> dict[str, Any]
     if "turns" in s.extra:  # multi-turn loops: the model's turns and the tool outputs, readable
         row["tool_calls"] = s.extra.get("tool_calls", 0)
         row["turns"] = s.extra["turns"]
-    for key in ("segments", "token_drift", "infra_failure", "agent_traceback", "agent_output"):
+    for key in ("segments", "token_drift"):
         if key in s.extra:
             row[key] = s.extra[key]
+    for key in ("infra_failure", "agent_traceback", "agent_output"):  # texts an error wrote: secrets out
+        if key in s.extra:
+            row[key] = redact(s.extra[key])
     return row
 
 
@@ -93,7 +97,8 @@ class RolloutLedger:
         for g in groups:
             for s in g.samples:
                 if masked(s, failed_member_policy):
-                    left_out.append(json_line({**sample_row(g, s, train_step), "reason": s.extra["infra_failure"]}))
+                    row = {**sample_row(g, s, train_step), "reason": redact(s.extra["infra_failure"])}
+                    left_out.append(json_line(row))
                 else:
                     rows.append(json_line(sample_row(g, s, train_step)))
         replace_text(self.run.rollout(train_step), "".join(r + "\n" for r in rows))
@@ -108,7 +113,8 @@ class RolloutLedger:
         with open(self.dropped_path, "a") as fh:
             for group in dropped:
                 for s in group.samples:
-                    fh.write(json_line({**sample_row(group, s, train_step), "reason": group.drop_reason}) + "\n")
+                    row = {**sample_row(group, s, train_step), "reason": redact(group.drop_reason)}
+                    fh.write(json_line(row) + "\n")
 
 
 def read_ledger(run_dir: str | Path) -> tuple[list[dict], list[dict]]:

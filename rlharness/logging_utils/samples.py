@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlharness.logging_utils.metrics import replace_text
+from rlharness.core.redaction import redact
 from rlharness.core.run_dir import RunDir, step_of
 from rlharness.core.types import Group, RolloutState, Status
 
@@ -23,9 +24,9 @@ from rlharness.core.types import Group, RolloutState, Status
 def judgement(group: Group, s: RolloutState) -> str:
     """Sample `s` of `group`: correct | wrong | failed: <the group's drop reason>."""
     if s.status == Status.FAILED:
-        return f"failed: {group.drop_reason or 'judging failed'}"
+        return redact(f"failed: {group.drop_reason or 'judging failed'}")
     if "infra_failure" in s.extra:  # not the policy's: neither right nor wrong
-        return f"failed: {s.extra['infra_failure']}"
+        return redact(f"failed: {s.extra['infra_failure']}")
     return "correct" if s.reward is not None and s.reward.get("score", 0.0) >= 1.0 else "wrong"
 
 

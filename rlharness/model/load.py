@@ -40,7 +40,8 @@ def _gguf_files(candidate: Path) -> list[Path]:
     return sorted(candidate.glob("*.gguf")) if candidate.is_dir() else []
 
 
-def resolve_model_path(path: str) -> Path:
+def resolve_model_path(path: str, key: str = "model") -> Path:
+    """The folder `path` names (the current directory first, then the project); refusals name `key`.path."""
     p = Path(path).expanduser()
     for candidate in (p, PROJECT_ROOT / p):
         if (candidate / "config.json").is_file():
@@ -49,43 +50,48 @@ def resolve_model_path(path: str) -> Path:
         gguf = _gguf_files(candidate)
         if gguf:  # transformers reads GGUF only through gguf_file= and cannot train or save it as such
             raise ConfigError(
-                f"model.path={path!r}: {gguf[0].resolve()} is a GGUF file (llama.cpp's format), not a Hugging "
+                f"{key}.path={path!r}: {gguf[0].resolve()} is a GGUF file (llama.cpp's format), not a Hugging "
                 f"Face checkpoint folder; convert it into one first: `{GGUF_CONVERT.format(file=gguf[0])}` "
                 f"(`bash scripts/fetch_smollm2.sh` does it for SmolLM2-135M-Instruct)")
     fetch = FETCH_COMMANDS.get(p.name)
     if fetch:
-        raise ConfigError(f"model.path={path!r}: the model is not there yet; make it with `{fetch}`")
+        raise ConfigError(f"{key}.path={path!r}: the model is not there yet; make it with `{fetch}`")
     raise ConfigError(
-        f"model.path={path!r}: no Hugging Face checkpoint there (looked for config.json in "
+        f"{key}.path={path!r}: no Hugging Face checkpoint there (looked for config.json in "
         f"{p.resolve()} and {(PROJECT_ROOT / p).resolve()})"
     )
 
 
 def remote_code_classes(config: dict) -> list[str]:
-    """The Auto classes config.json maps to code in the folder (`auto_map`) that transformers has no
-    built-in class for: loading those runs the folder's Python (trust_remote_code)."""
+    """The Auto classes config.json maps to code in the folder (`auto_map`: a causal LM, a sequence
+    classifier, ...) when transformers has no built-in class for its model type: loading the folder
+    then runs its Python (trust_remote_code)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     auto_map = config.get("auto_map") or {}
     if config.get("model_type") in CONFIG_MAPPING:  # transformers' own classes are used; auto_map is ignored
         return []
-    return [f"{k} -> {v}" for k, v in auto_map.items() if k in ("AutoConfig", "AutoModelForCausalLM")]
+    return [f"{k} -> {v}" for k, v in auto_map.items() if k.startswith("AutoConfig") or k.startswith("AutoModel")]
 
 
-def check_model_files(conf: ModelConf) -> Path:
+def check_model_files(conf: ModelConf, key: str = "model", trust_key: str | None = None) -> Path:
     """What the folder's files tell before anything loads (preflight): it exists, is no GGUF file, and
-    needs no code of its own unless `model.trust_remote_code` allows it."""
-    path = resolve_model_path(conf.path)
+    needs no code of its own unless `conf.trust_remote_code` allows it. `key`: where the folder is
+    configured (model, algo.critic, judger, ...): refusals name `<key>.path`, and the switch that applies to
+    that folder, `trust_key` (default `<key>.trust_remote_code`)."""
+    path = resolve_model_path(conf.path, key)
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"model.path={conf.path!r}: {path / 'config.json'} is not a readable JSON file ({exc})")
-    custom = remote_code_classes(config) if isinstance(config, dict) and config.get("auto_map") else []
+        raise ConfigError(f"{key}.path={conf.path!r}: {path / 'config.json'} is not a readable JSON file ({exc})")
+    if not isinstance(config, dict):
+        raise ConfigError(f"{key}.path={conf.path!r}: {path / 'config.json'} is not a JSON object")
+    custom = remote_code_classes(config) if config.get("auto_map") else []
     if custom and not conf.trust_remote_code:
         raise ConfigError(
-            f"model.path={conf.path!r}: the model's own code is needed (config.json auto_map: {'; '.join(custom)}; "
+            f"{key}.path={conf.path!r}: the model's own code is needed (config.json auto_map: {'; '.join(custom)}; "
             f"model_type {config.get('model_type')!r} is not one transformers knows); pass "
-            f"model.trust_remote_code=true to run that code (only for a folder you trust)")
+            f"{trust_key or key + '.trust_remote_code'}=true to run that code (only for a folder you trust)")
     return path
 
 

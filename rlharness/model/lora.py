@@ -58,12 +58,26 @@ def resolve_targets(model: torch.nn.Module, conf: LoraConf) -> list[str]:
         if not found:
             raise ConfigError(f"model.lora.target_modules: none of the default targets ({', '.join(DEFAULT_TARGETS)}) "
                               f"is in this model; its linear layers are: {', '.join(kinds)}")
-        return found
-    for t in conf.target_modules:
-        if not any(_matches(n, t) for n in names):
-            raise ConfigError(f"model.lora.target_modules: {t!r} matches no module; the model's linear layers "
-                              f"are: {', '.join(kinds)}")
-    return list(conf.target_modules)
+    else:
+        found = list(conf.target_modules)
+        for t in found:
+            if not any(_matches(n, t) for n in names):
+                raise ConfigError(f"model.lora.target_modules: {t!r} matches no module; the model's linear layers "
+                                  f"are: {', '.join(kinds)}")
+    check_rank_fits(model, found, conf.rank)
+    return found
+
+
+def check_rank_fits(model: torch.nn.Module, targets: list[str], rank: int) -> None:
+    """A LoRA update B @ A of rank r has r <= min(in, out) of the layer it adapts: a larger rank only adds
+    parameters that cannot change the update (and memory), so it is refused, naming the smallest layer."""
+    layers = [(min(m.in_features, m.out_features), n) for n, m in model.named_modules()
+              if isinstance(m, torch.nn.Linear) and any(_matches(n, t) for t in targets)]
+    smallest, name = min(layers)
+    if rank > smallest:
+        raise ConfigError(f"model.lora.rank={rank} is not allowed: the adapted layer {name} is "
+                          f"{smallest} wide (min of its input and output features), and a rank above that "
+                          f"cannot change its update; use model.lora.rank <= {smallest}")
 
 
 def targets_for(model_conf: ModelConf) -> list[str]:

@@ -117,6 +117,8 @@ class AgentLoopManager:
         self._consumer_wake = Signal()
         self.contexts = self._contexts(tasks, over_sample_thresholds or {})
         self._paused = False
+        # Set by `hurry` when the run is stopping: drains wait at most this long, not pause_timeout_s.
+        self._drain_limit_s: float | None = None
         self._closed = False
         self._loop_task: asyncio.Task | None = None
         self._loop_error: BaseException | None = None
@@ -252,12 +254,20 @@ class AgentLoopManager:
                     self.allocation.sizes(step))
         return True
 
+    def hurry(self, drain_timeout_s: float) -> None:
+        """The run is stopping (SIGTERM): from now on a drain waits at most `drain_timeout_s` for in-flight
+        groups (an engine's abort returns in well under a second; a judgement may take its whole timeout)
+        before cancelling them back into the buffer, so the stop's checkpoint fits in stop_timeout_s."""
+        self._drain_limit_s = drain_timeout_s
+
     async def _drain_all(self) -> None:
         for c in self.contexts.values():
             c.paused = True
+        timeout_s = self.strategy.pause_timeout_s
+        if self._drain_limit_s is not None:
+            timeout_s = min(timeout_s, self._drain_limit_s)
         try:
-            await asyncio.gather(*(self.strategy.drain(c, self.strategy.pause_timeout_s)
-                                   for c in self.contexts.values()))
+            await asyncio.gather(*(self.strategy.drain(c, timeout_s) for c in self.contexts.values()))
         finally:
             for c in self.contexts.values():
                 c.paused = self._paused or self._closed

@@ -5,7 +5,7 @@ bubblewrap gives it new user, pid, network, IPC, UTS and mount namespaces (an em
 a file system of /usr and the interpreter, read-only, and a private tmpfs), a seccomp filter
 refuses the system calls it has no use for, and rlimits bound its CPU time, memory, processes,
 open files and file size; the caller bounds its wall time and output. What isolates what, and
-what it does not protect against: docs/sandbox.md.
+what it does not protect against: docs/concepts/sandbox.md.
 
 Sandboxes are started ahead (`limits.warm` of them per set of limits, each for one call only:
 warm.py), so a call's wall time is mostly its program's.
@@ -68,7 +68,7 @@ def check_available(limits: SandboxConf | None = None) -> None:
     problem = _probe(astuple(conf))
     if problem:
         hint = ("; or set agent.sandbox.isolation=rlimits, the weaker mode for machines without namespaces "
-                "(docs/sandbox.md)") if conf.isolation == "namespaces" else ""
+                "(docs/concepts/sandbox.md)") if conf.isolation == "namespaces" else ""
         raise SandboxUnavailable(f"agent.sandbox.isolation={conf.isolation} cannot run here: {problem}{hint}")
 
 

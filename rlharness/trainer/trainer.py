@@ -28,11 +28,13 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from rlharness.core import fault_points
-from rlharness.trainer.components import Components
-from rlharness.core.checkpoint import (CheckpointError, CheckpointWriteError, begin_checkpoint, commit_checkpoint,
-                                  latest_checkpoint, load_state, read_meta, save_state, writing)
 from rlharness.config.run import RunConf
+from rlharness.core import fault_points
+from rlharness.core.checkpoint import (CheckpointError, CheckpointWriteError, begin_checkpoint, check_fields,
+                                       commit_checkpoint, error_line, latest_checkpoint, load_state, read_meta,
+                                       save_state, writing)
+from rlharness.model.weight_files import check_backend_weights
+from rlharness.trainer.components import Components
 from rlharness.logging_utils.ledger import RolloutLedger
 from rlharness.logging_utils.metrics import MetricsWriter, format_step_line
 from rlharness.logging_utils.plots import write_plots
@@ -50,6 +52,13 @@ from rlharness.trainer.nonfinite import NonFiniteGuard, batch_problem, step_prob
 from rlharness.trainer.zero_signal import ZeroSignalWatch, warn_if_greedy
 
 log = logging.getLogger(__name__)
+
+# Of stop_timeout_s, what a stop may spend waiting for in-flight groups (the rest: the checkpoint, W&B, actors).
+STOP_DRAIN_SHARE = 0.2
+# What a checkpoint's trainer.pt holds (written by `_save`, checked on resume: another program's or version's
+# file is refused naming the key, not a KeyError after the run directory was written to).
+TRAINER_STATE = {"step": int, "model_version": int, "wandb_run_id": (str, type(None)), "producer": dict,
+                 "rng": dict}
 
 
 class Trainer:
@@ -124,6 +133,8 @@ class Trainer:
             raise
         finally:
             if producer is not None:
+                if self.stop.requested:
+                    self.c.manager.hurry(conf.stop_timeout_s * STOP_DRAIN_SHARE)
                 await self.c.manager.close()
             if self.stop.requested:
                 await self._save_on_stop()
@@ -155,6 +166,7 @@ class Trainer:
             stopper.cancel()
         if work.done():
             return work.result()
+        c.manager.hurry(self.conf.stop_timeout_s * STOP_DRAIN_SHARE)
         work.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await work
@@ -353,13 +365,17 @@ class Trainer:
         _, path = found
         read_meta(path)
         state = load_state(path / "trainer.pt")  # data only: a crafted file is refused, never run
+        check_fields(state, TRAINER_STATE, path / "trainer.pt")
+        check_fields(state["rng"], {"python": (tuple, list), "torch": torch.Tensor, "numpy": (tuple, list)},
+                     path / "trainer.pt")
+        check_backend_weights(path / "backend")
         try:
             with phase(f"loading checkpoint {path}"):
                 await self.c.backend.load(str(path / "backend"))  # may be remote (Ray actors)
         except CheckpointError:
             raise
         except Exception as exc:  # noqa: BLE001 - any unreadable file is a corrupted checkpoint
-            raise CheckpointError(f"checkpoint {path} is corrupted or incompatible: {exc}") from exc
+            raise CheckpointError(f"checkpoint {path} is corrupted or incompatible: {error_line(exc)}") from exc
         self.step = state["step"]
         # The engines get the checkpoint's weights, which are the weights after its step: that is their
         # version (with sync_weights_interval > 1 the first life's engines may have held older ones, but
@@ -374,7 +390,7 @@ class Trainer:
         self._rng_at_step = state["rng"]
         try:
             self.c.manager.load_state_dict(state["producer"])
-        except ValueError as exc:  # another set of tasks, another batch size: refused, naming them
+        except (ValueError, KeyError, TypeError) as exc:  # other tasks, another batch size, another format: named
             raise CheckpointError(f"checkpoint {path}: {exc}") from exc
         await self.c.weights.sync(self.model_version)
         self.c.manager.set_model_step(self.model_version)

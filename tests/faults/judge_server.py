@@ -7,7 +7,9 @@ POST /batch {"items": [...]} -> {"results": [...]}, the same rule per item. Mode
 - ok: as above;  slow: every reply after --delay-s (default 1.5 s);
 - flaky: every 10th request (10th, 20th, ...) answers HTTP 500;
 - by_label: a label whose answer starts with "R" gets a 302 to ftp://127.0.0.1:9/x,
-  one starting with "M" a reply that is not JSON, "D" valid JSON nested 10^5 deep; the rest as ok.
+  one starting with "M" a reply that is not JSON, "D" valid JSON nested 10^5 deep, "E" a reply that
+  is not JSON and quotes the request's Authorization header, "C" a 302 whose Location carries the
+  header's token as user:password@ and as ?api_key=; the rest as ok.
 With --auth-env NAME every request must carry `Authorization: <value of $NAME>` (else HTTP 401,
 counted as "unauthorized"). It stops by itself after --max-requests requests or --max-s seconds and writes its
 counts (requests, by method and path, 500s, redirects, malformed replies) to
@@ -64,6 +66,18 @@ class Handler(BaseHTTPRequestHandler):
             if mode == "by_label" and answer.startswith("D"):  # valid JSON, nested 10^5 deep
                 self.server.count("deep")
                 self._reply(b'{"score": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+                return
+            if mode == "by_label" and answer.startswith("E"):  # a debug server echoing what it was sent
+                self.server.count("echoed")
+                self._reply(f"token rejected: {self.headers.get('Authorization')}".encode())
+                return
+            if mode == "by_label" and answer.startswith("C"):  # a redirect carrying credentials
+                self.server.count("redirects")
+                token = str(self.headers.get("Authorization")).split()[-1]
+                self.send_response(302)
+                self.send_header("Location", f"http://judge:{token}@127.0.0.1:9/x?api_key={token}&n=1")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
                 return
             if mode == "by_label" and answer.startswith("M"):
                 self.server.count("malformed")

@@ -5,6 +5,7 @@ every byte of the run directory (W&B's files included) is searched for the secre
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import subprocess
@@ -24,21 +25,29 @@ from tests.helpers import run_cli
 pytestmark = [pytest.mark.timeout(300)]
 
 
-@pytest.fixture
-def auth_server(tmp_path):
-    """The judge server requiring `Authorization: <secret>`; yields (url base, secret, stats reader)."""
+@contextlib.contextmanager
+def authorized_server(tmp_path: Path, mode: str):
+    """tests/faults/judge_server.py in `mode`, requiring `Authorization: <a fresh secret>`; yields (url base,
+    secret, stats reader). Waits for its port however slow the machine (the server's own --max-s bounds it)."""
     secret = "Bearer " + secrets.token_hex(16)
-    port_file, stats_file = tmp_path / "auth.port", tmp_path / "auth.stats.json"
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--mode", "ok", "--port-file", str(port_file),
+    port_file, stats_file = tmp_path / f"{mode}.port", tmp_path / f"{mode}.stats.json"
+    proc = subprocess.Popen([sys.executable, str(SERVER), "--mode", mode, "--port-file", str(port_file),
                              "--stats-file", str(stats_file), "--max-s", "240", "--auth-env", "SERVER_TOKEN"],
                             env={"SERVER_TOKEN": secret, "PATH": "/usr/bin:/bin"})
-    for _ in range(200):
-        if port_file.exists() and port_file.read_text():
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port_file.read_text()}", secret, lambda: json.loads(stats_file.read_text())
-    proc.terminate()
-    proc.wait(timeout=10)
+    try:
+        while not (port_file.exists() and port_file.read_text()):
+            assert proc.poll() is None, "the judge server exited before it listened"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port_file.read_text()}", secret, lambda: json.loads(stats_file.read_text())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def auth_server(tmp_path):
+    with authorized_server(tmp_path, "ok") as served:
+        yield served
 
 
 def test_a_token_named_by_env_reaches_the_judge_and_no_file(tmp_path, auth_server):

@@ -44,3 +44,46 @@ def test_ppo_allows_one_sample_per_prompt():
 def test_refused_on_the_command_line_with_exit_2_and_no_directory(tmp_path, args, expect):
     refused(["logger.mode=disabled", *args], tmp_path, expect)
     assert not (tmp_path / "outputs").exists()
+
+
+# ----------------------------------------------------------------------------- a critic of another tokenizer
+@pytest.mark.parametrize("policy, critic", [("model=tiny_chat", "assets/tiny-arith"),
+                                            ("model=default", "assets/tiny-chat")])
+def test_a_critic_of_another_tokenizer_is_refused_both_ways(tmp_path, policy, critic):
+    """tiny-chat's policy with tiny-arith's critic trained silently; the reverse crashed at step 1."""
+    refused(["engine=sim", "logger.mode=disabled", policy, "algo=ppo", f"algo.critic.path={critic}"], tmp_path,
+            [f"algo.critic.path='{critic}' is not allowed", "tokenizers differ", "vocabulary of"])
+
+
+def test_tokenizer_differences_name_what_differs_and_allow_a_padded_embedding(tmp_path):
+    """The reusable check (a distillation teacher needs the same): two folders in, the differences out."""
+    import json
+    import shutil
+
+    from rlharness.model.tokenizer_match import tokenizer_differences
+    from tests.helpers import ROOT
+
+    arith = ROOT / "assets" / "tiny-arith"
+    assert tokenizer_differences(arith, arith) == []
+    padded = tmp_path / "padded"  # the same tokenizer, an embedding with spare rows (Qwen's sizes differ so)
+    shutil.copytree(arith, padded)
+    config = json.loads((padded / "config.json").read_text())
+    config["vocab_size"] += 40
+    (padded / "config.json").write_text(json.dumps(config))
+    assert tokenizer_differences(arith, padded) == []
+    short = tmp_path / "short"  # an embedding without rows for some of the other's ids
+    shutil.copytree(arith, short)
+    config["vocab_size"] = 10
+    (short / "config.json").write_text(json.dumps(config))
+    assert tokenizer_differences(arith, short) == [
+        "the second's embedding has 10 rows (config.json vocab_size), the first's tokenizer makes ids up to 23"]
+    swapped = tmp_path / "swapped"  # two tokens' ids exchanged: same size, other meanings
+    shutil.copytree(arith, swapped)
+    tokenizer = json.loads((swapped / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    vocab["1"], vocab["2"] = vocab["2"], vocab["1"]
+    (swapped / "tokenizer.json").write_text(json.dumps(tokenizer))
+    found = tokenizer_differences(arith, swapped)
+    assert len(found) == 1 and found[0].startswith("2 token(s) with other ids"), found
+    chat = tokenizer_differences(ROOT / "assets" / "tiny-chat", ROOT / "assets" / "tiny-chat", chat_template=True)
+    assert chat == []
