@@ -93,7 +93,6 @@ class AgentLoop(abc.ABC):
         return params
 
 
-
 async def close_agent_loops(loops: list[AgentLoop]) -> None:
     """Close each loop once (a task's training and eval loops may be one object), in the event loop that ran
     them (the gateway's server and agent processes belong to it)."""

@@ -86,7 +86,8 @@ def check_sampling(call: Call, sc: SamplingConf) -> None:
         if name in ("temperature", "top_p", "top_k"):
             run = getattr(sc, name)
             number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            ok = value is None or (number and (abs(value - run) <= 1e-9 or (name == "top_k" and run == 0 and value == -1)))
+            off = name == "top_k" and run == 0 and value == -1  # vLLM's spelling of "no top-k"
+            ok = value is None or (number and (abs(value - run) <= 1e-9 or off))
             if not ok:
                 raise ApiError(400, f"{theirs}={value!r} is not allowed: this run samples with {name} {run:g} "
                                     f"(omit it or pass that value)", param=theirs)
@@ -395,7 +396,8 @@ class GatewayAgentLoop(AgentLoop):
             raise ApiError(400, str(exc), param="messages") from None
 
     def _context_error(self, tokens: int, asked: int | None) -> ApiError:
-        wanted = f"{tokens} tokens of prompt" + (f" + {asked} of max_tokens" if asked else " and at least one to generate")
+        wanted = f"{tokens} tokens of prompt" + (f" + {asked} of max_tokens" if asked else
+                                                 " and at least one to generate")
         return ApiError(400, f"This model's maximum context length is {self.positions} tokens; the request needs "
                              f"{wanted}", param="messages", code="context_length_exceeded")
 

@@ -16,8 +16,8 @@ Where the scoring runs:
   and replaced past `timeout_s`, so one pathological answer costs at most its timeout
   and never blocks the trainer's interpreter; the member then fails for a reason that is
   not the policy's (`judger.on_timeout=fail`: `algo.failed_member_policy` decides, see
-  rlharness/core/member_failures.py) or scores 0 (`on_timeout=zero`). The remote judger overrides `score_slow` (HTTP,
-  concurrent). A judger without a rule conf (a test's or a user's own) scores in a
+  rlharness/core/member_failures.py) or scores 0 (`on_timeout=zero`). The remote judger
+  overrides `score_slow` (HTTP, concurrent). A judger without a rule conf (a test's or a user's own) scores in a
   worker thread under the same timeout.
 An exception from any path fails the group, with the judger and the error as reason.
 
