@@ -29,6 +29,38 @@ def compose_conf(overrides: list[str], run_dir: str | Path = ""):
     return OmegaConf.to_object(cfg), OmegaConf.to_container(cfg, resolve=True)
 
 
+# A bound that only a hang reaches: a success that takes a minute on a loaded 2-core box (ten
+# times its idle time) is far inside it. Tests wait on conditions under this bound, never on a
+# duration that a slow machine could also take.
+HANG_S = 600.0
+
+
+def wait_until(ready, what: str, timeout_s: float = HANG_S, poll_s: float = 0.2) -> None:
+    """Poll `ready()` until it is true; fail naming `what` if it is still false after `timeout_s`
+    (a hang: the deadline is not what a test passes or fails by on a slow machine)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
+        time.sleep(poll_s)
+
+
+def run_on_virtual_clock(coro):
+    """`asyncio.run(coro)` on a virtual clock (aiotools): sleeps and timeouts take no real time and
+    every timer fires in its order of virtual time, whatever the machine's speed. Only for code that
+    waits on the loop's timers, never on a thread or a process (their real time would race it)."""
+    import asyncio
+
+    from aiotools import VirtualClock
+
+    async def main():
+        with VirtualClock().patch_loop():
+            return await coro
+
+    return asyncio.run(main())
+
+
 def run_in_process(run_dir: str | Path, overrides: list[str]) -> dict:
     from rlharness.launch.launcher import RefusedInput, run
 
@@ -46,14 +78,14 @@ def uncataloged_metrics(folder: str | Path) -> dict[str, list[str]]:
     from rlharness.logging_utils.metrics import read_metrics
 
     found = {}
-    for path in sorted(Path(folder).rglob("metrics.jsonl")):
+    for path in sorted(p for p in Path(folder).rglob("metrics.jsonl") if p.is_file()):
         unknown = unknown_keys({k for row in read_metrics(path) for k in row})
         if unknown:
             found[str(path)] = unknown
     return found
 
 
-def run_cli(args: list[str], cwd: str | Path, timeout_s: float = 600, check: bool = True,
+def run_cli(args: list[str], cwd: str | Path, timeout_s: float = HANG_S, check: bool = True,
             env: dict | None = None, fresh_interpreter: bool = False,
             script: str = "train.py") -> subprocess.CompletedProcess:
     """The real command line, `python train.py ARGS` (or `script`: evaluate.py, or a module run as

@@ -109,6 +109,7 @@ def commit_checkpoint(run_dir: str | Path, step: int, tmp: Path, keep: int,
     os.replace(tmp, final)
     _prune(root, keep)
     log.info("checkpoint saved: %s", final)
+    fault_points.reach("checkpoint_saved", step)
     return final
 
 

@@ -5,11 +5,14 @@ reaches the point `checkpoint` with number 2 (the step being written, before its
 Points, and what their number is:
 
 - `checkpoint:<step>`: inside that checkpoint's write, after its files, before DONE;
+- `checkpoint_saved:<step>`: that checkpoint complete and in place (a life resumed from it never
+  saves it again: a signal here reaches only the life that wrote it);
 - `group_put:<n>`: the n-th group this process puts into the replay buffer (mid-production);
 - `step_trained:<step>`: that optimizer step taken, before its weight sync, ledger and checkpoint.
 
 A test that kills or signals a run at such a point kills it the same way on any machine, however
-fast: a life cannot finish before the signal, nor be killed before it made progress. Several
+fast: a life cannot finish before the signal, nor be killed before it made progress. SIGSTOP
+holds a run at a point (alive, its run directory locked) until the test continues or kills it. Several
 specs may be given, separated by commas; unset (every real run), `reach` is one dict look-up.
 """
 
@@ -20,7 +23,7 @@ import signal
 from collections import Counter
 
 SIGNAL_AT_ENV = "RLHARNESS_TEST_SIGNAL_AT"
-POINTS = ("checkpoint", "group_put", "step_trained")
+POINTS = ("checkpoint", "checkpoint_saved", "group_put", "step_trained")
 
 _counts: Counter[str] = Counter()
 

@@ -40,6 +40,7 @@ class WarmPool:
                     started.discard()
                     return
                 self.ready.append(started)
+                self.wanted.notify_all()  # a caller may wait for the pool to be full
 
     def take(self) -> Started | None:
         """A waiting sandbox that is still alive, or None (the caller starts one)."""
@@ -47,17 +48,17 @@ class WarmPool:
             while self.ready:
                 started = self.ready.pop(0)
                 if started.alive():
-                    self.wanted.notify()
+                    self.wanted.notify_all()
                     return started
                 started.discard()
-            self.wanted.notify()
+            self.wanted.notify_all()
         return None
 
     def close(self) -> None:
         with self.wanted:
             self.closed = True
             ready, self.ready = self.ready, []
-            self.wanted.notify()
+            self.wanted.notify_all()
         for started in ready:
             started.discard()
 

@@ -7,6 +7,7 @@ written with `record(uid, ...)` to a file of its own and read back by the test w
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import sys
@@ -270,13 +271,32 @@ async def wrong_signature(row: dict) -> str:
     return ""
 
 
-async def records_span(row: dict, client: openai.AsyncOpenAI) -> str:
-    """One call, recording when the program ran (the tests count how many ran at once)."""
-    start = time.time()
-    await asyncio.sleep(0.2)
-    response = await client.chat.completions.create(model=row["model"], messages=ask(row), max_tokens=3)
-    record(row["uid"], span=[start, time.time()])
-    return response.choices[0].message.content or ""
+def company(add: int = 0, expect: int | None = None) -> dict:
+    """How many programs run at once, kept in a file (programs run in processes of their own):
+    `company(expect=n)` starts a count, `company(add=1)`/`company(add=-1)` enter and leave, `company()` reads."""
+    _DIR.mkdir(exist_ok=True)
+    with open(_DIR / "company.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = _DIR / "company.json"
+        state = {"now": 0, "most": 0, "expect": expect} if expect is not None else json.loads(path.read_text())
+        state["now"] += add
+        state["most"] = max(state["most"], state["now"])
+        path.write_text(json.dumps(state))
+        return state
+
+
+async def counts_company(row: dict, client: openai.AsyncOpenAI) -> str:
+    """One call, counting how many programs run at the same time: each waits until `expect` of them
+    run (the test's max_concurrency; programs run one at a time would wait for ever)."""
+    state = company(add=1)
+    try:
+        while state["now"] < state["expect"]:
+            await asyncio.sleep(0.005)
+            state = company()
+        response = await client.chat.completions.create(model=row["model"], messages=ask(row), max_tokens=3)
+        return response.choices[0].message.content or ""
+    finally:
+        company(add=-1)
 
 
 async def asks_past_context(row: dict, client: openai.AsyncOpenAI) -> str:

@@ -26,6 +26,7 @@ from rlharness.core.run_dir import RunDir
 from rlharness.model.tiny import DEFAULT_CHARS, build_char_tokenizer
 from rlharness.trainer.batch import build_train_batch
 from rlharness.core.types import Status, make_group
+from tests.helpers import HANG_S
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -52,18 +53,29 @@ class ScriptedModel(RolloutEngine):
     As the hf engine does, it checks stop strings on the text it generated in this
     request only. The last turn ends with EOS; after a non-final turn's text (normally
     cut by the "</tool>" stop string) it keeps writing '9's, like a model that does not stop.
+    With `hold_at` set, every member waits before its engine token number `hold_at` (counted
+    over its turns) until `resume` is set: a test interrupts each member exactly there, on any
+    machine (tool calls run in threads, so a count over all members would depend on timing).
     """
 
-    def __init__(self, turns: list[str], token_s: float = 0.0005) -> None:
-        self.turns, self.token_s = turns, token_s
+    def __init__(self, turns: list[str]) -> None:
+        self.turns = turns
         self._version, self._abort_epoch = 0, 0
         self.requests: list[GenerateRequest] = []
         self.in_flight = 0
-        self.tokens_emitted = 0
+        self.hold_at: int | None = None
+        self.held = 0
+        self.resume = asyncio.Event()
 
     @property
     def version(self) -> int:
         return self._version
+
+    def _tokens_before(self, prompt_ids: list[int]) -> int:
+        """Engine tokens this member wrote before this request (its earlier turns and this turn so far)."""
+        response = decode(prompt_ids)[len(PROMPT):]
+        n = response.count("</output>")
+        return sum(len(encode(t)) for t in self.turns[:n]) + len(encode(response.rsplit("</output>", 1)[-1]))
 
     def _plan(self, prompt_ids: list[int]) -> list[int]:
         text = decode(prompt_ids)
@@ -82,15 +94,18 @@ class ScriptedModel(RolloutEngine):
         steps: list[int] = []
         reason = "length"
         self.in_flight += 1
+        position = self._tokens_before(request.prompt_ids)
         try:
-            for tok in plan[: request.sampling.max_tokens]:
-                await asyncio.sleep(self.token_s)
+            for i, tok in enumerate(plan[: request.sampling.max_tokens]):
+                if position + i == self.hold_at:
+                    self.held += 1
+                    await self.resume.wait()
+                await asyncio.sleep(0)  # one token per turn of the event loop
                 if self._abort_epoch != epoch:
                     reason = "abort"
                     break
                 ids.append(tok)
                 steps.append(self._version)
-                self.tokens_emitted += 1
                 if tok == TOK.eos_token_id or any(s in decode(ids) for s in request.sampling.stop):
                     reason = "stop"
                     break
@@ -109,9 +124,10 @@ class ScriptedModel(RolloutEngine):
 
 
 def setup(turns: list[str], *, k: int = 2, max_tokens: int = 200, max_turns: int = 4, answer: str = "5",
-          token_s: float = 0.0005, judger: Judger | None = None):
-    engine = ScriptedModel(turns, token_s)
-    conf = MultiTurnToolAgentConf(sampling=SamplingConf(max_tokens=max_tokens), max_turns=max_turns)
+          judger: Judger | None = None, tool_timeout_s: float | None = None):
+    engine = ScriptedModel(turns)
+    conf = MultiTurnToolAgentConf(sampling=SamplingConf(max_tokens=max_tokens), max_turns=max_turns,
+                                  **({} if tool_timeout_s is None else {"tool_timeout_s": tool_timeout_s}))
     loop = build_agent_loop(conf, engine, judger or MathJudger(), decode, encode=encode)
     group = make_group(task="t", prompt_index=0, epoch=0, prompt_text=PROMPT, prompt_ids=encode(PROMPT),
                        label={"answer": answer}, k=k)
@@ -256,21 +272,26 @@ def reference():
     return s
 
 
-async def interrupt_after(loop, engine, group, tokens: int, partial: bool = True):
+async def interrupt_at(loop, engine, group, cut: int, partial: bool = True):
+    """Pause the group once each member has written exactly `cut` engine tokens (each held there)."""
+    engine.hold_at = cut
     task = asyncio.create_task(loop.generate_group(group, enable_partial_rollout=partial))
-    while engine.tokens_emitted < tokens and not task.done():
-        await asyncio.sleep(0.0005)
-    await loop.pause()
+    while engine.held < len(group):
+        assert not task.done(), "the group ended before every member reached the cut"
+        await asyncio.sleep(0.001)
+    await loop.pause()  # the abort is in before any held member writes on
+    engine.hold_at = None
+    engine.resume.set()
     return await task
 
 
 @pytest.mark.parametrize("cut", [3, 12, 16, 17, 25, 36, 40])  # the plan is 45 engine tokens
 def test_abort_anywhere_then_continue_gives_the_uninterrupted_response(cut):
     ref = reference()
-    engine, loop, group = setup(TURNS, k=2, answer="35", token_s=0.002)
+    engine, loop, group = setup(TURNS, k=2, answer="35")
 
     async def main():
-        first = await interrupt_after(loop, engine, group, tokens=2 * cut)
+        first = await interrupt_at(loop, engine, group, cut)
         await engine.load_weights({}, version=1)
         # A copy of the interrupted group: the continuation works on `first` in place.
         return first.clone(), await loop.generate_group(first, enable_partial_rollout=True)
@@ -279,6 +300,7 @@ def test_abort_anywhere_then_continue_gives_the_uninterrupted_response(cut):
     assert first.status == Status.ABORTED
     for a, s in zip(first, second):
         assert a.status == Status.ABORTED and a.num_aborts == 1 and 0 < len(a.response_ids) < len(ref.response_ids)
+        assert len(a.response_ids) - sum(1 for m in a.response_mask if m == 0) == cut  # engine tokens, not tool output
         check_aligned(a)
         n = len(a.response_ids)
         assert s.status == Status.COMPLETED and s.reward["score"] == 1.0
@@ -321,21 +343,24 @@ def test_continue_after_a_complete_call_whose_output_is_missing_runs_the_tool_fi
 
 def test_a_pause_during_a_tool_call_stops_the_member_before_its_next_engine_call():
     ref = reference()
-    engine, loop, group = setup(TURNS, k=1, answer="35")
+    # The tool is held until the test lets it go: no tool timeout may end it first, however slow the machine.
+    engine, loop, group = setup(TURNS, k=1, answer="35", tool_timeout_s=HANG_S)
     started, release = threading.Event(), threading.Event()
 
     def slow_calculator(argument: str, timeout_s: float) -> ToolOutput:
         started.set()
-        release.wait(timeout=10)
+        release.wait()
         return calculator_tool(argument, timeout_s)
 
     loop.tools["calculator"] = slow_calculator
 
     async def main():
         task = asyncio.create_task(loop.generate_group(group, enable_partial_rollout=True))
-        assert await asyncio.to_thread(started.wait, 10)
-        await loop.pause()
-        release.set()
+        try:
+            await asyncio.to_thread(started.wait)
+            await loop.pause()
+        finally:
+            release.set()
         first = await task
         loop.tools["calculator"] = calculator_tool
         # A copy of the interrupted group: the continuation works on `first` in place.
@@ -349,10 +374,10 @@ def test_a_pause_during_a_tool_call_stops_the_member_before_its_next_engine_call
 
 def test_without_partial_rollout_an_interrupted_group_restarts_from_scratch():
     ref = reference()
-    engine, loop, group = setup(TURNS, k=2, answer="35", token_s=0.002)
+    engine, loop, group = setup(TURNS, k=2, answer="35")
 
     async def main():
-        first = await interrupt_after(loop, engine, group, tokens=40, partial=False)
+        first = await interrupt_at(loop, engine, group, cut=20, partial=False)
         assert all(s.status == Status.ABORTED and s.response_ids == [] == s.response_mask for s in first)
         await engine.load_weights({}, version=2)
         return await loop.generate_group(first, enable_partial_rollout=False)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 
 import pytest
 
@@ -141,15 +140,15 @@ def test_a_pause_mid_call_parks_it_and_the_continued_group_finishes_it_on_new_we
     version 0, the rest of version 1, and the agent saw one call."""
     conf = gateway(AGENTS + "one_call")
     _, (ref,) = run_groups(model, conf, [group_of(0, 1)])
-    steps = [0]
-    lock = threading.Lock()
+    forwards, at_fourth, resume = [0], threading.Event(), threading.Event()
 
-    def slow(_module, _args):  # the engine thread: every forward takes a while, and is counted
-        with lock:
-            steps[0] += 1
-        time.sleep(0.02)
+    def hold_at_the_fourth(_module, _args):  # the engine thread: its 4th forward waits for the test
+        forwards[0] += 1
+        if forwards[0] == 4:  # prefill + 3 tokens of the served call
+            at_fourth.set()
+            resume.wait()
 
-    handle = model.register_forward_pre_hook(slow)
+    handle = model.register_forward_pre_hook(hold_at_the_fourth)
 
     async def go():
         engine = HFEngine.from_model(model, TOK)
@@ -157,14 +156,21 @@ def test_a_pause_mid_call_parks_it_and_the_continued_group_finishes_it_on_new_we
         try:
             group = group_of(0, 1)
             task = asyncio.create_task(loop.generate_group(group, enable_partial_rollout=True))
-            while steps[0] < 4:  # prefill + 3 tokens of the served call
-                await asyncio.sleep(0.005)
-            await loop.pause()
+            await asyncio.to_thread(at_fourth.wait)
+            # The pause's abort is queued while the engine is held mid-call: it lands after this forward
+            # on any machine (the engine takes commands between forwards).
+            queued = engine._inbox.qsize()
+            pause = asyncio.create_task(loop.pause())
+            while engine._inbox.qsize() == queued:
+                await asyncio.sleep(0)
+            resume.set()
+            await pause
             first = await task
             snapshot = [s.clone() for s in first]
             await engine.load_weights(dict(model.state_dict()), version=1)
             return snapshot, await loop.generate_group(first, enable_partial_rollout=True)
         finally:
+            resume.set()
             await loop.close()
             await engine.close()
 
@@ -202,10 +208,10 @@ def test_a_hanging_agent_is_stopped_at_its_timeout_and_its_process_killed(model)
 
 @pytest.mark.parametrize("limit", [1, 3])
 def test_agent_programs_run_at_most_max_concurrency_at_once(model, limit):
-    _, (g,) = run_groups(model, gateway(AGENTS + "records_span", max_concurrency=limit), [group_of(0, 4)])
-    spans = [gateway_agents.seen(s.uid)["span"] for s in g]
-    most = max(sum(a <= t < b for a, b in spans) for t, _ in spans)
-    assert all(s.status == Status.COMPLETED and "infra_failure" not in s.extra for s in g) and most <= limit
+    gateway_agents.company(expect=limit)
+    _, (g,) = run_groups(model, gateway(AGENTS + "counts_company", max_concurrency=limit), [group_of(0, 3)])
+    assert all(s.status == Status.COMPLETED and "infra_failure" not in s.extra for s in g)
+    assert gateway_agents.company()["most"] == limit
 
 
 def test_loops_of_one_event_loop_share_one_server_started_once(model):

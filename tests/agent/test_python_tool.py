@@ -26,6 +26,7 @@ from rlharness.logging_utils.ledger import RolloutLedger, read_ledger
 from rlharness.sandbox import SandboxUnavailable, check_available
 from rlharness.model.tiny import build_char_tokenizer
 from rlharness.core.types import Status, make_group
+from tests.helpers import HANG_S
 
 pytestmark = pytest.mark.timeout(300)
 try:
@@ -88,7 +89,9 @@ def tree(d: Path) -> dict[str, str]:
 
 
 def conf(**changes) -> MultiTurnToolAgentConf:
-    sandbox = SandboxConf(cpu_s=1, wall_s=20, max_output_bytes=4096)
+    # wall_s: a call that must succeed starts a sandboxed Python (seconds on a loaded box), and an endless
+    # loop must reach its 1 CPU-second at a share of a core (a fifteenth under the CI's load) before it.
+    sandbox = SandboxConf(cpu_s=1, wall_s=60, max_output_bytes=4096)
     return MultiTurnToolAgentConf(**{"sampling": SamplingConf(max_tokens=2000), "max_turns": 2, "tools": ["python"],
                                      "tool_timeout_s": 60, "tool_budget_s": 60, "sandbox": sandbox, **changes})
 
@@ -166,22 +169,27 @@ def test_output_is_masked_and_cut_to_the_tool_output_limit():
 
 
 def test_the_time_budget_and_the_call_budget_hold_per_sample():
-    """Three calls of a 1-second sleep with a 1.5 s budget: the first runs, the second is stopped at what
-    is left of the budget (wall_time), the third is not run; max_turns=4 allows 3 calls."""
-    sleep = "<tool>import time\ntime.sleep(1)\nprint(1)</tool>"
-    plans = {"q:": [sleep, sleep, sleep, "#### 5"]}
-    loop = build_agent_loop(conf(max_turns=4, tool_budget_s=1.5), Scripted(plans), MathJudger(), decode,
-                            encode=encode)
+    """Three calls with a 20 s budget: the first is quick (ok), the second never ends by itself and is
+    stopped at what is left of the budget (wall_time, not at its own wall_s), the third is not run;
+    max_turns=4 allows 3 calls. None depends on the machine's speed: a quick call needs seconds at most,
+    the endless one could not end within any budget."""
+    quick = "<tool>print(1)</tool>"
+    endless = "<tool>import time\ntime.sleep(3600)</tool>"
+    plans = {"q:": [quick, endless, quick, "#### 5"]}
+    sandbox = SandboxConf(cpu_s=1, wall_s=HANG_S, max_output_bytes=4096)
+    loop = build_agent_loop(conf(max_turns=4, tool_budget_s=20, tool_timeout_s=HANG_S, sandbox=sandbox),
+                            Scripted(plans), MathJudger(), decode, encode=encode)
     (group,) = groups_for(plans, k=1)
     (s,) = asyncio.run(loop.generate_group(group, enable_partial_rollout=True))
     stops = [r["stop"] for r in s.extra["tool_results"]]
     assert stops == ["ok", "wall_time", "budget"], s.extra["tool_results"]
-    assert sum(r["seconds"] for r in s.extra["tool_results"]) <= 1.5 + 1.0  # the second stopped at its share
+    first, second, _ = (r["seconds"] for r in s.extra["tool_results"])
+    assert 20 - first - 0.01 <= second < HANG_S  # stopped at its share of the budget (ms rounding), not its wall_s
     tools = [t for t in s.extra["turns"] if t["role"] == "tool"]
-    assert tools[2]["text"] == "error: this sample's tool time (1.5 s) is spent"
+    assert tools[2]["text"] == "error: this sample's tool time (20 s) is spent"
     assert s.status == Status.COMPLETED and s.response_text.endswith("#### 5")
     # max_turns=2: one call, and the sample ends at the second.
-    loop = build_agent_loop(conf(max_turns=2), Scripted({"q:": [sleep, sleep, "#### 5"]}), MathJudger(), decode,
+    loop = build_agent_loop(conf(max_turns=2), Scripted({"q:": [quick, quick, "#### 5"]}), MathJudger(), decode,
                             encode=encode)
     (group,) = groups_for({"q:": []}, k=1)
     (s,) = asyncio.run(loop.generate_group(group, enable_partial_rollout=True))

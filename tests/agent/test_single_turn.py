@@ -13,6 +13,7 @@ from rlharness.config.schema import AgentConf, SamplingConf, SimEngineConf, Sing
 from rlharness.engine.sim import SimEngine
 from rlharness.judger.base import Judger
 from rlharness.core.types import Status, make_group
+from tests.helpers import run_on_virtual_clock
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -22,6 +23,10 @@ class FirstTokenParity(Judger):
 
     def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
         return {"score": float(int(response_text.split()[0]) % 2 == 0)}
+
+    def score_inline(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
+        # On the loop, not in a thread: the tests below run on a virtual clock.
+        return self.score(response_text, label)
 
 
 class Broken(Judger):
@@ -45,7 +50,9 @@ def _setup(*, judger=None, mean=40.0, cv=0.0, tpt=0.002, max_tokens=64, k=3):
 
 
 async def _interrupt(loop, group, partial: bool, after_s: float, until=None):
-    """Abort once every member's request has run at least `after_s` (and `until(engine stats)` holds)."""
+    """Abort once every member's request has run at least `after_s` (and `until(engine stats)` holds).
+    Run it on a virtual clock (run_on_virtual_clock): the abort then lands after exactly that much
+    generation, on any machine."""
     task = asyncio.create_task(loop.generate_group(group, enable_partial_rollout=partial))
     clock = asyncio.get_running_loop()
     while loop.engine.stats()["in_flight"] < len(group):
@@ -82,7 +89,7 @@ def test_partial_rollout_continues_token_for_token_on_newer_weights():
         second = await loop.generate_group(first, enable_partial_rollout=True)
         return snap, second
 
-    snap, second = asyncio.run(main())
+    snap, second = run_on_virtual_clock(main())
     assert second.status == Status.COMPLETED
     for (ids, lps, steps), s in zip(snap, second):
         n = len(ids)
@@ -103,7 +110,7 @@ def test_continuation_keeps_members_that_already_finished():
         second = await loop.generate_group(first, enable_partial_rollout=True)
         return done, second
 
-    done, second = asyncio.run(main())
+    done, second = run_on_virtual_clock(main())
     for s in second:
         if s.uid in done:
             assert (s.response_ids, s.finish_reason) == done[s.uid]
@@ -121,7 +128,7 @@ def test_without_partial_rollout_an_interrupted_group_restarts_from_scratch():
         await engine.load_weights({}, version=3)
         return await loop.generate_group(first, enable_partial_rollout=False)
 
-    second = asyncio.run(main())
+    second = run_on_virtual_clock(main())
     assert second.status == Status.COMPLETED
     assert all(set(s.response_model_steps) == {3} for s in second)
 
@@ -164,6 +171,6 @@ def test_a_crashed_member_cancels_its_siblings_and_leaves_the_restored_group_alo
         await asyncio.sleep(0.4)  # longer than the siblings would have run
         return restored
 
-    restored = asyncio.run(main())
+    restored = run_on_virtual_clock(main())
     assert [s.status for s in restored] == [Status.ABORTED] * 3
     assert all(s.response_ids == [] and s.finish_reason is None for s in restored)

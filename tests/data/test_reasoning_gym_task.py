@@ -12,6 +12,7 @@ from rlharness.data import build_task
 from rlharness.judger.reasoning_gym import ReasoningGymJudger, extract_answer
 from rlharness.model.load import load_tokenizer
 from rlharness.core.types import Status, make_group
+from tests.helpers import HANG_S
 
 # Two one-digit terms: 200 distinct questions (+ and -), so items repeat within a few hundred draws.
 SMALL = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
@@ -122,7 +123,7 @@ def test_judging_runs_in_the_judging_processes_and_keeps_partial_credit():
 
     async def main():
         try:
-            return await judger.judge_group(group, timeout_s=60), judger.__dict__.get("_pool")
+            return await judger.judge_group(group, timeout_s=HANG_S), judger.__dict__.get("_pool")
         finally:
             await judger.close()
 

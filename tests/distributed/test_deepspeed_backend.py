@@ -16,6 +16,7 @@ from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, ModelConf, T
 from rlharness.distributed.train_actor import TrainingWorkerDied
 from rlharness.trainer.batch import build_train_batch
 from rlharness.core.types import Group, RolloutState, Status
+from tests.helpers import HANG_S
 
 pytestmark = [pytest.mark.ray, pytest.mark.deepspeed, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -42,7 +43,7 @@ def two_ranks_and_torch(algo: AlgoConf, model_dir: str):
     """Two ZeRO-2 ranks and backend=torch on the same model, and the three batches both train on."""
     model = ModelConf(path=model_dir)
     ds = start_deepspeed_backend(DeepSpeedBackendConf(zero_stage=2, num_workers=2), model, algo, 10, 0,
-                                 cpus_per_worker=1.0, timeout_s=240)
+                                 cpus_per_worker=1.0, timeout_s=HANG_S)
     ref = build_backend(TorchBackendConf(), model, algo, 10, 0)
     return ds, ref, [make_batch(algo, seed=s) for s in (1, 2, 3)]
 
@@ -112,7 +113,7 @@ def test_a_non_finite_gradient_skips_the_update_on_every_rank(ray_session, tiny_
 
     algo = AlgoConf(name="drgrpo", advantage="drgrpo", norm_adv_by_std=False, loss_agg="seq_mean_token_sum_norm")
     ds = start_deepspeed_backend(DeepSpeedBackendConf(zero_stage=zero_stage, num_workers=2), ModelConf(path=tiny_model_dir),
-                                 algo, 10, 0, cpus_per_worker=1.0, timeout_s=240)
+                                 algo, 10, 0, cpus_per_worker=1.0, timeout_s=HANG_S)
     batch = make_batch(algo, seed=1)
     huge = dataclasses.replace(batch, advantages=batch.advantages * 1e30)  # the gradient norm overflows
 
@@ -141,7 +142,7 @@ def test_gradient_checkpointing_and_chunked_scores_match_torch(ray_session, tiny
     model = ModelConf(path=tiny_model_dir)
     ds = start_deepspeed_backend(DeepSpeedBackendConf(zero_stage=zero_stage, num_workers=2, gradient_checkpointing=True,
                                                       logprob_chunk_tokens=3),
-                                 model, algo, 10, 0, cpus_per_worker=1.0, timeout_s=240)
+                                 model, algo, 10, 0, cpus_per_worker=1.0, timeout_s=HANG_S)
     ref = build_backend(TorchBackendConf(), model, algo, 10, 0)
 
     async def main():
@@ -168,7 +169,7 @@ def test_token_budget_on_balanced_ranks_matches_torch(ray_session, tiny_model_di
     algo = AlgoConf(name="grpo", lr=1e-3, mini_batches=2, kl_coef=0.01, loss_agg="seq_mean_token_mean")
     model = ModelConf(path=tiny_model_dir)
     ds = start_deepspeed_backend(DeepSpeedBackendConf(zero_stage=3, num_workers=2, micro_batch_tokens=16),
-                                 model, algo, 10, 0, cpus_per_worker=1.0, timeout_s=240)
+                                 model, algo, 10, 0, cpus_per_worker=1.0, timeout_s=HANG_S)
     ref = build_backend(TorchBackendConf(), model, algo, 10, 0)
 
     async def main():

@@ -14,8 +14,9 @@ from rlharness.distributed.engine_actor import EngineActor
 from rlharness.distributed.remote_engine import RayEngineRouter, RemoteEngine, WeightSyncTimeout
 from rlharness.distributed.spawn import spawn_engines
 from rlharness.engine.base import GenerateRequest, SamplingParams
+from tests.helpers import HANG_S
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(2 * HANG_S)]
 
 SIM = SimEngineConf(mean_response_len=8, cv=0.5, time_per_token_s=0.002, slots=16)
 
@@ -25,10 +26,10 @@ def request(i: int, max_tokens: int = 8) -> GenerateRequest:
 
 
 class SlowLoadEngineActor(EngineActor):
-    """A real engine actor whose weight load hangs (a stuck transfer)."""
+    """A real engine actor whose weight load hangs for ever (a stuck transfer)."""
 
     async def load_weights(self, state, version):
-        await asyncio.sleep(3600)
+        await asyncio.Event().wait()
 
 
 # Actor processes cannot import this test module by name: ship its classes by value.
@@ -37,7 +38,7 @@ ray_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 def test_weight_versions_arrive_in_order_at_every_engine(ray_session, tiny_model_dir):
     engine = spawn_engines(dataclasses.replace(SIM, num_engines=2), ModelConf(path=tiny_model_dir),
-                           seed=0, cpus=0.5, gpus=0, timeout_s=60)
+                           seed=0, cpus=0.5, gpus=0, timeout_s=HANG_S)
     assert isinstance(engine, RayEngineRouter) and len(engine.engines) == 2
 
     async def main():
@@ -62,14 +63,17 @@ def test_weight_versions_arrive_in_order_at_every_engine(ray_session, tiny_model
 
 
 def test_a_hung_weight_transfer_times_out_instead_of_blocking(ray_session, tiny_model_dir):
-    engine = spawn_engines(SIM, ModelConf(path=tiny_model_dir), seed=0, cpus=0.5, gpus=0, timeout_s=1.5,
-                           start_timeout_s=60, actor_cls=SlowLoadEngineActor)
+    engine = spawn_engines(SIM, ModelConf(path=tiny_model_dir), seed=0, cpus=0.5, gpus=0, timeout_s=HANG_S,
+                           actor_cls=SlowLoadEngineActor)
     assert isinstance(engine, RemoteEngine)
 
     async def main():
         try:
-            with pytest.raises(WeightSyncTimeout, match=r"engine0: load_weights\(version=1\)"):
+            engine.timeout_s = 1.5  # this load's bound (it never ends); every other call keeps HANG_S
+            with pytest.raises(WeightSyncTimeout, match=r"engine0: load_weights\(version=1\) did not finish within "
+                                                        r"timeout_s=1.5"):
                 await engine.load_weights({"w": 1}, 1)
+            engine.timeout_s = HANG_S
             assert engine.version == 0  # the version only moves when the engine has the weights
             result = await engine.generate(request(0))  # the cancelled load left the engine serving
             assert result.finish_reason in ("stop", "length") and set(result.model_steps) == {0}
@@ -85,7 +89,7 @@ def test_killed_engine_actor_restarts_and_no_group_is_lost(ray_session, tiny_mod
     import ray
     from producer_harness import build, check_batch, check_nothing_lost, strategy_conf
 
-    engine = spawn_engines(SIM, ModelConf(path=tiny_model_dir), seed=0, cpus=0.5, gpus=0, timeout_s=60,
+    engine = spawn_engines(SIM, ModelConf(path=tiny_model_dir), seed=0, cpus=0.5, gpus=0, timeout_s=HANG_S,
                            max_restarts=2)
     h = build(strategy_conf("async", max_staleness=1, over_sample_threshold=0.5), engine=engine,
               batch_size=4, k=2, max_tokens=12)
@@ -96,7 +100,7 @@ def test_killed_engine_actor_restarts_and_no_group_is_lost(ray_session, tiny_mod
         producer = asyncio.create_task(h.mgr.produce_loop())
         try:
             for step in range(1, 7):
-                batch = await h.mgr.get_batch(step, timeout_s=60)
+                batch = await h.mgr.get_batch(step, timeout_s=HANG_S)  # a restart takes a minute on a busy box
                 check_batch(h, batch, step)
                 if step == 3:
                     killed_pid = (await engine.info())["pid"]
@@ -111,7 +115,7 @@ def test_killed_engine_actor_restarts_and_no_group_is_lost(ray_session, tiny_mod
                 h.mgr.resume()
         finally:
             await h.mgr.close()
-            await asyncio.wait_for(producer, timeout=30)
+            await asyncio.wait_for(producer, timeout=HANG_S)
         info = await engine.info()
         stats = engine.stats()
         await engine.close()

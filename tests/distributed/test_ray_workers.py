@@ -6,7 +6,9 @@ import os
 
 import pytest
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
+from tests.helpers import HANG_S
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(HANG_S + 60)]
 
 
 def test_workers_run_at_the_drivers_niceness(ray_session):
@@ -17,4 +19,4 @@ def test_workers_run_at_the_drivers_niceness(ray_session):
     def niceness() -> int:
         return os.nice(0)
 
-    assert ray_session.get(niceness.remote(), timeout=90) == os.nice(0)
+    assert ray_session.get(niceness.remote(), timeout=HANG_S) == os.nice(0)

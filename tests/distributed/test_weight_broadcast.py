@@ -25,6 +25,7 @@ from rlharness.distributed.train_actor import spawn_train_workers
 from rlharness.distributed.weight_channel import (BroadcastChannel, ObjectStoreChannel, build_weight_channel,
                                                   choose_route)
 from rlharness.weights.transfer import TensorSpec, WeightGroupError, plan_buckets
+from tests.helpers import HANG_S
 
 SIM = SimEngineConf(mean_response_len=4, cv=0.5, time_per_token_s=0.001, slots=8)
 
@@ -80,6 +81,11 @@ class RecordingEngineActor(EngineActor):
     def last_loaded_devices(self):
         return self.last_devices
 
+    def wait_at_most(self, timeout_s: float) -> None:
+        """This member's waits in the weight group end after `timeout_s` (the group's own bound is
+        for transfers that must succeed; a version nobody sends gets a short one)."""
+        self.engine._weight_member.timeout_s = timeout_s
+
 
 ray_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -94,17 +100,17 @@ def _torch_backend_factory(model_dir: str):
 
 
 @pytest.mark.ray
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(2 * HANG_S)
 def test_gloo_broadcast_group_delivers_the_trainers_exact_weights(ray_session, tiny_model_dir):
-    backend = spawn_train_workers(_torch_backend_factory(tiny_model_dir), 1, 0.5, 0, {}, 60, name="bcast")
+    backend = spawn_train_workers(_torch_backend_factory(tiny_model_dir), 1, 0.5, 0, {}, HANG_S, name="bcast")
     engine = spawn_engines(dataclasses.replace(SIM, num_engines=2), ModelConf(path=tiny_model_dir), seed=0,
-                           cpus=0.5, gpus=0, timeout_s=60, actor_cls=RecordingEngineActor, name="bcast-engine")
+                           cpus=0.5, gpus=0, timeout_s=HANG_S, actor_cls=RecordingEngineActor, name="bcast-engine")
 
     async def main():
         try:
             expected = dict(await backend.get_weights())  # object-store path: the reference copy
-            # The group's timeout also bounds each transfer: room for a busy CI box (other tests beside).
-            channel = build_weight_channel(backend, engine, "gloo", timeout_s=10.0)
+            # The group's timeout bounds the rendezvous and each transfer: only a hang reaches it.
+            channel = build_weight_channel(backend, engine, "gloo", timeout_s=HANG_S)
             assert isinstance(channel, BroadcastChannel) and len(channel.group.engine_actors) == 2
             for version in (1, 2):
                 assert (await channel.sync(version)).bytes_sent == sum(t.numel() * t.element_size()
@@ -119,13 +125,18 @@ def test_gloo_broadcast_group_delivers_the_trainers_exact_weights(ray_session, t
             assert [i["versions_loaded"] for i in infos] == [[1, 2], [1, 2]]
             assert engine.stats()["weight_loads"] == 4
 
-            # Nobody sends: the receivers' own timeout ends the transfer with an error naming a member.
+            # Nobody sends: the receivers' own timeout (2 s for this version) ends the transfer with an
+            # error naming a member.
             class NeverSends:
                 async def send_to_group(self, version):
                     await asyncio.Event().wait()
 
+            for e in engine.engines:
+                await e.actor.wait_at_most.remote(2.0)
             with pytest.raises(WeightGroupError, match=r"version 3.*failed at engine"):
                 await BroadcastChannel(NeverSends(), engine.engines, channel.group).sync(3)
+            for e in engine.engines:
+                await e.actor.wait_at_most.remote(HANG_S)
             assert engine.version == 2
             # The group is still usable after a timed-out wait.
             await channel.sync(4)
@@ -138,18 +149,18 @@ def test_gloo_broadcast_group_delivers_the_trainers_exact_weights(ray_session, t
 
 
 @pytest.mark.ray
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(2 * HANG_S)
 def test_object_store_channel_puts_each_version_once_for_every_engine(ray_session, tiny_model_dir):
     """The disaggregated default: training rank 0 puts a version into the store (after its step when
     asked to), every engine actor reads that one object, and the engines hold the trainer's exact weights."""
-    backend = spawn_train_workers(_torch_backend_factory(tiny_model_dir), 1, 0.5, 0, {}, 60, name="store",
+    backend = spawn_train_workers(_torch_backend_factory(tiny_model_dir), 1, 0.5, 0, {}, HANG_S, name="store",
                                   put_weights_after_step=True)
     engine = spawn_engines(dataclasses.replace(SIM, num_engines=2), ModelConf(path=tiny_model_dir), seed=0,
-                           cpus=0.5, gpus=0, timeout_s=60, actor_cls=RecordingEngineActor, name="store-engine")
+                           cpus=0.5, gpus=0, timeout_s=HANG_S, actor_cls=RecordingEngineActor, name="store-engine")
 
     async def main():
         try:
-            channel = build_weight_channel(backend, engine, "object_store", timeout_s=60.0)
+            channel = build_weight_channel(backend, engine, "object_store", timeout_s=HANG_S)
             assert isinstance(channel, ObjectStoreChannel)
             expected = dict(await backend.get_weights())
             assert (await channel.sync(1)).bytes_sent >= sum(t.numel() * t.element_size() for t in expected.values())
@@ -168,18 +179,18 @@ def test_object_store_channel_puts_each_version_once_for_every_engine(ray_sessio
 
 @pytest.mark.gpu
 @pytest.mark.ray
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(2 * HANG_S)
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                     reason="the NCCL weight group needs 2 CUDA devices (a training actor and an engine actor)")
 def test_nccl_broadcast_group_on_two_gpus(ray_session, tiny_model_dir):
-    backend = spawn_train_workers(_torch_backend_factory(tiny_model_dir), 1, 0.5, 1, {}, 120, name="nccl")
+    backend = spawn_train_workers(_torch_backend_factory(tiny_model_dir), 1, 0.5, 1, {}, HANG_S, name="nccl")
     engine = spawn_engines(dataclasses.replace(SIM, num_engines=1), ModelConf(path=tiny_model_dir), seed=0,
-                           cpus=0.5, gpus=1, timeout_s=120, actor_cls=RecordingEngineActor, name="nccl-engine")
+                           cpus=0.5, gpus=1, timeout_s=HANG_S, actor_cls=RecordingEngineActor, name="nccl-engine")
 
     async def main():
         try:
             expected = dict(await backend.get_weights())
-            await build_weight_channel(backend, engine, "nccl", timeout_s=60.0).sync(1)
+            await build_weight_channel(backend, engine, "nccl", timeout_s=HANG_S).sync(1)
             got = await engine.actor.last_loaded.remote()
             assert set((await engine.actor.last_loaded_devices.remote()).values()) == {"cuda"}
             for name, tensor in expected.items():

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from rlharness.weights.transfer import WeightGroupMember, plan_buckets, tensor_specs
+from tests.helpers import HANG_S
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(2 * HANG_S)  # waits below are bounded by HANG_S: only a hang reaches them
 
 BUCKET_BYTES = 4096
 
@@ -32,7 +33,7 @@ def fused_state(version: int) -> dict[str, torch.Tensor]:
 
 def _sender(port: int, sent, errors, make_state=state) -> None:
     try:
-        member = WeightGroupMember("gloo", "127.0.0.1", port, 0, 2, 30.0, BUCKET_BYTES)
+        member = WeightGroupMember("gloo", "127.0.0.1", port, 0, 2, HANG_S, BUCKET_BYTES)
         for version in (1, 2):
             member.send(make_state(version), version)
             sent.set()  # every bucket of this version is through
@@ -56,7 +57,7 @@ def test_receive_stream_overlaps_loading_with_the_next_bucket():
     proc = ctx.Process(target=_sender, args=(port, sent, errors), daemon=True)
     proc.start()
     try:
-        receiver = WeightGroupMember("gloo", "127.0.0.1", port, 1, 2, 30.0, BUCKET_BYTES)
+        receiver = WeightGroupMember("gloo", "127.0.0.1", port, 1, 2, HANG_S, BUCKET_BYTES)
         buckets = plan_buckets(specs, BUCKET_BYTES)
         first_bucket = {specs[i].name for i in buckets[0]}
         for version in (1, 2):
@@ -67,7 +68,7 @@ def test_receive_stream_overlaps_loading_with_the_next_bucket():
                     assert name in first_bucket
                     # Still holding bucket 0: bucket 1 (the last) must be able to arrive meanwhile, so
                     # the sender finishes. Without the pipeline it would wait for us, and we for it.
-                    assert sent.wait(20), "the sender could not finish while bucket 0 was being loaded"
+                    assert sent.wait(HANG_S), "the sender could not finish while bucket 0 was being loaded"
                 got[name] = tensor.clone()
             want = state(version)
             assert list(got) == list(want)
@@ -75,7 +76,7 @@ def test_receive_stream_overlaps_loading_with_the_next_bucket():
                 assert got[name].dtype == t.dtype and torch.equal(got[name], t), name
         receiver.close()
     finally:
-        proc.join(30)
+        proc.join(HANG_S)
         assert errors.empty(), errors.get()
         assert proc.exitcode == 0
 
@@ -91,7 +92,7 @@ def test_a_fused_layer_arrives_in_one_bucket_for_a_loader_that_holds_its_parts()
     proc = ctx.Process(target=_sender, args=(port, sent, errors, fused_state), daemon=True)
     proc.start()
     try:
-        receiver = WeightGroupMember("gloo", "127.0.0.1", port, 1, 2, 30.0, BUCKET_BYTES)
+        receiver = WeightGroupMember("gloo", "127.0.0.1", port, 1, 2, HANG_S, BUCKET_BYTES)
         for version in (1, 2):
             sent.clear()
             got, held = {}, []
@@ -100,7 +101,7 @@ def test_a_fused_layer_arrives_in_one_bucket_for_a_loader_that_holds_its_parts()
                 group = name.rsplit(".", 2)[0]
                 if name.endswith((".v.weight", ".up.weight")) or group == "m":  # the layer is complete: load it
                     if len({t.untyped_storage().data_ptr() for _, t in held}) > 1:
-                        sent.wait(20)  # parts from two buffers: let the next bucket land before loading
+                        sent.wait(HANG_S)  # parts from two buffers: let the next bucket land before loading
                     got.update((n, t.clone()) for n, t in held)
                     held = []
             want = fused_state(version)
@@ -109,6 +110,6 @@ def test_a_fused_layer_arrives_in_one_bucket_for_a_loader_that_holds_its_parts()
                 assert torch.equal(got[name], t), f"version {version}: {name} was overwritten before it was loaded"
         receiver.close()
     finally:
-        proc.join(30)
+        proc.join(HANG_S)
         assert errors.empty(), errors.get()
         assert proc.exitcode == 0

@@ -12,6 +12,7 @@ from rlharness.engine.base import GenerateRequest, GenerateResult, SamplingParam
 from rlharness.engine.sim import SimEngine
 from rlharness.judger.format import FormatJudger
 from rlharness.core.types import Status, make_group
+from tests.helpers import run_on_virtual_clock
 
 
 def _engine(**kw) -> SimEngine:
@@ -36,14 +37,14 @@ def test_default_generate_many_returns_results_in_request_order():
 
 @pytest.mark.timeout(30)
 def test_abort_during_generate_many_returns_each_partial_response():
-    async def main():
+    async def main():  # on a virtual clock: the abort lands 0.05 s into 1 s responses on any machine
         engine = _engine(mean_response_len=1000, cv=0.1, time_per_token_s=1e-3)
         call = asyncio.ensure_future(engine.generate_many([_req(i, max_tokens=2000) for i in range(3)]))
         await asyncio.sleep(0.05)
         await engine.abort_all()
         return await asyncio.wait_for(call, 10)
 
-    results = asyncio.run(main())
+    results = run_on_virtual_clock(main())
     assert [r.finish_reason for r in results] == ["abort"] * 3
     assert all(0 < len(r.token_ids) < 2000 for r in results)
 

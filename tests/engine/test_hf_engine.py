@@ -11,7 +11,9 @@ from rlharness.config.schema import HFEngineConf
 from rlharness.engine.base import GenerateRequest, SamplingParams
 from rlharness.engine.hf import HFEngine
 
-from .conftest import full_forward_logprobs, lively_model, reference_greedy
+from tests.helpers import HANG_S
+
+from .conftest import ForwardGate, full_forward_logprobs, lively_model, reference_greedy
 
 PROMPTS = ["1+2=", "123+456=", "9", "00+11=22 3*4=", "7-3", "42*(1+2)=", "5", "88+", "3*3=", "(1)"]
 EOS = 2
@@ -72,7 +74,7 @@ def test_greedy_matches_generate_with_default_join_policy(lively):
 
 
 @pytest.mark.timeout(120)
-def test_abort_then_continue_equals_uninterrupted(lively):
+def test_abort_then_continue_equals_uninterrupted(lively, forward_gate):
     model, tok = lively
     max_tokens = 40
     prompts = PROMPTS[:2] + ["4", "0+0=", "99", "1*1"]  # the first two never emit EOS early
@@ -80,11 +82,9 @@ def test_abort_then_continue_equals_uninterrupted(lively):
 
     async def go(engine):
         full = await asyncio.gather(*(engine.generate(r) for r in reqs))
+        forward_gate.hold_at(8)  # ~30 tokens in: mid-flight, however fast the engine runs
         tasks = [asyncio.create_task(engine.generate(r)) for r in reqs]
-        start = engine.tokens_total
-        while engine.tokens_total < start + 30:
-            await asyncio.sleep(0.001)
-        n_aborted = await engine.abort_all()
+        n_aborted = await forward_gate.command(engine, engine.abort_all())
         partial = await asyncio.gather(*tasks)
         continued = []
         for r, p in zip(reqs, partial):
@@ -183,24 +183,26 @@ def test_load_weights_changes_outputs_and_stamps_version():
     model, tok = lively_model()
     other, _ = lively_model(seed=1)
     new_state = {k: v.clone() for k, v in other.state_dict().items()}
+    engine_model = lively_model()[0]
+    forward_gate = ForwardGate(engine_model)
 
     async def go(engine):
         before = await engine.generate(_req(tok, 0, PROMPTS[0], greedy=True, max_tokens=20))
         # Load new weights while a long request is decoding: it keeps going, later tokens v7.
+        forward_gate.hold_at(5)  # the load lands 5 forwards into the long request, on any machine
         long_task = asyncio.create_task(engine.generate(_req(tok, 1, PROMPTS[1], greedy=True,
                                                              max_tokens=60)))
-        start = engine.tokens_total
-        while engine.tokens_total < start + 5:
-            await asyncio.sleep(0.001)
-        await engine.load_weights(new_state, version=7)
+        await forward_gate.command(engine, engine.load_weights(new_state, version=7))
         assert engine.version == 7
         long_res = await long_task
         after = await engine.generate(_req(tok, 0, PROMPTS[0], greedy=True, max_tokens=20))
         return before, long_res, after
 
-    before, long_res, after = _run(
-        lambda: HFEngine.from_model(lively_model()[0], tok, HFEngineConf(max_batch_size=4),
-                                    eos_token_ids=[]), go)
+    try:
+        before, long_res, after = _run(
+            lambda: HFEngine.from_model(engine_model, tok, HFEngineConf(max_batch_size=4), eos_token_ids=[]), go)
+    finally:
+        forward_gate.remove()
     assert before.model_steps == [0] * 20 and after.model_steps == [7] * 20
     assert before.token_ids != after.token_ids
     assert after.token_ids == reference_greedy(other, tok(PROMPTS[0])["input_ids"], 20, None)
@@ -243,7 +245,7 @@ def test_cancelled_caller_frees_its_slot(lively):
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(engine.generate(endless), 0.05)
         # With one slot, this only completes if the cancelled request left the batch.
-        res = await asyncio.wait_for(engine.generate(_req(tok, 1, "2", greedy=True, max_tokens=5)), 30)
+        res = await asyncio.wait_for(engine.generate(_req(tok, 1, "2", greedy=True, max_tokens=5)), HANG_S)
         return res, engine.stats()
 
     res, stats = _run(lambda: HFEngine.from_model(model, tok, HFEngineConf(max_batch_size=1),
@@ -252,17 +254,16 @@ def test_cancelled_caller_frees_its_slot(lively):
 
 
 @pytest.mark.timeout(60)
-def test_close_stops_thread_and_rejects_new_work(lively):
+def test_close_stops_thread_and_rejects_new_work(lively, forward_gate):
     model, tok = lively
 
     async def go():
         engine = HFEngine.from_model(model, tok, HFEngineConf(max_batch_size=2), eos_token_ids=[])
+        forward_gate.hold_at(5)  # 4 forwards done: at least 3 tokens
         pending = asyncio.create_task(engine.generate(_req(tok, 0, "1", greedy=True, max_tokens=10_000)))
-        while engine.tokens_total < 3:
-            await asyncio.sleep(0.001)
-        await engine.close()
+        await forward_gate.command(engine, engine.close())
         assert not engine.is_alive
-        res = await asyncio.wait_for(pending, 5)  # in-flight work comes back aborted, not lost
+        res = await asyncio.wait_for(pending, HANG_S)  # in-flight work comes back aborted, not lost
         assert res.finish_reason == "abort" and len(res.token_ids) >= 3
         with pytest.raises(RuntimeError, match="after close"):
             await engine.generate(_req(tok, 1, "1", greedy=True))
@@ -302,7 +303,7 @@ def test_long_generation_grows_the_cache_buffers(lively):
 
 
 @pytest.mark.timeout(120)
-def test_seeded_requests_draw_the_same_tokens_in_any_batch_and_across_an_abort(lively):
+def test_seeded_requests_draw_the_same_tokens_in_any_batch_and_across_an_abort(lively, forward_gate):
     """A per-request seed makes sampling independent of batch composition and of a
     pause: the resume/determinism guarantees of sync runs rest on this."""
     model, tok = lively
@@ -315,12 +316,10 @@ def test_seeded_requests_draw_the_same_tokens_in_any_batch_and_across_an_abort(l
 
     async def crowded_then_continued(engine):
         crowd = await asyncio.gather(engine.generate(target), *(engine.generate(r) for r in others))
+        forward_gate.hold_at(7)  # ~20 tokens in (3 rows): the target mid-response, on any machine
         task = asyncio.create_task(engine.generate(target))
         others_tasks = [asyncio.create_task(engine.generate(r)) for r in others]
-        start = engine.tokens_total
-        while engine.tokens_total < start + 20:
-            await asyncio.sleep(0.001)
-        await engine.abort_all()
+        await forward_gate.command(engine, engine.abort_all())
         partial = await task
         await asyncio.gather(*others_tasks)
         rest = await engine.generate(GenerateRequest(

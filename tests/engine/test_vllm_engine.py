@@ -22,6 +22,7 @@ import torch
 from rlharness.config.schema import ConfigError, HFEngineConf, ModelConf, VLLMEngineConf
 from rlharness.engine import build_engine
 from rlharness.engine.base import GenerateRequest, SamplingParams
+from tests.helpers import HANG_S
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 LOGPROB_TOL = 1e-4
@@ -73,7 +74,7 @@ def vllm_env(tiny_model_dir):
     run = Loop()
     # engine.cpu_linear=torch: on the CPU build the syncs below load in place (the default, onednn,
     # runs vLLM's reload: tests/benchmarks/test_vllm_weight_sync_quick.py and the other vLLM tests).
-    conf = VLLMEngineConf(sync_timeout_s=60.0, cpu_linear="torch")
+    conf = VLLMEngineConf(sync_timeout_s=HANG_S, cpu_linear="torch")
     engine = run(_build(conf, tiny_model_dir))
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -178,7 +179,7 @@ def test_abort_returns_partial_tokens(vllm_env):
         while not any(rec.token_ids for rec in engine._inflight.values()):  # it is decoding
             await asyncio.sleep(0.01)
         assert await engine.abort_all() == 1
-        return await asyncio.wait_for(long, 60)
+        return await asyncio.wait_for(long, HANG_S)
 
     partial = run(go())
     assert partial.finish_reason == "abort"
@@ -252,9 +253,9 @@ def test_weights_from_a_remote_trainers_group_and_a_sync_that_cannot_complete(vl
     from rlharness.engine.vllm import WeightSyncError, free_port
 
     run, engine, model, tok, prompts = vllm_env
-    # The group's timeout bounds the rendezvous and each transfer: room for CI, where this runs at nice 10
-    # beside the other tests.
-    port, timeout_s = free_port(), 20.0
+    # The group's timeout bounds the rendezvous and each transfer (successes: CI runs this at nice 10 beside
+    # the other tests) and is what ends the wait for version 8 below, which nobody sends: 60 s for both.
+    port, timeout_s = free_port(), 60.0
     trainer: dict = {}
     joined = threading.Thread(target=lambda: trainer.setdefault(
         "m", WeightGroupMember("gloo", "127.0.0.1", port, 0, 2, timeout_s)))

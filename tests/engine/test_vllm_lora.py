@@ -18,6 +18,7 @@ from rlharness.config.schema import AlgoConf, LoraConf, ModelConf, TorchBackendC
 from rlharness.engine import build_engine
 from rlharness.engine.base import GenerateRequest, SamplingParams
 from tests.backend.test_torch_backend import make_batch, step
+from tests.helpers import HANG_S
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 TOL = 1e-4  # as tests/engine/test_vllm_engine.py: vLLM's kernels are not HF's (measured gaps are printed)
@@ -47,7 +48,7 @@ def run_engine(b: TorchBackend, model_dir: str, syncs: int = 2) -> tuple[float, 
     reqs = [GenerateRequest(str(i), p, SamplingParams(max_tokens=12), seed=i) for i, p in enumerate(prompts)]
 
     async def go():
-        engine = build_engine(VLLMEngineConf(sync_timeout_s=120.0),  # the default route: collective (gloo)
+        engine = build_engine(VLLMEngineConf(sync_timeout_s=HANG_S),  # the default route: collective (gloo)
                               ModelConf(path=model_dir, lora=b.lora_conf), seed=0)
         try:
             before = await asyncio.gather(*(engine.generate(r) for r in reqs))

@@ -18,6 +18,7 @@ from rlharness.config.schema import ModelConf, VLLMEngineConf
 from rlharness.engine import build_engine
 from rlharness.engine.base import GenerateRequest, SamplingParams
 from rlharness.model.load import PROJECT_ROOT, load_tokenizer
+from tests.helpers import HANG_S
 
 ASSET = PROJECT_ROOT / "assets" / "tiny-chat"
 NUM_SAMPLES = 64
@@ -49,7 +50,7 @@ def test_seeded_multi_turn_continuations_arriving_together_complete_and_reproduc
     loop = asyncio.new_event_loop()
 
     async def build():  # in the loop that will run it: the engine's output handler lives there
-        return build_engine(VLLMEngineConf(sync_timeout_s=60.0), ModelConf(path=str(ASSET)), seed=0)
+        return build_engine(VLLMEngineConf(sync_timeout_s=HANG_S), ModelConf(path=str(ASSET)), seed=0)
 
     engine = loop.run_until_complete(build())
     try:

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import ROOT, load_script
+from tests.helpers import HANG_S, ROOT, load_script
 
 vml_spy = load_script(ROOT / "scripts" / "vml_spy.py", "vml_spy")
 
@@ -63,12 +63,12 @@ def spy(tmp_path_factory) -> Path:
     return vml_spy.build(tmp_path_factory.mktemp("vml-spy"))
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(HANG_S + 60)
 @pytest.mark.parametrize("component", ["engine", "trainer"])
 def test_a_built_component_has_every_vml_function_picked_before_its_first_forward(spy, tmp_path, component):
     report = tmp_path / "report.txt"
     proc = subprocess.run([sys.executable, "-c", COMPONENT, component], cwd=ROOT, capture_output=True, text=True,
-                          env=vml_spy.spy_env(spy, report, hold_ms=100), timeout=170)
+                          env=vml_spy.spy_env(spy, report, hold_ms=100), timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (seen,) = vml_spy.read_report(report).values()
     assert seen["concurrent"] == {}, f"first calls on two threads at once: {seen['concurrent']}"
@@ -77,7 +77,7 @@ def test_a_built_component_has_every_vml_function_picked_before_its_first_forwar
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(2 * HANG_S + 60)
 def test_a_run_and_its_resumed_life_make_no_two_thread_first_call(spy, tmp_path):
     """The issue's own sequence: a run, then a resumed life whose first step is its first forward pass
     after the engine's load (each process with its own report)."""
@@ -88,7 +88,7 @@ def test_a_run_and_its_resumed_life_make_no_two_thread_first_call(spy, tmp_path)
         report = tmp_path / f"{life}.txt"
         env = vml_spy.spy_env(spy, report, hold_ms=100, base={**os.environ, "WANDB_MODE": "disabled"})
         proc = subprocess.run([sys.executable, str(ROOT / "train.py"), f"total_steps={steps}", *args], cwd=tmp_path,
-                              env=env, capture_output=True, text=True, timeout=280)
+                              env=env, capture_output=True, text=True, timeout=HANG_S)
         assert proc.returncode == 0, proc.stderr[-3000:]
         if life == "resumed":
             assert "holds a run: continuing it" in proc.stderr

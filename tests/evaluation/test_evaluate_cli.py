@@ -24,7 +24,7 @@ EVAL = ["eval.num_prompts=12", "eval.num_samples=3", "eval.pass_k=2", "eval.temp
 
 
 def evaluate(args: list, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    return run_cli(args, cwd, timeout_s=300, check=check, fresh_interpreter=True, script="evaluate.py")
+    return run_cli(args, cwd, check=check, fresh_interpreter=True, script="evaluate.py")
 
 
 def only_dir(root: Path) -> Path:
@@ -92,7 +92,7 @@ def refused(args: list, cwd: Path, expect: list[str], spawn: bool = False) -> No
     """evaluate.py refuses in one line, exit 2, nothing written. Forked from the tests' CLI server
     (tests/cli_forkserver.py: the process's own status and stderr) unless `spawn`."""
     before = sorted(p.name for p in cwd.iterdir())
-    proc = run_cli(args, cwd, timeout_s=300, check=False, fresh_interpreter=spawn, script="evaluate.py")
+    proc = run_cli(args, cwd, check=False, fresh_interpreter=spawn, script="evaluate.py")
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert lines and lines[-1].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr[-3000:]

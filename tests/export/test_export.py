@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from rlharness.core.checkpoint import complete_checkpoints
-from tests.helpers import ROOT, run_cli
+from tests.helpers import HANG_S, ROOT, run_cli
 
-pytestmark = [pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.timeout(3 * HANG_S)]  # a training run and one or two exports, each bounded by HANG_S
 
 # The embedded chat model (ChatML template), 2 steps, a checkpoint at each.
 CHAT_RUN = ["experiment=chat_math", "total_steps=2", "save_every=1", "batch_size=2", "sampler.prompt_repeat_k=2",
@@ -24,7 +24,7 @@ HF_FILES = {"config.json", "generation_config.json", "model.safetensors", "token
 
 
 def export(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = run_cli(args, cwd=ROOT, timeout_s=300, check=False, script="rlharness.export")
+    proc = run_cli(args, cwd=ROOT, check=False, script="rlharness.export")
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
@@ -127,5 +127,5 @@ def test_a_lora_run_exports_its_merged_model(tmp_path):
         want, got = peft(input_ids=ids).logits, merged(input_ids=ids).logits
         plain = AutoModelForCausalLM.from_pretrained(str(ROOT / "assets" / "tiny-chat"))(input_ids=ids).logits
     assert torch.allclose(got, want, atol=1e-5) and not torch.allclose(got, plain, atol=1e-4)
-    proc = run_cli([f"resume={run_dir}"], cwd=ROOT, timeout_s=300, check=False, script="evaluate.py")
+    proc = run_cli([f"resume={run_dir}"], cwd=ROOT, check=False, script="evaluate.py")
     assert proc.returncode == 2 and "holds a LoRA adapter: export the merged model first" in proc.stderr

@@ -1,19 +1,26 @@
 """A misbehaving HTTP judge for fault tests: a real server process on 127.0.0.1, bounded.
 
-    python tests/faults/judge_server.py --mode slow --port-file P --stats-file S [--max-requests N] [--max-s T]
+    python tests/faults/judge_server.py --mode together --stats-file S [--together N] [--max-requests N]
+
+It prints its port on a line of its own once it listens, and stops when its standard input
+closes (the test that started it ended, or died), or after --max-requests requests.
 
 POST /judge {"response", "label"} -> {"score": 1.0 if response.strip() == label["answer"] else 0.0}
 POST /batch {"items": [...]} -> {"results": [...]}, the same rule per item. Modes:
-- ok: as above;  slow: every reply after --delay-s (default 1.5 s);
+- ok: as above;
+- together: a label whose answer starts with "G" is answered only once --together requests
+  carrying it are waiting (the members of one group, judged at the same time), then all of them;
+  other labels at once. Members judged one after another never get an answer (no reply is
+  delayed by a duration: the test does not depend on the machine's speed);
 - flaky: every 10th request (10th, 20th, ...) answers HTTP 500;
 - by_label: a label whose answer starts with "R" gets a 302 to ftp://127.0.0.1:9/x,
   one starting with "M" a reply that is not JSON, "D" valid JSON nested 10^5 deep, "E" a reply that
   is not JSON and quotes the request's Authorization header, "C" a 302 whose Location carries the
   header's token as user:password@ and as ?api_key=; the rest as ok.
 With --auth-env NAME every request must carry `Authorization: <value of $NAME>` (else HTTP 401,
-counted as "unauthorized"). It stops by itself after --max-requests requests or --max-s seconds and writes its
-counts (requests, by method and path, 500s, redirects, malformed replies) to
---stats-file after every request, so a test reads them while it runs or after.
+counted as "unauthorized"). It writes its counts (requests, by method and path, 500s, redirects,
+malformed replies, groups answered together) to --stats-file after every request, so a test
+reads them while it runs or after.
 """
 
 from __future__ import annotations
@@ -21,8 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -46,8 +53,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         mode = self.server.mode
-        if mode == "slow":
-            time.sleep(self.server.delay_s)
+        if mode == "together" and self.path == "/judge" and str(body["label"]["answer"]).startswith("G"):
+            self.server.wait_for_group(str(body["label"]["answer"]))
         if mode == "flaky" and n % 10 == 0:
             self.server.count("http_500")
             self.send_error(500, "flaky judge")
@@ -104,12 +111,24 @@ class JudgeServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # the listen backlog (5 by default would reset bursts of new connections)
 
-    def __init__(self, mode: str, delay_s: float, max_requests: int, stats_file: Path, auth: str | None = None):
+    def __init__(self, mode: str, together: int, max_requests: int, stats_file: Path, auth: str | None = None):
         super().__init__(("127.0.0.1", 0), Handler)
         self.auth = auth
-        self.mode, self.delay_s, self.max_requests, self.stats_file = mode, delay_s, max_requests, stats_file
+        self.mode, self.together, self.max_requests, self.stats_file = mode, together, max_requests, stats_file
         self.lock = threading.Lock()
         self.stats: dict[str, int] = {"requests": 0}
+        self.arrived: dict[str, int] = {}  # label -> requests that carried it (mode together)
+        self.arrival = threading.Condition()
+
+    def wait_for_group(self, label: str) -> None:
+        """Block until the `together` requests of this one's batch (per label) have all arrived."""
+        with self.arrival:
+            n = self.arrived[label] = self.arrived.get(label, 0) + 1
+            if n % self.together == 0:
+                self.arrival.notify_all()
+                self.count("together")
+            last = -(-n // self.together) * self.together  # the batch's last arrival
+            self.arrival.wait_for(lambda: self.arrived[label] >= last)
 
     def count(self, key: str) -> int:
         with self.lock:
@@ -127,21 +146,22 @@ class JudgeServer(ThreadingHTTPServer):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=("ok", "slow", "flaky", "by_label"), required=True)
-    ap.add_argument("--port-file", type=Path, required=True)
+    ap.add_argument("--mode", choices=("ok", "together", "flaky", "by_label"), required=True)
     ap.add_argument("--stats-file", type=Path, required=True)
-    ap.add_argument("--delay-s", type=float, default=1.5)
+    ap.add_argument("--together", type=int, default=8)
     ap.add_argument("--max-requests", type=int, default=5000)
-    ap.add_argument("--max-s", type=float, default=300.0)
     ap.add_argument("--auth-env", default=None)
     args = ap.parse_args()
     auth = os.environ[args.auth_env] if args.auth_env else None
-    server = JudgeServer(args.mode, args.delay_s, args.max_requests, args.stats_file, auth)
+    server = JudgeServer(args.mode, args.together, args.max_requests, args.stats_file, auth)
     args.stats_file.write_text(json.dumps(server.stats))
-    timer = threading.Timer(args.max_s, server.shutdown)
-    timer.daemon = True
-    timer.start()
-    args.port_file.write_text(str(server.server_address[1]))
+
+    def stop_when_stdin_closes() -> None:
+        sys.stdin.buffer.read()
+        server.shutdown()
+
+    threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
+    print(server.server_address[1], flush=True)
     server.serve_forever(poll_interval=0.05)
     server.server_close()
 

@@ -6,19 +6,15 @@ every byte of the run directory (W&B's files included) is searched for the secre
 from __future__ import annotations
 
 import contextlib
-import json
-import secrets
-import subprocess
-import sys
-import time
 from pathlib import Path
+import secrets
 
 import pytest
 
 from rlharness.core.checkpoint import latest_checkpoint
 from rlharness.logging_utils.metrics import read_metrics
 from rlharness.core.run_dir import RunDir
-from tests.faults.test_judging_faults import SERVER, col, write_task
+from tests.faults.test_judging_faults import col, start_judge_server, stop_judge_server, write_task
 from tests.faults.test_refused_input import refused
 from tests.helpers import run_cli
 
@@ -30,18 +26,12 @@ def authorized_server(tmp_path: Path, mode: str):
     """tests/faults/judge_server.py in `mode`, requiring `Authorization: <a fresh secret>`; yields (url base,
     secret, stats reader). Waits for its port however slow the machine (the server's own --max-s bounds it)."""
     secret = "Bearer " + secrets.token_hex(16)
-    port_file, stats_file = tmp_path / f"{mode}.port", tmp_path / f"{mode}.stats.json"
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--mode", mode, "--port-file", str(port_file),
-                             "--stats-file", str(stats_file), "--max-s", "240", "--auth-env", "SERVER_TOKEN"],
-                            env={"SERVER_TOKEN": secret, "PATH": "/usr/bin:/bin"})
+    proc, base, stats = start_judge_server(tmp_path, mode, env={"SERVER_TOKEN": secret, "PATH": "/usr/bin:/bin"},
+                                           auth_env="SERVER_TOKEN")
     try:
-        while not (port_file.exists() and port_file.read_text()):
-            assert proc.poll() is None, "the judge server exited before it listened"
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port_file.read_text()}", secret, lambda: json.loads(stats_file.read_text())
+        yield base, secret, stats
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop_judge_server(proc)
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from rlharness.launch.preflight import compose_checked
 from rlharness.core.run_dir import RunDir
 from rlharness.core.types import Group, RolloutState, Status
 from tests.faults.test_refused_input import refused
-from tests.helpers import run_cli
+from tests.helpers import HANG_S, run_cli
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -108,7 +108,7 @@ class FixedScore(Judger):
 
 
 def judged(judger: Judger) -> Group:
-    return asyncio.run(judger.judge_group(group_of(), timeout_s=10))
+    return asyncio.run(judger.judge_group(group_of(), timeout_s=HANG_S))
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e39, -4e38])
@@ -167,7 +167,7 @@ def test_a_remote_score_beyond_float32_fails_its_group(judge_replying):
 
     async def main():
         try:
-            return await judger.judge_group(group_of(), timeout_s=10)
+            return await judger.judge_group(group_of(), timeout_s=HANG_S)
         finally:
             await judger.close()
 
@@ -234,7 +234,7 @@ def test_non_finite_steps_in_a_row_stop_the_run_in_one_line(tmp_path):
                     "judger.format_pattern='(?s)[0-4].*'", "trainer.max_nonfinite_steps=1", "total_steps=8",
                     "batch_size=4", "sampler.prompt_repeat_k=8", "eval_every=0", "eval.num_prompts=2",
                     "save_every=1", "logger.mode=disabled", f"hydra.run.dir={run_dir}"],
-                   cwd=tmp_path, check=False, timeout_s=280)
+                   cwd=tmp_path, check=False)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert lines[-1].startswith("error: step ") and "Traceback" not in proc.stderr, proc.stderr[-3000:]

@@ -38,7 +38,7 @@ def test_a_10_mb_row_is_refused_at_load_with_its_file_and_line(tmp_path):
     questions[4] = "1" * 10_000_000  # line 5
     questions[9] = "2" * 300  # line 10
     proc = run_cli(_task(tmp_path, questions) + [f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
-                   timeout_s=280, check=False)
+                   check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert (f"2 of 12 train prompts of task jsonl are longer than task.max_prompt_tokens=120 (first: "

@@ -36,7 +36,7 @@ def refused(args: list[str], cwd: Path, expect: list[str], watch: Path | None = 
     spawn: a fresh `python train.py` instead of a process forked from the test's CLI server."""
     before_cwd = sorted(p.name for p in cwd.iterdir())
     before = snapshot(watch) if watch is not None else None
-    proc = run_cli(args, cwd=cwd, check=False, timeout_s=300, fresh_interpreter=spawn)
+    proc = run_cli(args, cwd=cwd, check=False, fresh_interpreter=spawn)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert lines and lines[-1].startswith("error: "), proc.stderr[-3000:]

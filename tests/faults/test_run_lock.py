@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,19 +15,20 @@ import pytest
 from rlharness.launch import run_lock
 from rlharness.core.checkpoint import latest_checkpoint
 from rlharness.core.run_dir import DONE, RunDir
+from rlharness.core.fault_points import signal_at
 from tests.faults.test_refused_input import SIM
-from tests.helpers import ROOT, run_cli, run_in_process, start_cli
+from tests.helpers import ROOT, run_cli, run_in_process, start_cli, wait_until
 
 pytestmark = [pytest.mark.timeout(600)]
 
-HOLD = "import sys, time; from rlharness.launch import run_lock; run_lock.acquire(sys.argv[1]); print('held', flush=True); time.sleep(600)"
+# Holds the lock until the test kills it (no duration to outlast).
+HOLD = ("import signal, sys; from rlharness.launch import run_lock; run_lock.acquire(sys.argv[1]); print('held', flush=True); "
+        "signal.pause()")
 
 
-def _wait_for(predicate, timeout_s: float = 240.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
+def _state(pid: int) -> str:
+    """The process's state letter in /proc/<pid>/stat (T: stopped, Z: exited, not yet reaped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 def test_a_held_directory_is_refused_naming_the_pid_and_a_killed_holder_leaves_no_lock(tmp_path):
@@ -54,10 +54,14 @@ def test_a_held_directory_is_refused_naming_the_pid_and_a_killed_holder_leaves_n
 
 def test_two_real_starts_into_one_directory(tmp_path):
     run_dir = tmp_path / "run"
-    slow = [*SIM, "engine.time_per_token_s=0.02", "save_every=1", "total_steps=1000", f"hydra.run.dir={run_dir}"]
-    first = start_cli(slow, cwd=tmp_path)
+    # The first run stops itself (SIGSTOP) once its first checkpoint is saved: alive, holding the
+    # directory, for as long as the other starts take, however slow the machine; killed below.
+    first = start_cli([*SIM, "save_every=1", "total_steps=1000", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+                      env=signal_at(signal.SIGSTOP, "checkpoint_saved", 1))
     try:
-        _wait_for(lambda: (RunDir(run_dir).checkpoint(1) / DONE).is_file())
+        wait_until(lambda: _state(first.pid) in "TtZ", "the first run to hold after its first checkpoint")
+        assert _state(first.pid) == "T", first.stderr_text()[-3000:]
+        assert (RunDir(run_dir).checkpoint(1) / DONE).is_file()
         assert RunDir(run_dir).lock.read_text() == f"{first.pid}\n"
         for args in ([*SIM, f"hydra.run.dir={run_dir}", "total_steps=1000"], [f"resume={run_dir}"]):
             proc = run_cli(args, cwd=tmp_path, check=False)

@@ -20,7 +20,7 @@ from rlharness.core.checkpoint import latest_checkpoint
 from rlharness.core.fault_points import signal_at
 from rlharness.logging_utils.metrics import read_metrics
 from rlharness.core.run_dir import RunDir
-from tests.helpers import start_cli
+from tests.helpers import HANG_S, start_cli
 from tests.resume.test_kill_resume import (ASYNC, SYNC, assert_nothing_lost_or_duplicated, assert_trains_like, launch,
                                            pick_point, step_rows)
 
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.slow]
 SYNC_STOP = [o for o in SYNC if not o.startswith("save_every=")] + ["save_every=3"]
 RAY = ["mode=disagg", "cluster=local_ray", "strategy=async", "max_staleness=1", "strategy.over_sample_threshold=0.5",
        "strategy.enable_partial_rollout=true", "batch_size=4", "sampler.prompt_repeat_k=4", "eval_every=0",
-       "eval.num_prompts=8", "logger=none", "save_every=4", "timeout_s=120", "total_steps=12",
+       "eval.num_prompts=8", "logger=none", "save_every=4", "total_steps=12",
        "cluster.num_cpus=2"]
 
 
@@ -49,7 +49,7 @@ def stop_and_resume_until_done(run_dir: Path, overrides: list[str], signals: lis
             env.update(signal_at(sig, *pick_point(rng, overrides, done[0] if done else 0)))
         proc = launch(run_dir, overrides, env)
         try:
-            rc = proc.wait(timeout=600)
+            rc = proc.wait(timeout=HANG_S)
             err = proc.stderr_text()
         finally:
             if proc.poll() is None:
@@ -84,7 +84,7 @@ def test_async_stopped_run_loses_and_duplicates_nothing(tmp_path):
 
 
 @pytest.mark.ray
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(3 * HANG_S)  # three lives of a Ray run (140 s alone), each bounded by HANG_S
 def test_ray_stopped_run_loses_nothing_and_leaves_no_process(tmp_path):
     run_dir = tmp_path / "ray"
     run_dir.mkdir()
@@ -111,7 +111,7 @@ def test_second_signal_exits_at_once_and_stop_timeout_bounds_the_stop():
     try:
         os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before os.kill returns to Python code
         assert stop.requested and stop.signal_name == "SIGTERM" and exits == []
-        assert exited.wait(timeout=120), "the watchdog should end the stop past stop_timeout_s"
+        assert exited.wait(timeout=HANG_S), "the watchdog should end the stop past stop_timeout_s"
         assert exits == [128 + signal.SIGTERM]
         assert time.monotonic() - stop.received_at >= 1.0
         exited.clear()
@@ -135,7 +135,7 @@ def test_submitit_preemption_signal_checkpoints_then_requeues(tmp_path):
                      env={"WANDB_MODE": "disabled", **signal_at(signal.SIGUSR2, "step_trained", 3)})
     run_dir = sweep / "0"
     try:
-        assert proc.wait(timeout=600) == 0, proc.stderr_text()[-3000:]
+        assert proc.wait(timeout=HANG_S) == 0, proc.stderr_text()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import HANG_S, ROOT
 
 IMPORT_ONLY = """
 import importlib.util, sys
@@ -23,6 +23,6 @@ print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
 @pytest.mark.parametrize("script", ["train.py", "evaluate.py"])
 def test_importing_an_entry_point_does_not_import_torch(script):
     proc = subprocess.run([sys.executable, "-c", IMPORT_ONLY, script], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "[]", f"{script}'s imports pull in {proc.stdout.strip()}"

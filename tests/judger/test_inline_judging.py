@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ from rlharness.judger.math import MathJudger
 from rlharness.judger.remote import RemoteJudger
 from rlharness.judger.router import RouterJudger
 from rlharness.core.types import Status, make_group
+from tests.helpers import HANG_S
 
 
 def _group(texts: list[str], label: dict[str, Any]):
@@ -31,13 +31,14 @@ class _ThreadRecorder(Judger):
 
     name = "recorder"
 
-    def __init__(self, inline: bool, sleep_s: float = 0.0, raise_inline: bool = False):
-        self.inline, self.sleep_s, self.raise_inline = inline, sleep_s, raise_inline
+    def __init__(self, inline: bool, hold: threading.Event | None = None, raise_inline: bool = False):
+        self.inline, self.hold, self.raise_inline = inline, hold, raise_inline
         self.score_threads: list[int] = []
 
     def score(self, response_text: str, label: dict[str, Any]) -> dict[str, float]:
         self.score_threads.append(threading.get_ident())
-        time.sleep(self.sleep_s)
+        if self.hold is not None:  # a stuck scorer: it returns only once the test lets it
+            self.hold.wait()
         return {"score": float(len(response_text) % 2)}
 
     def score_inline(self, response_text: str, label: dict[str, Any]) -> dict[str, float] | None:
@@ -55,7 +56,7 @@ def test_an_inline_judger_never_uses_a_worker_thread():
 
 def test_a_judger_without_an_inline_answer_scores_in_a_worker_thread():
     j = _ThreadRecorder(inline=False)
-    group = asyncio.run(j.judge_group(_group(["a", "ab"], {}), timeout_s=5))
+    group = asyncio.run(j.judge_group(_group(["a", "ab"], {}), timeout_s=HANG_S))
     assert [s.reward["score"] for s in group] == [1.0, 0.0]
     assert j.score_threads and all(t != threading.get_ident() for t in j.score_threads)
 
@@ -63,8 +64,16 @@ def test_a_judger_without_an_inline_answer_scores_in_a_worker_thread():
 @pytest.mark.timeout(30)
 def test_the_thread_path_keeps_its_timeout_and_fails_the_member():
     """Past its timeout the member failed for a reason that is not the policy's (algo.failed_member_policy)."""
-    j = _ThreadRecorder(inline=False, sleep_s=1.0)
-    group = asyncio.run(j.judge_group(_group(["a"], {}), timeout_s=0.05))
+    hold = threading.Event()
+    j = _ThreadRecorder(inline=False, hold=hold)
+
+    async def main():
+        try:
+            return await j.judge_group(_group(["a"], {}), timeout_s=0.05)
+        finally:
+            hold.set()  # the abandoned thread ends, so the loop's executor can shut down
+
+    group = asyncio.run(main())
     assert group.status == Status.COMPLETED and group.samples[0].extra["infra_failure"].endswith("timeout")
 
 
@@ -84,7 +93,7 @@ def test_math_judger_answers_plain_numbers_inline_and_defers_expressions_to_math
         j.score_inline("3", {"target": 3})
     # Mixed group: plain members inline, the expression on the thread; all scored like `score`.
     texts = ["\\boxed{\\frac{1}{2}}", "0.5", "0.25"]
-    group = asyncio.run(j.judge_group(_group(texts, {"answer": "0.5"}), timeout_s=30))
+    group = asyncio.run(j.judge_group(_group(texts, {"answer": "0.5"}), timeout_s=HANG_S))
     assert [s.reward["score"] for s in group] == [j.score(t, {"answer": "0.5"})["score"] for t in texts] == [1.0, 1.0, 0.0]
 
 

@@ -18,6 +18,7 @@ from rlharness.judger.llm import LLMJudger
 from rlharness.judger.reward_model import RewardModelJudger, check_reward_model
 from rlharness.core.run_dir import RunDir
 from rlharness.core.types import Group, RolloutState, Status
+from tests.helpers import HANG_S
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -67,7 +68,7 @@ def group(pairs: list[tuple[str, str]], label: dict | None = None) -> Group:
                      prompt_ids=[], label=label, response_text=r, sample_seed=i) for i, (p, r) in enumerate(pairs)])
 
 
-def judge(judger, states, timeout_s: float = 120.0):
+def judge(judger, states, timeout_s: float = HANG_S):
     async def go():
         try:
             return await judger.judge_group(states, timeout_s)
@@ -123,12 +124,12 @@ def test_groups_that_arrive_together_share_forward_passes_and_score_as_alone(rm_
 
     async def go():
         try:
-            alone = [await j.judge_group(group(pairs), 120.0) for pairs in groups]
+            alone = [await j.judge_group(group(pairs), HANG_S) for pairs in groups]
             scorer = (await j._scorer()).scorer
-            passes = scorer._pool.schedule(_forward_passes).result(timeout=60)
+            passes = scorer._pool.schedule(_forward_passes).result(timeout=HANG_S)
             calls = j.stats()["scoring_calls"]
-            together = await asyncio.gather(*(j.judge_group(group(pairs), 120.0) for pairs in groups))
-            passes = scorer._pool.schedule(_forward_passes).result(timeout=60) - passes
+            together = await asyncio.gather(*(j.judge_group(group(pairs), HANG_S) for pairs in groups))
+            passes = scorer._pool.schedule(_forward_passes).result(timeout=HANG_S) - passes
             return alone, together, passes, j.stats()["scoring_calls"] - calls
         finally:
             await j.close()
@@ -155,14 +156,14 @@ def test_a_hung_reward_model_process_times_out_as_configured_and_is_replaced(rm_
 
     async def go():
         try:
-            first = await j.judge_group(group(PAIRS[:3]), 120.0)
+            first = await j.judge_group(group(PAIRS[:3]), HANG_S)
             scorer = (await j._scorer()).scorer
-            pid = scorer._pool.schedule(os.getpid).result(timeout=60)  # the one worker process
+            pid = scorer._pool.schedule(os.getpid).result(timeout=HANG_S)  # the one worker process
             os.kill(pid, signal.SIGSTOP)
             hung_groups = await asyncio.gather(j.judge_group(states, 2.0), j.judge_group(beside, 2.0))
             assert j.stats()["scoring_calls"] == 2  # the first group's call, then one for both
-            after = await j.judge_group(group(PAIRS[:3]), 120.0)
-            new_pid = scorer._pool.schedule(os.getpid).result(timeout=60)
+            after = await j.judge_group(group(PAIRS[:3]), HANG_S)
+            new_pid = scorer._pool.schedule(os.getpid).result(timeout=HANG_S)
             return first, hung_groups, after, pid, new_pid
         finally:
             await j.close()

@@ -4,6 +4,7 @@ import pytest
 
 from rlharness.config.schema import MathJudgerConf
 from rlharness.judger.math import MathJudger, answers_match, as_plain_number, extract_final_answer
+from tests.helpers import HANG_S
 
 JUDGE = MathJudger()
 
@@ -84,5 +85,5 @@ def test_math_verify_path_runs_in_a_worker_thread():
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        got = pool.submit(JUDGE.score, "\\boxed{\\frac{2}{4}}", {"answer": "\\frac{1}{2}"}).result(timeout=30)
+        got = pool.submit(JUDGE.score, "\\boxed{\\frac{2}{4}}", {"answer": "\\frac{1}{2}"}).result(timeout=HANG_S)
     assert got == {"score": 1.0}

@@ -1,4 +1,4 @@
-"""A mixed run SIGKILLed at random moments and resumed trains exactly like the run left alone (sync)."""
+"""A mixed run SIGKILLed at named points (drawn from a seed) and resumed trains exactly like the run left alone (sync)."""
 
 from __future__ import annotations
 

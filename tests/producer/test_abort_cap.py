@@ -10,6 +10,7 @@ from producer_harness import (build, buffered_groups, check_batch, check_nothing
                               sync_weights)
 
 from rlharness.config.schema import SimEngineConf
+from tests.helpers import run_on_virtual_clock
 
 pytestmark = pytest.mark.timeout(120)
 # Heavy-tailed lengths: the batch fills with short responses and the over-sampled long ones are
@@ -31,7 +32,7 @@ def _run(max_aborts: int, steps: int = 12):
             most = max([most, *(s.num_aborts for g in buffered_groups(h.rb) for s in g)])
             await sync_weights(h, step)
 
-    asyncio.run(main())
+    run_on_virtual_clock(main())
     return h, most, capped
 
 

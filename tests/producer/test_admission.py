@@ -11,7 +11,6 @@ import asyncio
 import random
 
 import pytest
-from aiotools import VirtualClock
 
 from producer_harness import TASK, build, check_nothing_lost, run_colocate, run_disagg, strategy_conf
 from rlharness.config.schema import AsyncStrategyConf, ConfigError, SimEngineConf
@@ -20,6 +19,7 @@ from rlharness.producer.staleness import StalenessPolicy
 from rlharness.producer.replay_buffer import ReplayBuffer
 from rlharness.core.run_dir import RunDir
 from rlharness.core.types import Status, make_group
+from tests.helpers import run_on_virtual_clock
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,7 +38,7 @@ def test_admission_mode_holds_the_bound_at_admission_expires_nothing_and_loses_n
         h = build(strategy_conf(name, max_staleness=s, staleness_mode="admission",
                                 group_filter=rng.choice(["none", "all_equal_reward"]), **kw),
                   seed=seed, engine_conf=TAIL, n_rows=rng.choice([13, 64]), k=rng.choice([2, 3]), batch_size=4)
-        asyncio.run(runner(h, 8))  # check_batch: admission staleness <= s for every trained group
+        run_on_virtual_clock(runner(h, 8))  # check_batch: admission staleness <= s for every trained group
         check_nothing_lost(h)
         assert h.rb.counters["expired"] == 0 and h.rb.count(TASK, Status.EXPIRED) == 0
 
@@ -50,11 +50,8 @@ def test_a_started_group_continues_on_new_weights_past_the_token_bound():
         h = build(strategy_conf("async", max_staleness=1, staleness_mode=mode, over_sample_threshold=0.25,
                                 enable_partial_rollout=True), engine_conf=TAIL, batch_size=4, max_tokens=64)
 
-        async def main():  # on a virtual clock: the same schedule however loaded the machine is
-            with VirtualClock().patch_loop():
-                await run_disagg(h, 12, train_s=0.004)
-
-        asyncio.run(main())
+        # On a virtual clock: the same schedule however loaded the machine is.
+        run_on_virtual_clock(run_disagg(h, 12, train_s=0.004))
         check_nothing_lost(h)
         stale = [step - 1 - min(s.response_model_steps) for step, g in h.trained for s in g]
         mixed = sum(len(set(s.response_model_steps)) > 1 for _, g in h.trained for s in g)
@@ -77,7 +74,7 @@ def test_sync_and_async_train_the_same_on_policy_batches_at_max_staleness_0(mode
     runs = []
     for name, kw in (("sync", {}), ("async", dict(over_sample_threshold=over_sample, enable_partial_rollout=True))):
         h = build(strategy_conf(name, max_staleness=0, staleness_mode=mode, **kw), engine_conf=TAIL, batch_size=4)
-        asyncio.run(runner(h, 6))
+        run_on_virtual_clock(runner(h, 6))
         check_nothing_lost(h)
         for step, g in h.trained:
             assert {v for s in g for v in s.response_model_steps} == {step - 1}
@@ -160,7 +157,7 @@ def test_step_stats_report_both_measures_and_the_histogram_plot_sums_them(tmp_pa
         await h.mgr.close()
         await asyncio.wait_for(loop_task, timeout=10)
 
-    asyncio.run(main())
+    run_on_virtual_clock(main())
     RunDir(tmp_path).metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
     total = staleness_histogram(rows)
     assert sum(total.values()) == sum(r["rollout/response_len_mean"] * 4 * 2 for r in rows)  # 4 groups of 2

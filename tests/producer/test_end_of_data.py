@@ -6,9 +6,10 @@ import asyncio
 import logging
 
 import pytest
-from producer_harness import build, check_batch, check_nothing_lost, run_colocate, run_disagg, strategy_conf
+from producer_harness import build, check_batch, check_nothing_lost, run_colocate, run_disagg, strategy_conf, sync_weights
 
 from rlharness.producer.sampler import DataExhausted
+from tests.helpers import run_on_virtual_clock
 
 pytestmark = pytest.mark.timeout(120)
 STEPS, BATCH = 5, 4
@@ -20,7 +21,7 @@ def test_disaggregated_run_over_exactly_the_data_trains_every_step_and_draws_not
     # run out of data and fail; get_batch then raised that error before seeing its batch ready.
     h = build(strategy_conf("async", max_staleness=1, over_sample_threshold=0.5), n_rows=STEPS * BATCH,
               batch_size=BATCH, rollover=False, seed=seed, last_step=STEPS)
-    asyncio.run(run_disagg(h, STEPS))
+    run_on_virtual_clock(run_disagg(h, STEPS))
     assert len(h.trained) == STEPS * BATCH
     assert h.sampler.drawn == STEPS * BATCH  # nothing drawn for steps after the last
     check_nothing_lost(h)
@@ -35,7 +36,7 @@ def test_consumer_past_the_data_gets_data_exhausted_not_a_timeout():
             for step in (1, 2):
                 check_batch(h, await h.mgr.get_batch(step, timeout_s=30), step)
                 await h.mgr.pause()
-                h.mgr.set_model_step(step)
+                await sync_weights(h, step)  # the engine's weights and the manager's step, as a trainer does
                 h.mgr.resume()
             with pytest.raises(DataExhausted, match=r"train step 3: the data ran out .*allow_epoch_rollover=False"):
                 await h.mgr.get_batch(3, timeout_s=30)
@@ -44,17 +45,17 @@ def test_consumer_past_the_data_gets_data_exhausted_not_a_timeout():
             await asyncio.wait_for(loop_task, timeout=10)
         assert loop_task.exception() is None  # the producer did not fail
 
-    asyncio.run(main())
+    run_on_virtual_clock(main())
     check_nothing_lost(h)
 
 
 def test_colocated_run_over_exactly_the_data_then_data_exhausted():
     h = build(strategy_conf("async", max_staleness=1, over_sample_threshold=0.5), n_rows=STEPS * BATCH,
               batch_size=BATCH, rollover=False, last_step=STEPS)
-    asyncio.run(run_colocate(h, STEPS))
+    run_on_virtual_clock(run_colocate(h, STEPS))
     assert h.sampler.drawn == STEPS * BATCH
     with pytest.raises(DataExhausted, match="train step 6"):
-        asyncio.run(h.mgr.produce_batch(STEPS + 1))
+        run_on_virtual_clock(h.mgr.produce_batch(STEPS + 1))
     check_nothing_lost(h)
 
 
@@ -66,7 +67,7 @@ def test_a_batch_larger_than_the_dataset_is_refused_or_warned(caplog):
     warned = [r.getMessage() for r in caplog.records if "exceeds the dataset" in r.getMessage()]
     assert warned == ["task t: batch_size=5 groups per step exceeds the dataset's 4 prompts: every batch holds "
                       "some prompts more than once (from consecutive epochs)"]
-    batch = asyncio.run(h.mgr.produce_batch(1))  # it does: 5 groups from 4 prompts
+    batch = run_on_virtual_clock(h.mgr.produce_batch(1))  # it does: 5 groups from 4 prompts
     assert len({g.prompt_index for g in batch.groups}) == 4
     caplog.clear()
     with caplog.at_level(logging.WARNING):

@@ -1,4 +1,8 @@
-"""Invariants of the producer on the sim engine: nothing lost, staleness bound, partial rollout, resume."""
+"""Invariants of the producer on the sim engine: nothing lost, staleness bound, partial rollout, resume.
+
+Every run is on a virtual clock (tests/helpers.py run_on_virtual_clock): the sim engine's tokens,
+the trainer's "training" and every timeout take virtual time, so what is in flight when a batch
+completes, a pause lands or a snapshot is taken is the same on any machine."""
 
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from rlharness.engine.sim import SimEngine
 from rlharness.producer.strategies import ProductionStalled
 from rlharness.producer.sampler import DataExhausted
 from rlharness.core.types import Status
+from tests.helpers import run_on_virtual_clock
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,7 +60,7 @@ def test_randomized_runs_lose_nothing_and_hold_the_staleness_bound(seed):
         h = build(strategy_conf(name, **cfg), seed=seed, engine_conf=engine_conf, n_rows=rng.choice([13, 64]),
                   k=k, batch_size=rng.choice([2, 4]))
         runner = run_colocate if mode == "colocate" else run_disagg
-        asyncio.run(runner(h, 8))
+        run_on_virtual_clock(runner(h, 8))
         check_nothing_lost(h)
         assert [s for s, _ in h.trained] == sorted(s for s, _ in h.trained)
 
@@ -63,7 +68,7 @@ def test_randomized_runs_lose_nothing_and_hold_the_staleness_bound(seed):
 def test_sync_strategy_with_max_staleness_0_trains_exactly_on_policy():
     for runner in (run_colocate, run_disagg):
         h = build(strategy_conf("sync", max_staleness=0, group_filter="all_equal_reward"))
-        asyncio.run(runner(h, 6))
+        run_on_virtual_clock(runner(h, 6))
         for step, g in h.trained:
             assert {v for s in g for v in s.response_model_steps} == {step - 1}
         check_nothing_lost(h)
@@ -85,7 +90,7 @@ def test_over_sampling_never_exceeds_its_in_flight_budget():
             seen.append(ctx.pending.max_count_seen)
             await sync_weights(h, step)
 
-    asyncio.run(main())
+    run_on_virtual_clock(main())
     assert max(seen) == budget, seen  # reached, never exceeded
     check_nothing_lost(h)
 
@@ -93,7 +98,7 @@ def test_over_sampling_never_exceeds_its_in_flight_budget():
 def test_over_sampled_leftovers_are_aborted_not_lost_in_colocated_mode():
     h = build(strategy_conf("async", max_staleness=1, over_sample_threshold=1.0),
               engine_conf=SimEngineConf(mean_response_len=20, cv=1.0, time_per_token_s=5e-4, slots=4))
-    asyncio.run(run_colocate(h, 5))
+    run_on_virtual_clock(run_colocate(h, 5))
     check_nothing_lost(h)
     assert h.mgr.replay_buffer.counters["aborted"] > 0  # the leftovers went back to the buffer
 
@@ -114,7 +119,7 @@ def test_tail_batch_triggers_at_its_threshold(expired):
     expired_ids = {g.group_id for g in h.rb.groups(TASK, Status.EXPIRED)}
     ctx = h.mgr.contexts[TASK]
     drawn_before = h.sampler.drawn
-    batch = asyncio.run(h.mgr.produce_batch(1))
+    batch = run_on_virtual_clock(h.mgr.produce_batch(1))
     check_batch(h, batch, 1)
     tail = expired >= 3
     assert ctx.last_round_tail is tail and ctx.tail_rounds == int(tail)
@@ -159,7 +164,7 @@ def test_partial_rollout_keeps_tokens_logprobs_versions_and_only_appends():
                 snapshots[s.uid] = (list(s.response_ids), list(s.response_logprobs), list(s.response_model_steps),
                                     g.num_expired)
 
-    asyncio.run(run_disagg(h, 12, train_s=0.004, on_pause=on_pause))
+    run_on_virtual_clock(run_disagg(h, 12, train_s=0.004, on_pause=on_pause))
     check_nothing_lost(h)
     assert checked["continued"] > 0, "no interrupted sample was continued and trained; the test exercised nothing"
     mixed = [s for _, g in h.trained for s in g if len(set(s.response_model_steps)) > 1]
@@ -187,7 +192,7 @@ def test_save_mid_async_run_and_load_into_a_fresh_manager_continues_with_nothing
         await h1.mgr.close()
         await asyncio.wait_for(loop_task, timeout=10)
 
-    asyncio.run(first_run())
+    run_on_virtual_clock(first_run())
     assert saved["in_flight"] > 0, "the snapshot should catch groups in flight"
     import json
 
@@ -196,10 +201,10 @@ def test_save_mid_async_run_and_load_into_a_fresh_manager_continues_with_nothing
     h2 = make()
     h2.mgr.load_state_dict(state)
     assert h2.mgr.model_step == 4
-    asyncio.run(h2.engine.load_weights({}, 4))  # the trainer restores the engines' weights too
+    run_on_virtual_clock(h2.engine.load_weights({}, 4))  # the trainer restores the engines' weights too
     h2.trained = []
     assert h2.mgr.accounting()["unaccounted"] == 0
-    asyncio.run(run_disagg(h2, 12, first_step=5))
+    run_on_virtual_clock(run_disagg(h2, 12, first_step=5))
     # Union over both runs: run 1's trained + run 1's dropped before the snapshot are not in run 2's state.
     run1_dropped_before = list(h1.dropped)
     check_nothing_lost(h2, extra_trained=[g for _, g in h1.trained], extra_dropped=run1_dropped_before)
@@ -208,19 +213,19 @@ def test_save_mid_async_run_and_load_into_a_fresh_manager_continues_with_nothing
 
 def test_disaggregated_consumer_gets_every_step_and_times_out_clearly_without_a_producer():
     h = build(strategy_conf("async", max_staleness=1, over_sample_threshold=0.5, enable_partial_rollout=True))
-    asyncio.run(run_disagg(h, 10, train_s=0.003))
+    run_on_virtual_clock(run_disagg(h, 10, train_s=0.003))
     assert sorted({s for s, _ in h.trained}) == list(range(1, 11))
     check_nothing_lost(h)
 
     idle = build(strategy_conf("sync"))
     with pytest.raises(TimeoutError, match=r"get_batch\(train_step=1\) waited timeout_s=0.2.*produce_loop running=False"):
-        asyncio.run(idle.mgr.get_batch(1, timeout_s=0.2))
+        run_on_virtual_clock(idle.mgr.get_batch(1, timeout_s=0.2))
 
 
 def test_a_judger_that_raises_marks_the_group_failed_and_the_run_goes_on():
     for runner in (run_colocate, run_disagg):
         h = build(strategy_conf("sync", max_staleness=0), judger=RaisingJudger(every=3), n_rows=30)
-        asyncio.run(runner(h, 6))
+        run_on_virtual_clock(runner(h, 6))
         check_nothing_lost(h)
         failed = [g for g in h.dropped if g.status == Status.FAILED]
         assert failed and all("cannot judge prompt" in g.drop_reason for g in failed)
@@ -254,7 +259,7 @@ def test_a_pause_whose_timeout_expires_still_returns_every_prompt(strategy):
         await h.mgr.close()
         await asyncio.wait_for(loop_task, timeout=10)
 
-    asyncio.run(main())
+    run_on_virtual_clock(main())
     check_nothing_lost(h)
 
 
@@ -270,7 +275,7 @@ def test_bad_input_is_refused_before_anything_starts():
         with pytest.raises(DataExhausted, match="allow_epoch_rollover=False"):
             await h.mgr.produce_batch(2)
 
-    asyncio.run(main())
+    run_on_virtual_clock(main())
     check_nothing_lost(h)  # the 2 prompts drawn for step 2 are back in the buffer
 
     with pytest.raises(ValueError, match="all_equal_reward with sampler.prompt_repeat_k=1"):
@@ -278,7 +283,7 @@ def test_bad_input_is_refused_before_anything_starts():
 
     stale = build(strategy_conf("sync", max_staleness=0))
     with pytest.raises(ValueError, match="call set_model_step"):
-        asyncio.run(stale.mgr.produce_batch(3))
+        run_on_virtual_clock(stale.mgr.produce_batch(3))
 
 
 class CrashingEngine(SimEngine):
@@ -293,7 +298,7 @@ class CrashingEngine(SimEngine):
 def test_a_crashing_agent_loop_is_retried_then_failed_and_nothing_is_lost():
     engine = CrashingEngine(SimEngineConf(mean_response_len=6, time_per_token_s=1e-4), seed=0, vocab_size=50)
     h = build(strategy_conf("async", max_staleness=1, over_sample_threshold=0.5), engine=engine, n_rows=40)
-    asyncio.run(run_colocate(h, 8))
+    run_on_virtual_clock(run_colocate(h, 8))
     check_nothing_lost(h)
     failed = [g for g in h.dropped if g.status == Status.FAILED]
     assert failed and all("crashed 3 times" in g.drop_reason and "engine exploded" in g.drop_reason for g in failed)
@@ -306,7 +311,7 @@ def test_production_that_cannot_keep_anything_stops_with_a_clear_error():
     # The message names the real cause (the judger), not a guess about weight sync.
     with pytest.raises(ProductionStalled, match=r"were all dropped \(\d+ judging; .*the judger is failing.*"
                                                 r"Last reason: judger raising: ValueError: cannot judge prompt"):
-        asyncio.run(h.mgr.produce_batch(1))
+        run_on_virtual_clock(h.mgr.produce_batch(1))
     check_nothing_lost(h)
 
 
@@ -319,16 +324,16 @@ def test_a_filter_that_drops_everything_is_named_as_the_cause():
         mean_response_len=2, time_per_token_s=1e-5, slots=64))
     with pytest.raises(ProductionStalled, match=r"were all dropped \(\d+ filter; .*strategy.group_filter drops every "
                                                 r"group.*Last reason: all_equal_reward: every member scored 0.0"):
-        asyncio.run(h.mgr.produce_batch(1))
+        run_on_virtual_clock(h.mgr.produce_batch(1))
     check_nothing_lost(h)
 
 
 def test_colocated_manager_can_be_driven_by_one_event_loop_per_step():
     h = build(strategy_conf("async", max_staleness=1, over_sample_threshold=1.0, enable_partial_rollout=True))
     for step in range(1, 5):
-        batch = asyncio.run(h.mgr.produce_batch(step))
+        batch = run_on_virtual_clock(h.mgr.produce_batch(step))
         check_batch(h, batch, step)
-        asyncio.run(sync_weights(h, step))
+        run_on_virtual_clock(sync_weights(h, step))
     check_nothing_lost(h)
 
 
@@ -358,7 +363,7 @@ def test_a_task_that_crashes_after_writing_into_its_group_gives_the_group_back_a
         await asyncio.sleep(0)  # done-callbacks
         ctx.collect(ctx.pending.claim(tasks))
 
-    asyncio.run(main())
+    run_on_virtual_clock(main())
     back = {g.group_id: g for g in [h.rb.pop_group(TASK, Status.ABORTED), h.rb.pop_group(TASK, Status.ABORTED)]}
     got_fresh, got_partial = back[fresh.group_id], back[partial.group_id]
     assert got_fresh.num_crashes == 1 and got_partial.num_crashes == 1

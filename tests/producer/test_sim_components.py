@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from aiotools import VirtualClock
 
 from rlharness.backend.sim import SimBackend
 from rlharness.config.schema import SimBackendConf, SimEngineConf
@@ -15,6 +14,7 @@ from rlharness.engine.base import GenerateRequest, GenerateResult, SamplingParam
 from rlharness.engine.router import EngineRouter
 from rlharness.engine.sim import SimEngine, lognormal_params
 from rlharness.core.types import TrainBatch
+from tests.helpers import run_on_virtual_clock
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -74,7 +74,7 @@ def test_sim_engine_limits_concurrency_and_aborts_with_partial_tokens():
         assert await engine.abort_all() == 5
         return await asyncio.gather(*tasks)
 
-    res = asyncio.run(main())
+    res = run_on_virtual_clock(main())
     assert engine.stats()["max_active"] == 2
     assert all(r.finish_reason == "abort" for r in res)
     running = [r for r in res if r.token_ids]
@@ -91,7 +91,7 @@ def test_sim_engine_stamps_each_token_with_the_version_that_produced_it():
         await engine.load_weights({}, version=5)
         return await task
 
-    r = asyncio.run(main())
+    r = run_on_virtual_clock(main())
     assert engine.version == 5
     assert r.model_steps == sorted(r.model_steps) and r.model_steps[0] == 0 and r.model_steps[-1] == 5
     stats = engine.stats()
@@ -111,7 +111,7 @@ def test_router_balances_load_and_fans_out_abort_and_weights():
         await router.load_weights({}, version=2)
         return res
 
-    res = asyncio.run(main())
+    res = run_on_virtual_clock(main())
     assert all(r.finish_reason == "abort" for r in res)
     assert [e.stats()["requests"] for e in engines] == [3.0, 3.0]
     assert router.version == 2 and all(e.version == 2 for e in engines)
@@ -143,10 +143,7 @@ def test_sim_backend_reports_honest_metrics_and_round_trips(tmp_path):
 
 
 def _on_virtual_clock(engine: SimEngine, request: GenerateRequest) -> GenerateResult:
-    async def main():
-        with VirtualClock().patch_loop():
-            return await engine.generate(request)
-    return asyncio.run(main())
+    return run_on_virtual_clock(engine.generate(request))
 
 
 def _seeded(prompt: list[int], seed: int, max_tokens: int) -> GenerateRequest:
@@ -163,15 +160,14 @@ def test_sim_engine_continuation_of_a_seeded_request_ends_at_the_drawn_length(ma
     for seed in range(40):
         whole = _on_virtual_clock(_engine(seed=1, **conf), _seeded(prompt, seed, budget))
 
-        async def interrupted():
-            with VirtualClock().patch_loop():  # simulated time: exact abort points, no real sleeping
-                engine = _engine(seed=2, **conf)
-                task = asyncio.create_task(engine.generate(_seeded(prompt, seed, budget)))
-                await asyncio.sleep(0.001 * (len(whole.token_ids) / 2 + 0.5))
-                await engine.abort_all()
-                return await task
+        async def interrupted():  # simulated time: exact abort points, no real sleeping
+            engine = _engine(seed=2, **conf)
+            task = asyncio.create_task(engine.generate(_seeded(prompt, seed, budget)))
+            await asyncio.sleep(0.001 * (len(whole.token_ids) / 2 + 0.5))
+            await engine.abort_all()
+            return await task
 
-        part = asyncio.run(interrupted())
+        part = run_on_virtual_clock(interrupted())
         if part.finish_reason != "abort" or not part.token_ids:
             continue
         assert part.token_ids == whole.token_ids[:len(part.token_ids)]

@@ -15,9 +15,10 @@ import torch
 from safetensors.torch import load_file
 
 from rlharness.core.checkpoint import latest_checkpoint
+from tests.helpers import HANG_S
 from tests.resume.test_kill_resume import launch, step_rows, trained_samples
 
-pytestmark = [pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.timeout(3 * HANG_S)]  # three runs, each bounded by HANG_S
 
 # A constant LR: the second life extends total_steps, which would re-plan a decaying schedule.
 PPO = ["algo=ppo", "algo.lr_schedule=constant", "algo.critic.warmup_steps=1", "save_every=2", "eval_every=0",
@@ -29,7 +30,7 @@ COMPARED = ("train/loss", "train/grad_norm", "critic/value_loss", "critic/grad_n
 def run(run_dir: Path, overrides: list[str]) -> None:
     run_dir.mkdir(exist_ok=True)
     proc = launch(run_dir, overrides)
-    assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()[-3000:]
+    assert proc.wait(timeout=HANG_S) == 0, proc.stderr_text()[-3000:]
 
 
 def test_ppo_resume_trains_as_the_run_left_alone(tmp_path):

@@ -24,6 +24,7 @@ import pytest
 
 from rlharness.config.schema import SandboxConf
 from rlharness.sandbox import SandboxUnavailable, check_available, run
+from tests.helpers import HANG_S
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -70,8 +71,9 @@ def live_processes_with(marker: str) -> list[int]:
     return found
 
 
-def wait_until_none(marker: str, limit_s: float = 30.0) -> list[int]:
-    """Poll until no process holds `marker` (the namespace's teardown is quick but not instant)."""
+def wait_until_none(marker: str, limit_s: float = HANG_S) -> list[int]:
+    """Poll until no process holds `marker` (the namespace's teardown is quick but not instant; the
+    limit is one only a process that outlives its call reaches)."""
     deadline = time.monotonic() + limit_s
     while (found := live_processes_with(marker)) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -89,7 +91,9 @@ def test_fork_bomb_is_bounded_and_leaves_no_process():
 
 @needs_sandbox
 def test_fork_bomb_gets_at_most_max_processes():
-    code = ("import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(30)\n"
+    # The children stay until the call ends (the namespace goes with it): they cannot exit before the
+    # parent has met its limit, however slow the machine.
+    code = ("import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(3600)\n"
             "            os._exit(0)\n        n += 1\nexcept OSError as e:\n    print(n, e.errno)\n")
     result = run(code, limits=SandboxConf(max_processes=4, wall_s=60))
     assert result.reason == "ok", result
@@ -237,11 +241,12 @@ def test_a_setsid_daemon_does_not_outlive_its_call():
 
 @needs_sandbox
 def test_bad_calls_fail_alone_and_the_next_call_works():
-    assert run("1/0").reason == "error"
-    assert run("print('x' * 10)", limits=SandboxConf(max_output_bytes=5)).reason == "output_limit"
-    assert run("x" * 200_000).reason == "code_refused"
-    assert run("print(input()[::-1])", stdin="abc\n").stdout == "cba\n"
-    good = run("print(2**100)")
+    # LIMITS, not the defaults: the default 10 s of wall time is near what a Python start takes on a busy box.
+    assert run("1/0", limits=LIMITS).reason == "error"
+    assert run("print('x' * 10)", limits=replace_conf(LIMITS, max_output_bytes=5)).reason == "output_limit"
+    assert run("x" * 200_000, limits=LIMITS).reason == "code_refused"
+    assert run("print(input()[::-1])", stdin="abc\n", limits=LIMITS).stdout == "cba\n"
+    good = run("print(2**100)", limits=LIMITS)
     assert (good.reason, good.stdout, good.exit_status) == ("ok", f"{2**100}\n", 0)
 
 

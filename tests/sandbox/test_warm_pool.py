@@ -7,6 +7,7 @@ import pytest
 
 from rlharness.config.schema import SandboxConf
 from rlharness.sandbox import run, warm
+from tests.helpers import HANG_S
 from tests.sandbox.test_hostile_code import live_processes_with, needs_sandbox, wait_until_none
 
 pytestmark = [pytest.mark.timeout(300), needs_sandbox]
@@ -24,6 +25,9 @@ def test_each_warm_sandbox_runs_one_call_and_none_outlives_the_pool(isolation):
     second = run("import os\nprint(os.path.exists(os.environ['TMPDIR'] + '/left'), os.getpid())", limits=conf)
     assert first.ok and second.ok, (first, second)
     assert second.stdout.split()[0] == "False"  # nothing carries over from one call to the next
+    pool = next(p for p in warm._pools.values() if p.conf.tmp_mb == conf.tmp_mb)
+    with pool.wanted:  # the pool refills in its own thread: wait for it, not for a moment
+        assert pool.wanted.wait_for(lambda: len(pool.ready) == conf.warm, timeout=HANG_S)
     if isolation == "namespaces":
         assert live_processes_with(marker(conf))  # two wait for their program
     warm.close_all()
@@ -36,7 +40,7 @@ def test_a_dead_warm_sandbox_is_replaced_not_used():
     assert run("print(1)", limits=conf).ok
     pool = next(p for p in warm._pools.values() if p.conf.tmp_mb == 41)
     with pool.wanted:
-        pool.wanted.wait_for(lambda: pool.ready, timeout=60)
+        assert pool.wanted.wait_for(lambda: pool.ready, timeout=HANG_S)
         for started in pool.ready:
             started.proc.kill()
             started.proc.wait()

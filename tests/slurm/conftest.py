@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "slurm_local.sh"
-UP_TIMEOUT_S = 300  # includes apt-get install on a fresh machine
+UP_TIMEOUT_S = 600  # includes apt-get install on a fresh machine: only a hang reaches it
 NODES = 2
 GPUS_PER_NODE = 2
 

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from rlharness.config.schema import ConfigError, SlurmClusterConf
 from rlharness.config.store import register_configs
+from tests.helpers import HANG_S
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -70,14 +71,14 @@ print("CPUS", ray.cluster_resources()["CPU"], "VALUE", ray.get(ray.put(41)) + 1)
 
 @pytest.mark.ray
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(HANG_S + 60)
 def test_connect_ray_local_ray_starts_a_local_cluster():
     # In a subprocess: other tests may hold their own Ray session in this process.
     # A short temp dir: Ray's unix socket paths must stay under 107 bytes.
     temp = tempfile.mkdtemp(prefix="rlh-ray-test-", dir="/tmp")
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     out = subprocess.run([sys.executable, "-c", PROBE.format(temp=temp)], capture_output=True, text=True,
-                         timeout=100, env=env)
+                         timeout=HANG_S, env=env)
     assert out.returncode == 0, out.stderr
     assert "CPUS 1.0 VALUE 42" in out.stdout
     assert any(Path(temp).glob("session_*"))  # session files went where configured

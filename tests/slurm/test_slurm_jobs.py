@@ -7,20 +7,19 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import cloudpickle
 import pytest
 
 from rlharness.core.run_dir import RunDir
-from tests.helpers import run_cli
+from tests.helpers import HANG_S, run_cli, wait_until
 
 pytestmark = [pytest.mark.slurm]
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = Path(__file__).with_name("hydra_app.py")
-JOB_TIMEOUT_S = 120
+JOB_TIMEOUT_S = HANG_S  # a sweep of two jobs: only a hang reaches it
 
 # Functions below run inside Slurm jobs; ship them by value (tests/ is not installed).
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -40,7 +39,7 @@ def _ray_probe(n: int) -> dict:
     from rlharness.config.schema import SlurmClusterConf
     from rlharness.cluster import connect_ray
 
-    connect_ray(SlurmClusterConf(cpus_per_task=1, ray_timeout_s=90))
+    connect_ray(SlurmClusterConf(cpus_per_task=1, ray_timeout_s=HANG_S))
 
     @ray.remote(num_cpus=1)
     def square(x: int) -> int:
@@ -52,22 +51,20 @@ def _ray_probe(n: int) -> dict:
             "job": os.environ["SLURM_JOB_ID"]}
 
 
-def _wait_until_finished(job, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while job.get_info(mode="force").get("State") not in ("COMPLETED", "FAILED", "CANCELLED"):
-        assert time.monotonic() < deadline, f"job {job.job_id} still {job.state} after {timeout_s} s"
-        time.sleep(0.5)
+def _wait_until_finished(job) -> None:
+    wait_until(lambda: job.get_info(mode="force").get("State") in ("COMPLETED", "FAILED", "CANCELLED"),
+               f"job {job.job_id} to finish", poll_s=0.5)
 
 
 def _executor(folder: Path, **params):
     import submitit
 
     executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
-    executor.update_parameters(timeout_min=5, cpus_per_task=1, mem_gb=1, slurm_additional_parameters={}, **params)
+    executor.update_parameters(timeout_min=int(HANG_S // 60), cpus_per_task=1, mem_gb=1, slurm_additional_parameters={}, **params)
     return executor
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(2 * HANG_S)
 def test_submitit_jobs_complete_and_fail_with_states(slurm_env, tmp_path):
     executor = _executor(tmp_path / "submitit")
     ok = executor.submit(_add, 2, 3)
@@ -83,16 +80,14 @@ def test_submitit_jobs_complete_and_fail_with_states(slurm_env, tmp_path):
     assert _settled_state(bad) == "FAILED"
 
 
-def _settled_state(job, timeout_s: float = 60.0) -> str:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        state = job.watcher.get_state(job.job_id, mode="force")
-        if state not in ("PENDING", "RUNNING", "COMPLETING", "UNKNOWN") or time.monotonic() > deadline:
-            return state
-        time.sleep(0.5)
+def _settled_state(job) -> str:
+    states: list[str] = []
+    wait_until(lambda: states.append(job.watcher.get_state(job.job_id, mode="force")) or
+               states[-1] not in ("PENDING", "RUNNING", "COMPLETING", "UNKNOWN"), f"job {job.job_id} to settle", poll_s=0.5)
+    return states[-1]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 def test_multirun_cluster_slurm_runs_one_job_per_point(slurm_env, tmp_path):
     sweep = tmp_path / "sweep"
     out = subprocess.run(
@@ -118,19 +113,19 @@ def _hydra_job_id(job_dir: Path) -> str:
     return str(yaml.safe_load((RunDir(job_dir).hydra / "hydra.yaml").read_text())["hydra"]["job"]["id"])
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(HANG_S + 60)
 def test_refused_partition_names_it(slurm_env, tmp_path):
     out = subprocess.run(
         [sys.executable, str(APP), "-m", "cluster=slurm", "cluster.partition=no_such_partition", "seed=1",
          f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        capture_output=True, text=True, timeout=HANG_S, cwd=tmp_path)
     assert out.returncode != 0
     assert "invalid partition specified: no_such_partition" in out.stderr
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(2 * HANG_S + 60)
 def test_ray_head_started_inside_a_slurm_job(slurm_env, tmp_path):
     job = _executor(tmp_path / "submitit").submit(_ray_probe, 4)
     result = job.result()
@@ -145,7 +140,7 @@ def test_ray_head_started_inside_a_slurm_job(slurm_env, tmp_path):
     assert left.stdout.strip() == "", f"Ray processes of job {result['job']} still running: {left.stdout}"
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(2 * HANG_S + 60)
 def test_requests_larger_than_the_partition_are_refused_before_submitting(slurm_env, tmp_path):
     """More nodes than the partition has would pend forever, more GPUs per node fail in sbatch:
     both are one line naming the key, nothing submitted, no sweep directory."""
@@ -155,7 +150,7 @@ def test_requests_larger_than_the_partition_are_refused_before_submitting(slurm_
                                                           "Slurm partition 'debug', whose nodes are rlh-node1"))):
         sweep = tmp_path / f"sweep{i}"
         out = run_cli(["-m", "cluster=slurm", "cluster.nodes=2", "mode=disagg", "logger=none", override,
-                       f"hydra.sweep.dir={sweep}"], cwd=tmp_path, timeout_s=120, check=False)
+                       f"hydra.sweep.dir={sweep}"], cwd=tmp_path, check=False)
         assert out.returncode == 2, out.stderr[-3000:]
         assert out.stderr.strip().splitlines()[-1].startswith(f"error: {message}"), out.stderr[-3000:]
         assert not sweep.exists()

@@ -8,17 +8,18 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import HANG_S, wait_until
 
 from .conftest import SCRIPT
 
 pytestmark = [pytest.mark.slurm]
 
 
-def _script(env: dict, *args: str, timeout_s: float = 180) -> subprocess.CompletedProcess:
+def _script(env: dict, *args: str, timeout_s: float = HANG_S) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=timeout_s)
 
 
@@ -33,7 +34,7 @@ def _pids_in_namespaces(inodes: set[str]) -> list[int]:
     return found
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(4 * HANG_S)  # five calls of the script and a job, each bounded by HANG_S
 def test_up_twice_down_with_a_job_running_and_down_again(slurm_env, tmp_path):
     # slurm_env first: the session's cluster started munged, so this one's `down` leaves it running.
     base = Path(f"/tmp/rlh-slurm-script-{os.getpid()}")
@@ -57,21 +58,23 @@ def test_up_twice_down_with_a_job_running_and_down_again(slurm_env, tmp_path):
 
         job = subprocess.run(["sbatch", "--parsable", "-N", "2", "--gpus-per-node=1", "-c", "1",
                               f"--output={tmp_path / 'job.out'}", "--wrap", "srun sleep 611"],
-                             capture_output=True, text=True, env=slurm, timeout=30)
+                             capture_output=True, text=True, env=slurm, timeout=HANG_S)
         assert job.returncode == 0, job.stderr
         job_id = job.stdout.strip().split(";")[0]
-        deadline = time.monotonic() + 60
-        while "JobState=RUNNING" not in (shown := subprocess.run(
-                ["scontrol", "show", "job", job_id], capture_output=True, text=True, env=slurm).stdout):
-            assert time.monotonic() < deadline, shown
-            time.sleep(0.5)
+        shown = ""
+
+        def running() -> bool:
+            nonlocal shown
+            shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, env=slurm).stdout
+            return "JobState=RUNNING" in shown
+
+        wait_until(running, "the job to run", poll_s=0.5)
         assert re.search(r"TresPerNode=\S*gpu:1", shown), shown
         namespaces = {os.readlink(f"/proc/{pid}/ns/uts") for pid in slurmd.values()}
         assert len(namespaces) == 2 and os.readlink("/proc/self/ns/uts") not in namespaces
-        deadline = time.monotonic() + 60
-        while len(_pids_in_namespaces(namespaces)) <= 2:  # the job's steps, beside the two slurmd
-            assert time.monotonic() < deadline, "the job's processes never appeared in the nodes' namespaces"
-            time.sleep(0.5)
+        # The job's steps, beside the two slurmd.
+        wait_until(lambda: len(_pids_in_namespaces(namespaces)) > 2, "the job's processes in the nodes' namespaces",
+                   poll_s=0.5)
         (run / "slurmd-rlh-node9.pid").write_text(f"{bystander.pid}\n")  # stale: the pid is another process
 
         out = _script(env, "down")

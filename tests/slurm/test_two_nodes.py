@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import signal
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -20,9 +21,10 @@ from pathlib import Path
 import pytest
 
 from rlharness.core.run_dir import DONE, RunDir
-from tests.helpers import CliProcess, run_cli, start_cli
+from tests.helpers import HANG_S, CliProcess, run_cli, start_cli, wait_until
+from rlharness.core.fault_points import signal_at
 
-from .test_train_on_slurm import _job_id, _slurm, _steps, _wait, start_requeued_job_soon
+from .test_train_on_slurm import _job_id, _slurm, _steps, start_requeued_job_soon
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -30,17 +32,20 @@ MAX_STALENESS = 1
 BATCH, K = 4, 4
 TWO_NODE_CLUSTER = ["cluster=slurm", "cluster.nodes=2", "cluster.gpus_per_node=1", "cluster.cpus_per_task=1",
                     "cluster.mem_gb=2", "cluster.engine_cpus=0.5", "cluster.trainer_cpus=0.5",
-                    "cluster.object_store_memory_mb=200", "cluster.ray_timeout_s=400"]
+                    "cluster.object_store_memory_mb=200", f"cluster.ray_timeout_s={HANG_S}"]
 TWO_NODES = [*TWO_NODE_CLUSTER, "mode=disagg", "strategy=async", f"max_staleness={MAX_STALENESS}",
              "strategy.over_sample_threshold=0.5", "strategy.enable_partial_rollout=true", f"batch_size={BATCH}",
              f"sampler.prompt_repeat_k={K}",
-             "eval_every=0", "eval.num_prompts=8", "logger=none", "save_every=2", "timeout_s=240"]
-RUN_TIMEOUT_S = 600
-START_TIMEOUT_S = 420  # to the first checkpoints: Slurm, two Ray nodes, actors (minutes on a busy 2-core box)
+             "eval_every=0", "eval.num_prompts=8", "logger=none", "save_every=2"]
+# Bounds only a hang reaches: a whole run; the first checkpoints (Slurm, two Ray nodes, actors: minutes
+# on a busy 2-core box); a Slurm state change.
+RUN_TIMEOUT_S = HANG_S
+START_TIMEOUT_S = HANG_S
 
 
-def _train(sweep: Path, *overrides: str) -> CliProcess:
-    return start_cli(["-m", *TWO_NODES, *overrides, f"hydra.sweep.dir={sweep}"], cwd=sweep.parent, merge_stderr=True)
+def _train(sweep: Path, *overrides: str, env: dict | None = None) -> CliProcess:
+    return start_cli(["-m", *TWO_NODES, *overrides, f"hydra.sweep.dir={sweep}"], cwd=sweep.parent, merge_stderr=True,
+                     env=env)
 
 
 def _finish(proc: CliProcess, timeout_s: float = RUN_TIMEOUT_S) -> str:
@@ -58,7 +63,7 @@ def _stop(proc: CliProcess, sweep: Path | None = None) -> None:
     if sweep is not None:
         for run in sweep.glob("*/.hydra/hydra.yaml"):
             try:
-                subprocess.run(["scancel", _job_id(run.parent.parent)], capture_output=True, timeout=30)
+                subprocess.run(["scancel", _job_id(run.parent.parent)], capture_output=True, timeout=HANG_S)
             except (OSError, TypeError, KeyError, subprocess.TimeoutExpired):
                 pass
 
@@ -74,7 +79,7 @@ def wait_job_id(run_dir: Path, timeout_s: float = START_TIMEOUT_S) -> str:
         except (OSError, TypeError, KeyError):
             return False
 
-    _wait("the job to start", ready, timeout_s)
+    wait_until(ready, "the job to start", timeout_s)
     return found[-1]
 
 
@@ -110,10 +115,10 @@ def ray_processes(job_id: str, node_rank: int | None = None) -> list[int]:
 
 
 def assert_nothing_left(job_id: str) -> None:
-    _wait(f"job {job_id}'s Ray processes to stop", lambda: not ray_processes(job_id), 60)
+    wait_until(lambda: not ray_processes(job_id), f"job {job_id}'s Ray processes to stop")
 
 
-@pytest.mark.timeout(2 * RUN_TIMEOUT_S)
+@pytest.mark.timeout(START_TIMEOUT_S + 3 * HANG_S + RUN_TIMEOUT_S)
 def test_disagg_run_across_two_nodes_requeued_resumes_from_its_run_dir(slurm_env, tmp_path):
     """One two-node job (a bring-up costs minutes on 2 cores, so one run checks both): where Ray
     and the actors are, every step's weights reaching the engine node, and a requeue (preemption)
@@ -121,18 +126,19 @@ def test_disagg_run_across_two_nodes_requeued_resumes_from_its_run_dir(slurm_env
     total = 10
     sweep = tmp_path / "sweep"
     run_dir = sweep / "0"
-    proc = _train(sweep, f"total_steps={total}", "seed=6")
+    # The driver stops itself (SIGSTOP) once checkpoint 4 is saved, so the requeue finds it mid-run on any
+    # machine (left going it could end first); the requeued attempt resumes from 4 and never saves it again.
+    proc = _train(sweep, f"total_steps={total}", "seed=6", env=signal_at(signal.SIGSTOP, "checkpoint_saved", 4))
     try:
-        _wait("a checkpoint at step 4", lambda: (RunDir(run_dir).checkpoint(4) / DONE).exists(),
-              START_TIMEOUT_S)
+        wait_until(lambda: (RunDir(run_dir).checkpoint(4) / DONE).exists(), "a checkpoint at step 4", START_TIMEOUT_S)
         job_id = wait_job_id(run_dir)
         job = _slurm("scontrol", "show", "job", job_id)
         assert "NumNodes=2" in job and "NodeList=rlh-node[1-2]" in job, job
         assert re.search(r"TresPerNode=\S*gpu:1", job), job  # the GPUs the launcher asked for
         # Preemption by hand: Slurm stops both nodes' tasks and queues the same job again.
         _slurm("scontrol", "requeue", job_id)
-        _wait("the requeue", lambda: "Restarts=1" in _slurm("scontrol", "show", "job", job_id), 60)
-        _wait("the first attempt's Ray to stop", lambda: not ray_processes(job_id), 60)
+        wait_until(lambda: "Restarts=1" in _slurm("scontrol", "show", "job", job_id), "the requeue")
+        wait_until(lambda: not ray_processes(job_id), "the first attempt's Ray to stop")
         start_requeued_job_soon(job_id)
         out = _finish(proc)
     finally:
@@ -164,23 +170,21 @@ def _kill_node_mid_run(sweep: Path, seed: int, node_rank: int) -> tuple[str, str
     run_dir = sweep / "0"
     proc = _train(sweep, "total_steps=2000", f"seed={seed}")  # far more than it gets to: the node dies first
     try:
-        _wait("a checkpoint at step 2", lambda: (RunDir(run_dir).checkpoint(2) / DONE).exists(),
-              START_TIMEOUT_S)
+        wait_until(lambda: (RunDir(run_dir).checkpoint(2) / DONE).exists(), "a checkpoint at step 2", START_TIMEOUT_S)
         job_id = wait_job_id(run_dir)
         victims = ray_processes(job_id, node_rank=node_rank)
         assert victims, f"no Ray processes on node {node_rank + 1}"
         subprocess.run(["kill", "-9", *map(str, victims)], check=False)
         out = _finish(proc)
         # The surviving node ends the job on its own (the submitter may stop before).
-        _wait(f"job {job_id} to end", lambda: "JobState=RUNNING" not in _slurm("scontrol", "show", "job", job_id),
-              180)
+        wait_until(lambda: "JobState=RUNNING" not in _slurm("scontrol", "show", "job", job_id), f"job {job_id} to end")
     finally:
         _stop(proc, sweep)
     assert proc.returncode != 0, out[-3000:]
     return out, job_id
 
 
-@pytest.mark.timeout(2 * RUN_TIMEOUT_S)
+@pytest.mark.timeout(START_TIMEOUT_S + 2 * RUN_TIMEOUT_S + 3 * HANG_S)
 def test_worker_node_dying_stops_the_run_naming_it_and_it_resumes(slurm_env, tmp_path):
     sweep = tmp_path / "sweep"
     run_dir = sweep / "0"
@@ -221,14 +225,14 @@ def _per_step(run_dir: Path) -> list[tuple]:
     return [(r["step"], r["train/loss"], r["rollout/reward_mean"], r["train/grad_norm"]) for r in rows if r["step"] > 0]
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 240)
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
 def test_two_node_run_trains_exactly_as_the_one_node_run(slurm_env, tmp_path):
     """Synchronous disagg (no timing in what is trained: every batch is generated by the latest
     weights, per-sample seeds): two nodes and one node give the same losses, rewards and
     gradient norms, bit for bit, so the weights that cross nodes are the trainer's exactly."""
     one = tmp_path / "one_node"
-    local = run_cli(["cluster=local_ray", *SAME_RUN, f"hydra.run.dir={one}"], cwd=tmp_path, timeout_s=300,
-                    check=False, env={"RAY_AUTH_MODE": "disabled"})
+    local = run_cli(["cluster=local_ray", *SAME_RUN, f"hydra.run.dir={one}"], cwd=tmp_path, check=False,
+                    env={"RAY_AUTH_MODE": "disabled"})
     assert local.returncode == 0, local.stderr[-4000:]
     sweep = tmp_path / "sweep"
     proc = start_cli(["-m", *TWO_NODE_CLUSTER, *SAME_RUN, f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
@@ -245,7 +249,7 @@ def test_two_node_run_trains_exactly_as_the_one_node_run(slurm_env, tmp_path):
     assert two_nodes == one_node
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S)
+@pytest.mark.timeout(START_TIMEOUT_S + RUN_TIMEOUT_S + 2 * HANG_S)
 def test_trainer_node_dying_is_named_by_the_other_node(slurm_env, tmp_path):
     """Node 0 (the driver, the Ray head, the training actor) loses its Ray: Ray ends the driver at
     once, without a message of its own; node 1 names node 0 and the checkpoint to resume from."""

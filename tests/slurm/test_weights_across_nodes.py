@@ -20,10 +20,11 @@ import pytest
 import torch
 
 from rlharness.distributed.engine_actor import EngineActor
+from tests.helpers import HANG_S
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.slow]
 
-JOB_TIMEOUT_S = 420  # two Ray nodes starting on a busy 2-core box take minutes
+JOB_TIMEOUT_S = HANG_S  # two Ray nodes starting on a busy 2-core box take minutes
 
 
 class RecordingEngineActor(EngineActor):
@@ -72,15 +73,15 @@ def _broadcast_between_nodes(model_dir: str, backend_name: str, gpus: int) -> di
     device = "cuda" if gpus else "cpu"
     factory = lambda r, a, p: functools.partial(  # noqa: E731
         TorchBackend, TorchBackendConf(device=device), ModelConf(path=model_dir), AlgoConf(name="grpo"), 10, 0)
-    trainer = spawn_train_workers(factory, 1, 0.5, gpus and 1, {}, 120, name="xnode", node_ranks=[0])
+    trainer = spawn_train_workers(factory, 1, 0.5, gpus and 1, {}, HANG_S, name="xnode", node_ranks=[0])
     engine = spawn_engines(SimEngineConf(num_engines=1, mean_response_len=4, slots=4), ModelConf(path=model_dir),
-                           seed=0, cpus=0.5, gpus=gpus and 1, timeout_s=120, actor_cls=RecordingEngineActor,
+                           seed=0, cpus=0.5, gpus=gpus and 1, timeout_s=HANG_S, actor_cls=RecordingEngineActor,
                            name="xnode-engine", node_ranks=[1])
 
     async def main() -> dict:
         try:
             expected = dict(await trainer.get_weights())  # through the object store: the reference copy
-            channel = build_weight_channel(trainer, engine, backend_name, timeout_s=60.0)
+            channel = build_weight_channel(trainer, engine, backend_name, timeout_s=HANG_S)
             exact = []
             for version in (1, 2):
                 await channel.sync(version)
@@ -102,7 +103,7 @@ def _run_job(tmp_path: Path, model_dir: str, backend_name: str, gpus: int) -> di
     import submitit
 
     executor = submitit.AutoExecutor(folder=tmp_path / "submitit", cluster="slurm")
-    executor.update_parameters(timeout_min=10, nodes=2, tasks_per_node=1, cpus_per_task=1, mem_gb=2,
+    executor.update_parameters(timeout_min=int(2 * HANG_S // 60), nodes=2, tasks_per_node=1, cpus_per_task=1, mem_gb=2,
                                slurm_additional_parameters={}, **({"gpus_per_node": gpus} if gpus else {}))
     job = executor.submit(_broadcast_between_nodes, model_dir, backend_name, gpus)
     results = job.results()
@@ -110,7 +111,7 @@ def _run_job(tmp_path: Path, model_dir: str, backend_name: str, gpus: int) -> di
     return results[0]
 
 
-@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
+@pytest.mark.timeout(2 * JOB_TIMEOUT_S + 60)  # the job's own Slurm limit, and the submitter
 def test_gloo_weight_group_across_two_slurm_nodes(slurm_env, tiny_model_dir, tmp_path):
     out = _run_job(tmp_path, tiny_model_dir, "gloo", gpus=0)
     assert (out["trainer_node"]["hostname"], out["trainer_node"]["ip"]) == ("rlh-node1", "127.0.0.2"), out
@@ -121,7 +122,7 @@ def test_gloo_weight_group_across_two_slurm_nodes(slurm_env, tiny_model_dir, tmp
 
 
 @pytest.mark.gpu
-@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
+@pytest.mark.timeout(2 * JOB_TIMEOUT_S + 60)  # the job's own Slurm limit, and the submitter
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                     reason="the NCCL weight group across two nodes needs 2 CUDA devices (one per Slurm node: the "
                            "training actor on node 1, the engine on node 2); the gloo twin runs without them")

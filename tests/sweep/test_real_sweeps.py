@@ -17,7 +17,7 @@ SMALL = ["engine=sim", "backend=sim", "total_steps=3", "batch_size=2", "sampler.
 
 def _sweep(tmp_path: Path, *overrides: str) -> tuple[Path, str]:
     sweep = tmp_path / "multirun"
-    out = run_cli(["-m", *SMALL, *overrides, f"hydra.sweep.dir={sweep}"], cwd=tmp_path, timeout_s=240, check=False)
+    out = run_cli(["-m", *SMALL, *overrides, f"hydra.sweep.dir={sweep}"], cwd=tmp_path, check=False)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return sweep, out.stdout + out.stderr
 

@@ -1,14 +1,40 @@
 """A job that reads FAILED while Slurm requeues it is waited for, not reported as failed (no Slurm needed:
-the job states come from a real `sacct`-shaped command the test scripts)."""
+the job states come from a real `sacct`-shaped command the test scripts). Time is a clock the tests
+move (the watcher's and submitit's), not the machine's: the grace runs out exactly when told."""
 
 from __future__ import annotations
 
 import sys
-import time
 
 import pytest
 
+import rlharness.launch.submitit_requeue as submitit_requeue
 from rlharness.launch.submitit_requeue import RequeueAwareWatcher
+
+
+class Clock:
+    """time.time and time.monotonic for the watcher and submitit, moved only by `advance`."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def time(self) -> float:
+        return self.now
+
+    monotonic = time
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch) -> Clock:
+    import submitit.core.core as submitit_core
+
+    c = Clock()
+    monkeypatch.setattr(submitit_requeue, "time", c)
+    monkeypatch.setattr(submitit_core, "_time", c)
+    return c
 
 SACCT = """import sys
 state = open(sys.argv[1]).read().strip()
@@ -51,11 +77,14 @@ def test_a_failed_reading_during_a_requeue_is_not_the_end(tmp_path):
     assert w.is_done("42", mode="cache")
 
 
-def test_a_failure_that_stays_ends_the_wait_after_the_grace_period(tmp_path):
+def test_a_failure_that_stays_ends_the_wait_after_the_grace_period(tmp_path, clock):
     w = ScriptedWatcher(tmp_path, grace_s=0.5)
     w.set("FAILED")
     assert not w.is_done("42", mode="cache")
-    time.sleep(0.6)
+    clock.advance(0.4)
+    w.set("FAILED")  # read again within the grace
+    assert not w.is_done("42", mode="cache")
+    clock.advance(0.2)
     w.set("FAILED")  # read again past the grace
     assert w.is_done("42", mode="cache")
     w.set("CANCELLED by 0")  # a cancel is final at once
@@ -63,34 +92,34 @@ def test_a_failure_that_stays_ends_the_wait_after_the_grace_period(tmp_path):
     assert w.is_done("42", mode="cache")
 
 
-def test_the_grace_runs_only_over_readings_that_answered(tmp_path):
+def test_the_grace_runs_only_over_readings_that_answered(tmp_path, clock):
     """A busy controller: the polls after the FAILED reading fail, so the cached FAILED is stale and
     must not end the wait however long the controller stays silent (the CI failure of stop 31)."""
     w = ScriptedWatcher(tmp_path, grace_s=0.5)
     w.set("FAILED")
     w.set("NO ANSWER")
-    time.sleep(0.6)
+    clock.advance(600)
     w.set("NO ANSWER")
     assert not w.is_done("42", mode="cache") and "42" not in w._finished
     w.set("PENDING")  # the controller answers again: the job was requeued all along
     assert not w.is_done("42", mode="cache")
     w.set("FAILED")
-    time.sleep(0.6)
+    clock.advance(0.6)
     w.set("FAILED")  # read again, answered, past the grace: final
     assert w.is_done("42", mode="cache")
 
 
-def test_a_failed_job_that_slurm_purges_still_ends_the_wait(tmp_path):
+def test_a_failed_job_that_slurm_purges_still_ends_the_wait(tmp_path, clock):
     """After MinJobAge the shim answers without the job: an answered poll, so the grace still runs out."""
     w = ScriptedWatcher(tmp_path, grace_s=0.5)
     w.set("FAILED")
     w.set("PURGED")
-    time.sleep(0.6)
+    clock.advance(0.6)
     w.set("PURGED")
     assert w.is_done("42", mode="cache")
 
 
-def test_a_suspect_failure_is_read_again_soon_whatever_submitits_polling_delay(tmp_path):
+def test_a_suspect_failure_is_read_again_soon_whatever_submitits_polling_delay(tmp_path, clock):
     """submitit's polls thin out as a job ages (every 150 s for a 5-minute-old job, up to
     delay_s=600): a failure read then must be read again within seconds, or the grace runs
     out only minutes late and Slurm may have purged the job meanwhile (CI, stop 32: the
@@ -98,11 +127,14 @@ def test_a_suspect_failure_is_read_again_soon_whatever_submitits_polling_delay(t
     w = ScriptedWatcher(tmp_path, grace_s=0.5)
     w._delay_s = 600
     w.set("FAILED")
-    w._start_time = time.time() - 1000  # an old job: submitit's own next poll is 500 s away
-    deadline = time.monotonic() + 10
+    w._start_time = clock.time() - 1000  # an old job: submitit's own next poll is 500 s away
+    polls = w.num_calls
+    waited = 0.0
     while not w.is_done("42", mode="standard"):  # what submitit's Job.wait calls, once a second
-        assert time.monotonic() < deadline, "the failure was not read again within 10 s"
-        time.sleep(0.2)
+        assert waited < 10, "the failure was not read again within 10 s"
+        clock.advance(1.0)
+        waited += 1.0
+    assert w.num_calls == polls + 1  # read again once, by the watcher, not by submitit's schedule
     assert "FAILED" in w._history["42"]
 
 
