@@ -223,7 +223,8 @@ def test_judge_down_fails_eval_and_production_and_the_message_names_the_judger(t
         "judger.max_retries=1", "judger.backoff_s=0.01", f"hydra.run.dir={tmp_path / 'run'}"]
     proc = run_cli(overrides, cwd=tmp_path, check=False)
     out = proc.stdout + proc.stderr
-    assert proc.returncode != 0
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr  # one line says why, not a traceback
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: task jsonl: production cannot make progress")
     stop = re.search(r"run stopped at step 0: ProductionStalled: task jsonl: production cannot make progress: "
                      r"the last (\d+) generated groups were all dropped \(\d+ judging;", out)
     assert stop, out[-3000:]
