@@ -120,12 +120,13 @@ class Session:
         self.in_flight: list[tuple[Segment, int, int]] = []  # calls generating: (segment, start, tokens asked)
         self._resume: asyncio.Future | None = None
         self._signal: asyncio.Future | None = None  # wakes the agent loop: parked or finished
+        self._call_end: asyncio.Future | None = None  # wakes calls waiting for budget held by calls in flight
 
     # ------------------------------------------------------------------ pausing
     def watch(self) -> asyncio.Future:
-        """A future resolved when this session next parks or its agent finishes."""
+        """A future resolved when this session next parks or becomes idle (its agent and its calls done)."""
         self._signal = asyncio.get_running_loop().create_future()
-        if self.parked or (self.agent_task is not None and self.agent_task.done()):
+        if self.parked or self.idle:
             self._signal.set_result(None)
         return self._signal
 
@@ -149,6 +150,27 @@ class Session:
             await resume
         finally:
             self.generating += 1
+
+    @property
+    def idle(self) -> bool:
+        """Its agent program finished and none of its calls is being served."""
+        return self.agent_task is not None and self.agent_task.done() and not self.handlers
+
+    async def wait_for_a_call(self) -> None:
+        """Wait, as a call being served (not counted as generating), until a call in flight ends."""
+        if self._call_end is None or self._call_end.done():
+            self._call_end = asyncio.get_running_loop().create_future()
+        call_end = self._call_end
+        self.generating -= 1
+        self.notify()  # the calls in flight may be parked: then so is the session
+        try:
+            await call_end
+        finally:
+            self.generating += 1
+
+    def call_ended(self) -> None:
+        if self._call_end is not None and not self._call_end.done():
+            self._call_end.set_result(None)
 
     def resume(self, epoch: int) -> None:
         self.epoch = epoch

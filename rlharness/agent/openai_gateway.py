@@ -48,7 +48,7 @@ from rlharness.agent.gateway_protocols import PROTOCOLS, ApiError, Call, Complet
 from rlharness.agent.gateway_render import (RenderError, ToolMarkers, find_special_token, parse_completion, render,
                                             special_tokens)
 from rlharness.agent.gateway_server import GatewayHub, Route, join_hub
-from rlharness.agent.gateway_session import Segment, Session
+from rlharness.agent.gateway_session import Plan, Segment, Session
 from rlharness.agent.multi_turn_tool import call_length, find_tool_call
 from rlharness.config.schema import OpenAIGatewayAgentConf, SamplingConf
 from rlharness.core.member_failures import infra_failure, mark_infra_failure
@@ -233,7 +233,8 @@ class GatewayAgentLoop(AgentLoop):
             self._release(sess)
 
     async def _wait(self, sessions: list[Session]) -> None:
-        """Until every agent finished, parked or was stopped at its deadline."""
+        """Until every agent finished (and the calls it left in flight ended: their tokens are the sample's),
+        parked or was stopped at its deadline."""
         loop = asyncio.get_running_loop()
         while True:
             now = loop.time()
@@ -243,10 +244,10 @@ class GatewayAgentLoop(AgentLoop):
                     sess.failure = (f"agent {self.conf.entrypoint} did not finish within agent.timeout_s="
                                     f"{self.conf.timeout_s:g} (its process was killed)")
                     self._end(sess)
-            waiting = [sess for sess in sessions if not (sess.parked or sess.agent_task.done())]
+            waiting = [sess for sess in sessions if not (sess.parked or sess.idle)]
             if not waiting:
                 return
-            deadlines = [sess.deadline for sess in waiting if sess.deadline is not None]
+            deadlines = [sess.deadline for sess in waiting if sess.deadline is not None and not sess.agent_task.done()]
             timeout = max(0.0, min(deadlines) - now) if deadlines else None
             await asyncio.wait([sess.watch() for sess in waiting], timeout=timeout,
                                return_when=asyncio.FIRST_COMPLETED)
@@ -404,22 +405,12 @@ class GatewayAgentLoop(AgentLoop):
     async def _serve_call(self, sess: Session, call: Call) -> Completion:
         max_tokens = self._check(call)
         text = self._prompt_text(call)
-        if sess.budget_spent:
-            raise ApiError(400, f"this sample's token budget ({self.budget}, agent.max_total_tokens) is spent: the "
-                                f"sample has ended", code="sample_budget_exhausted")
-        if sess.epoch != self._pause_epoch:  # paused between calls (the agent ran its tools)
-            await self._park(sess)
         if self.positions is not None and len(text) // self._longest_token_chars >= self.positions:
             raise self._context_error(len(text) // self._longest_token_chars, max_tokens)  # not worth encoding
-        plan = sess.plan(text, self._encode, self._encode_suffix)
+        plan, left = await self._plan_within_budget(sess, text)
         context = plan.context_len
         if self.positions is not None and context + (max_tokens or 1) > self.positions:
             raise self._context_error(context, max_tokens)
-        left = self.budget - sess.spent - sess.reserved() - len(plan.suffix_ids)
-        if left < 1:
-            sess.budget_spent = True
-            raise ApiError(400, f"this call's messages take this sample past its token budget ({self.budget}, "
-                                f"agent.max_total_tokens): the sample has ended", code="sample_budget_exhausted")
         want = min(max_tokens or self.conf.sampling.max_tokens, left)
         if self.positions is not None:
             want = min(want, self.positions - context)
@@ -431,6 +422,7 @@ class GatewayAgentLoop(AgentLoop):
         finally:
             seg.busy = False
             sess.in_flight.remove(flight)
+            sess.call_ended()
         tools = call.tools if call.chat else None
         if tools and find_tool_call(self.decode(completion), self.markers.call_start, self.markers.call_end):
             keep = call_length(completion, self._has_call)
@@ -449,6 +441,26 @@ class GatewayAgentLoop(AgentLoop):
             sess.budget_spent = True
         self._log_call(sess, seg, plan.seg is seg, call, out_text, len(tool_calls))
         return result
+
+    async def _plan_within_budget(self, sess: Session, text: str) -> tuple[Plan, int]:
+        """Where the call goes and the tokens it may generate. Calls in flight hold what they may still
+        generate: a call that finds the budget held waits until one of them ends (parallel calls never pass
+        the budget together, and one asked while another holds it is served after it, not refused)."""
+        while True:
+            if sess.budget_spent:
+                raise ApiError(400, f"this sample's token budget ({self.budget}, agent.max_total_tokens) is spent: "
+                                    f"the sample has ended", code="sample_budget_exhausted")
+            if sess.epoch != self._pause_epoch:  # paused between calls (the agent ran its tools)
+                await self._park(sess)
+            plan = sess.plan(text, self._encode, self._encode_suffix)
+            left = self.budget - sess.spent - sess.reserved() - len(plan.suffix_ids)
+            if left >= 1:
+                return plan, left
+            if not sess.in_flight:
+                sess.budget_spent = True
+                raise ApiError(400, f"this call's messages take this sample past its token budget ({self.budget}, "
+                                    f"agent.max_total_tokens): the sample has ended", code="sample_budget_exhausted")
+            await sess.wait_for_a_call()
 
     async def _generate(self, sess: Session, seg: Segment, want: int) -> tuple[list[int], str]:
         """Up to `want` tokens into `seg` (parking across pauses); (the call's tokens, finish reason)."""

@@ -60,12 +60,16 @@ def _check_rewards(rewards: torch.Tensor, mask: torch.Tensor | None) -> tuple[to
 
 def _group_mean(r: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """Per group, the mean of its valid members' rewards ([G, 1]; 0 for a group without any)."""
+    if bool(m.all()):  # torch's own reduction: a run without failed members trains the very same numbers
+        return r.mean(dim=1, keepdim=True)
     n = m.sum(dim=1, keepdim=True)
     return torch.where(m, r, 0.0).sum(dim=1, keepdim=True) / n.clamp(min=1)
 
 
 def _group_std(r: torch.Tensor, m: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
     """Per group, the unbiased std of its valid members' rewards ([G, 1]; 0 with fewer than two)."""
+    if bool(m.all()):  # as _group_mean
+        return r.std(dim=1, keepdim=True) if r.shape[1] > 1 else torch.zeros_like(mean)
     n = m.sum(dim=1, keepdim=True)
     sq = torch.where(m, (r - mean) ** 2, 0.0).sum(dim=1, keepdim=True)
     return torch.where(n > 1, sq / (n - 1).clamp(min=1), 0.0).sqrt()
@@ -97,9 +101,11 @@ def drgrpo_advantages(rewards: torch.Tensor, *, mask: torch.Tensor | None = None
 
 def rloo_advantages(rewards: torch.Tensor, *, mask: torch.Tensor | None = None, **_: object) -> torch.Tensor:
     r, m = _check_rewards(rewards, mask)
+    k = r.shape[1]
     n = m.sum(dim=1, keepdim=True).float()
     # r - mean of the other n - 1 valid rewards = n / (n - 1) * (r - mean), per group's own n.
-    return _zero_all_equal((r - _group_mean(r, m)) * (n / (n - 1).clamp(min=1)), r, m)
+    scale = (k / (k - 1) if k > 1 else 1.0) if bool(m.all()) else n / (n - 1).clamp(min=1)
+    return _zero_all_equal((r - _group_mean(r, m)) * scale, r, m)
 
 
 def reinforce_pp_advantages(rewards: torch.Tensor, *, mask: torch.Tensor | None = None, eps: float = 1e-6,

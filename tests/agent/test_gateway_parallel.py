@@ -64,12 +64,16 @@ def test_four_samples_of_one_prompt_at_once_are_four_branches_of_one_prompt(mode
 
 
 def test_parallel_calls_share_the_budget_and_a_refused_one_ends_the_sample_as_the_policys(model):
-    """Four calls of up to 40 tokens against a budget of 40: the first holds it, the others are refused
-    (the sample ended at its budget); the program's error after that is not an infrastructure failure."""
+    """Four calls of up to 40 tokens against a budget of 40: the first holds it, the others wait for it and
+    get what it left (they were refused at once, and the sample trained nothing); once the budget is spent
+    the next is refused (the sample ended at its budget): the program's error after that is not an
+    infrastructure failure, and the calls served are trained."""
     _, (g,) = run_groups(model, gateway(AGENTS + "parallel_samples"), [group_of(1, 2)])
     for s in g:
         assert s.status == Status.COMPLETED and "infra_failure" not in s.extra and s.finish_reason == "length"
-        assert sum(len(ids) for _, ids, *_ in training_rows(s)) <= 40
+        rows = training_rows(s)
+        assert len(rows) >= 2 and 0 < sum(len(ids) for _, ids, *_ in rows) <= 40, [r[1] for r in rows]
+        assert _teacher_forced_gap(model, rows) < 1e-5
 
 
 def test_a_run_whose_agent_always_calls_in_parallel_trains_at_float32_rounding(tmp_path):

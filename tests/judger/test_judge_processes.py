@@ -43,7 +43,8 @@ def test_a_tower_fails_its_member_at_the_timeout_and_the_others_are_judged():
     async def main():
         j = MathJudger(MathJudgerConf(num_workers=1))
         try:
-            stuck = await j.judge_group(_group([TOWER, "\\boxed{\\frac{1}{2}}"], "0.5"), timeout_s=1.5)
+            # The other member is a plain number, scored inline: judged however long a process takes here.
+            stuck = await j.judge_group(_group([TOWER, "\\boxed{0.5}"], "0.5"), timeout_s=1.5)
             after = await j.judge_group(_group(["\\boxed{\\frac{1}{2}}", "\\boxed{1/3}"], "0.5"), timeout_s=HANG_S)
             return stuck, after, j.stats()
         finally:
