@@ -24,8 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlharness.config.run import adopt_strategy_max_staleness
 from rlharness.config.store import register_configs
+from rlharness.health.alarm import EXIT_HEALTH_STOP, HealthStop
 from rlharness.launch.launcher import RefusedInput, run
-from rlharness.launch.preflight import Finished, RunDirGuard, preflight
+from rlharness.launch.preflight import Explained, Finished, RunDirGuard, preflight
 from rlharness.core.redaction import redact
 from rlharness.trainer.nonfinite import NonFiniteTraining
 
@@ -52,11 +53,11 @@ def main(cfg: DictConfig) -> float | None:
         _GUARD.rollback()
         print(f"error: {redact(str(exc))}", file=sys.stderr)
         sys.exit(EXIT_REFUSED)
-    except NonFiniteTraining as exc:  # the run trained, then had to stop: one line, not a traceback
+    except (NonFiniteTraining, HealthStop) as exc:  # the run trained, then had to stop: one line, not a traceback
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise
         print(f"error: {redact(str(exc))}", file=sys.stderr)
-        sys.exit(EXIT_FAILED)
+        sys.exit(EXIT_HEALTH_STOP if isinstance(exc, HealthStop) else EXIT_FAILED)
     except RuntimeError as exc:  # production stalled (every recent group dropped, each in the ledger): one line
         from rlharness.producer.strategies import ProductionStalled  # imported by now: torch is loaded
 
@@ -78,6 +79,9 @@ if __name__ == "__main__":
         sys.exit(EXIT_REFUSED)
     except Finished as exc:
         print(exc, file=sys.stderr)
+        sys.exit(0)
+    except Explained as exc:  # explain=true: what the config means per step; nothing started, nothing written
+        print(exc)
         sys.exit(0)
     try:
         main()

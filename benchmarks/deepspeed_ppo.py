@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from rlharness.backend import build_backend
-from rlharness.distributed.train_actor import start_deepspeed_backend
+from rlharness.distributed.train_actor import start_ranked_backend
 from rlharness.config.schema import (AlgoConf, CriticConf, DeepSpeedBackendConf, LocalRayClusterConf, ModelConf,
                                      TorchBackendConf)
 from rlharness.cluster import connect_ray
@@ -68,7 +68,7 @@ async def main(args) -> None:
                     kl_reward_coef=0.1, critic=CriticConf(lr=1e-3))
     torch.set_num_threads(1)
     ref = build_backend(TorchBackendConf(), model, algo, 100, 0)
-    ds = start_deepspeed_backend(DeepSpeedBackendConf(zero_stage=args.zero_stage, num_workers=2), model, algo, 100, 0,
+    ds = start_ranked_backend(DeepSpeedBackendConf(zero_stage=args.zero_stage, num_workers=2), model, algo, 100, 0,
                                  cpus_per_worker=1.0, timeout_s=600)
     try:
         print(f"load average {os.getloadavg()}; ZeRO-{args.zero_stage}, 2 ranks, {args.groups} groups x 4 rows")
@@ -87,7 +87,7 @@ async def main(args) -> None:
             print(f"{step} | {rel(got[c], want[c]):.2e} ({c}: {got[c]:.4g} vs {want[c]:.4g}) | {got[f]:.4f} vs "
                   f"{want[f]:.4f} | {rel(got[p], want[p]):.2e} ({p}) | {t1 - t0:.2f} | {t2 - t1:.2f}")
         theirs = (await ds._on_all("critic_weights_blocking"))[0]
-        mine = ref.critic.model.state_dict()
+        mine = ref.critic.module.state_dict()
         print("critic weights, max |deepspeed - torch|:",
               f"{max(float((theirs[k] - v).abs().max()) for k, v in mine.items()):.2e}")
         await ds.save(str(work / "ckpt"))

@@ -26,11 +26,15 @@ from pathlib import Path
 
 def child(out_path: str, overrides: list[str]) -> None:
     """In the run's process: wrap the step and the backend's training, then run train.py from cwd."""
-    import rlharness.backend.torch_backend as tb
     import rlharness.trainer.trainer as tr
 
+    try:
+        from rlharness.backend.learner import Learner as Backend
+    except ImportError:  # a checkout from before the learner: backend=torch was torch_backend.TorchBackend
+        from rlharness.backend.torch_backend import TorchBackend as Backend
+
     out, train = open(out_path, "w"), {}
-    train_step_blocking, train_one_step = tb.TorchBackend.train_step_blocking, tr.Trainer._train_one_step
+    train_step_blocking, train_one_step = Backend.train_step_blocking, tr.Trainer._train_one_step
 
     def timed_train(self, batch):
         c0, w0 = time.process_time(), time.perf_counter()
@@ -47,7 +51,7 @@ def child(out_path: str, overrides: list[str]) -> None:
         out.flush()
         return result
 
-    tb.TorchBackend.train_step_blocking, tr.Trainer._train_one_step = timed_train, timed_step
+    Backend.train_step_blocking, tr.Trainer._train_one_step = timed_train, timed_step
     sys.argv = ["train.py", *overrides]
     runpy.run_path("train.py", run_name="__main__")
 

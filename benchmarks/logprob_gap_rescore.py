@@ -5,7 +5,7 @@
 For each step N, the prompts that RUN_DIR trained at step N (`rollouts/step_N.jsonl`) go to a
 fresh hf engine (the run's model folder and `model.dtype` unless `--dtype`, the run's sampling
 temperature, budget and samples per prompt unless `--max-tokens`/`--samples`), in one process, no
-checkpoint and no resume. The trainer's scoring (`TorchBackend._token_scores`, what `train/logprob_diff_rollout` compares
+checkpoint and no resume. The trainer's scoring (`Learner._token_scores`, what `train/logprob_diff_rollout` compares
 against) recomputes the same tokens' log-probs on the same weights. One line per prompt:
 
 - its length and its left padding in the engine's batch (the engine left-aligns the batch's
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from rlharness.backend.torch_backend import TorchBackend
+from rlharness.backend.learner import Learner
 from rlharness.config.schema import AlgoConf, HFEngineConf, ModelConf, TorchBackendConf
 from rlharness.engine import build_engine
 from rlharness.engine.base import GenerateRequest, SamplingParams
@@ -75,7 +75,7 @@ def groups_of(prompt_ids, results, samples: int) -> list[Group]:
     return groups
 
 
-def trainer_logprobs(backend: TorchBackend, groups, pad_id: int, max_tokens: int,
+def trainer_logprobs(backend: Learner, groups, pad_id: int, max_tokens: int,
                      temperature: float) -> tuple[torch.Tensor, ...]:
     algo = AlgoConf(name="grpo", micro_batch_size=64)
     batch, _ = build_train_batch(groups, algo, pad_token_id=pad_id, train_step=1, max_response_len=max_tokens,
@@ -83,7 +83,7 @@ def trainer_logprobs(backend: TorchBackend, groups, pad_id: int, max_tokens: int
     mb = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
           "response_mask": batch.response_mask}
     with torch.no_grad():
-        lp, _ = backend._token_scores(backend.model, mb, batch.temperature, "none")
+        lp, _ = backend._token_scores(backend.policy, mb, batch.temperature, "none")
     return lp, batch.rollout_logprobs, batch.response_mask
 
 
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     temperature = float(conf.agent.sampling.temperature)
     model_conf = ModelConf(path=conf.model.path, dtype=dtype)
     tok = load_tokenizer(model_conf)
-    backend = TorchBackend(TorchBackendConf(), model_conf, AlgoConf(name="grpo"), 10, 0)
+    backend = Learner(TorchBackendConf(), model_conf, AlgoConf(name="grpo"), 10, 0)
     engine = build_engine(HFEngineConf(), model_conf, seed=args.seed)
     print(f"{conf.model.path} {dtype}, {samples} samples x {max_tokens} tokens per prompt at T={temperature}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {os.getloadavg()[0]:.2f}")

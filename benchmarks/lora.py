@@ -45,7 +45,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlharness.backend.torch_backend import TorchBackend  # noqa: E402
+from rlharness.backend.learner import Learner  # noqa: E402
 from rlharness.config.schema import AlgoConf, HFEngineConf, LoraConf, ModelConf, TorchBackendConf  # noqa: E402
 from rlharness.engine.base import SamplingParams  # noqa: E402
 from rlharness.trainer.batch import build_train_batch  # noqa: E402
@@ -84,7 +84,7 @@ def trainer_child(path: str, setting: str, rows: int, response_len: int) -> dict
     """One setting in this process: its peak memory is the setting's own."""
     rank, kl = SETTINGS[setting]
     algo = AlgoConf(name="grpo", lr=1e-4, kl_coef=kl, micro_batch_size=rows)
-    b = TorchBackend(TorchBackendConf(), model_conf(path, rank), algo, total_steps=10, seed=0)
+    b = Learner(TorchBackendConf(), model_conf(path, rank), algo, total_steps=10, seed=0)
     data = batch(rows, 24, response_len, b.tokenizer.vocab_size, algo)
     times = []
     for _ in range(2):
@@ -119,7 +119,7 @@ async def sync_rows(path: str, repeats: int) -> list[dict]:
     for name, rank, sync in (("full weights", 0, "merged"), ("LoRA merged", 8, "merged"), ("LoRA adapter", 8, "adapter")):
         conf = model_conf(path, rank, sync)
         algo = AlgoConf(name="grpo", lr=1e-3, micro_batch_size=8)
-        b = TorchBackend(TorchBackendConf(), conf, algo, total_steps=10, seed=0)
+        b = Learner(TorchBackendConf(), conf, algo, total_steps=10, seed=0)
         engine = build_engine(HFEngineConf(), conf, seed=0)
         await engine.load_weights(await b.get_weights(), 0)  # the first sync (LoRA merged: everything, once)
         data = batch(8, 16, 16, b.tokenizer.vocab_size, algo)
@@ -185,7 +185,7 @@ async def vllm_rows(path: str, requests: int, tokens: int, repeats: int) -> list
     out = []
     for name, sync in (("merged weights", "merged"), ("adapter (LoRARequest)", "adapter")):
         conf = model_conf(path, 8, sync)
-        b = TorchBackend(TorchBackendConf(), conf, algo, total_steps=10, seed=0)
+        b = Learner(TorchBackendConf(), conf, algo, total_steps=10, seed=0)
         b.train_step_blocking(batch(8, 16, 16, b.tokenizer.vocab_size, algo))  # a non-zero adapter
         engine = build_engine(VLLMEngineConf(weight_sync="disk"), conf, seed=0)
         await engine.load_weights(await b.get_weights(), 1)

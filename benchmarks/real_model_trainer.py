@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_throughput as et  # noqa: E402
 
 from rlharness.algo.losses import loss_denominator, token_entropy, token_logprobs  # noqa: E402
-from rlharness.backend.torch_backend import TorchBackend, _Sums  # noqa: E402
+from rlharness.backend.learner import Learner, Sums  # noqa: E402
 from rlharness.config.schema import AlgoConf, HFEngineConf, ModelConf, TorchBackendConf  # noqa: E402
 from rlharness.engine.hf import HFEngine  # noqa: E402
 from rlharness.model.load import load_model, load_tokenizer  # noqa: E402
@@ -54,11 +54,11 @@ MODEL = "assets/smollm2-135m-instruct"
 CONFIGS = {"full-logits": {}, "chunked": {}, "chunked+gc": {"gradient_checkpointing": True}}
 
 
-class FullLogitsScores(TorchBackend):
+class FullLogitsScores(Learner):
     """The trainer's scoring before issue 20 (kept here only as the baseline)."""
 
-    def _token_scores(self, model, mb, temperature, entropy):
-        logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False).logits
+    def _token_scores(self, runner, mb, temperature, entropy):
+        logits = runner.logits(mb["input_ids"], mb["attention_mask"])
         lp = token_logprobs(logits, mb["input_ids"], temperature)
         with torch.set_grad_enabled(entropy == "grad"):
             ent = token_entropy(logits if entropy == "grad" else logits.detach(), temperature)
@@ -94,7 +94,7 @@ def child_micro_batch(config: str, rows: int, mean_len: float, max_len: int, chu
     """One configuration, in its own process: peak RSS and time of one micro-batch's forward + backward."""
     torch.manual_seed(0)
     algo, batch = synthetic_batch(rows, mean_len, max_len, 49152, seed=0)
-    cls = FullLogitsScores if config == "full-logits" else TorchBackend
+    cls = FullLogitsScores if config == "full-logits" else Learner
     b = cls(TorchBackendConf(logprob_chunk_tokens=chunk, **CONFIGS[config]), ModelConf(path=MODEL), algo, 10, 0)
     tensors = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                "response_mask": batch.response_mask, "advantages": batch.advantages,
@@ -105,7 +105,7 @@ def child_micro_batch(config: str, rows: int, mean_len: float, max_len: int, chu
 
     def once() -> tuple[float, float]:
         t0, c0 = time.perf_counter(), time.process_time()
-        b._micro_step(mb, 1.0, den, max_len, _Sums(), first_epoch=True)
+        b._micro_step(mb, 1.0, den, max_len, Sums(), first_epoch=True)
         return time.perf_counter() - t0, time.process_time() - c0
 
     gc.collect()

@@ -27,7 +27,7 @@ All in one run, each comparison measured side by side:
      batch after the sync (`--gen-requests` prompts x `--gen-tokens` greedy tokens, EOS ignored),
      so a faster sync that costs rollout speed shows;
    - with Ray installed (`--object-store`, on by default): `mode=disagg`'s object-store route for
-     the same state dict, end to end: a training actor (`TrainWorkerActor` hosting a `TorchBackend`
+     the same state dict, end to end: a training actor (`TrainWorkerActor` hosting a `Learner`
      of the model) copies its weights and puts them into the object store (`RemoteWeights`), the
      hf engine actor (`EngineActor`) reads that object and loads it (`ObjectStoreChannel`); the two
      halves are timed too, and the time to first token through the actor after the sync;
@@ -130,23 +130,25 @@ class PeakRSS:
 
 
 class TimedBackend:
-    """A TorchBackend whose optimizer steps are timed apart (their cost does not depend on micro-batching)."""
+    """A Learner whose optimizer steps are timed apart (their cost does not depend on micro-batching)."""
 
     @staticmethod
     def build(algo: AlgoConf):
-        from rlharness.backend.torch_backend import TorchBackend
+        from rlharness.backend.learner import Learner
 
-        class Timed(TorchBackend):
-            optimizer_s = 0.0
+        b = Learner(TorchBackendConf(), ModelConf(path=MODEL), algo, 10, 0)
+        b.optimizer_s = 0.0
+        step = b.policy.step
 
-            def _optimizer_step(self, train_step):
-                t0 = time.perf_counter()
-                try:
-                    return super()._optimizer_step(train_step)
-                finally:
-                    self.optimizer_s += time.perf_counter() - t0
+        def timed_step(what):
+            t0 = time.perf_counter()
+            try:
+                return step(what)
+            finally:
+                b.optimizer_s += time.perf_counter() - t0
 
-        return Timed(TorchBackendConf(), ModelConf(path=MODEL), algo, 10, 0)
+        b.policy.step = timed_step
+        return b
 
 
 def train_part(args) -> list[dict]:
@@ -263,9 +265,9 @@ async def _ttft(engine, prompt: list[int]) -> float:
 
 
 def _torch_backend() -> object:
-    from rlharness.backend.torch_backend import TorchBackend
+    from rlharness.backend.learner import Learner
 
-    return TorchBackend(TorchBackendConf(), ModelConf(path=MODEL), AlgoConf(name="grpo"), 10, 0)
+    return Learner(TorchBackendConf(), ModelConf(path=MODEL), AlgoConf(name="grpo"), 10, 0)
 
 
 def _start_object_store_route():

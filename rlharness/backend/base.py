@@ -36,6 +36,11 @@ class TrainingBackend(abc.ABC):
     async def load(self, directory: str) -> None:
         """Restore what `save` wrote."""
 
+    async def probe_longest(self, rows: int, prompt_tokens: int, response_tokens: int) -> dict[str, Any] | None:
+        """Train once on a synthetic micro-batch of that shape and undo it (`trainer.probe_longest`,
+        rlharness/backend/probe.py); None where the backend cannot (the run then says so and goes on)."""
+        return None
+
     def weight_checksums(self) -> dict[str, torch.Tensor] | None:
         """Exact block checksums (`rlharness.weights.transfer.weight_checksums`) of the policy's weights in this
         process (onpolicy_guard.py); None where they are elsewhere (Ray actors) or not what engines get (LoRA)."""

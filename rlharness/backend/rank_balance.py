@@ -1,30 +1,37 @@
-"""Which rows each data-parallel rank trains (`backend=deepspeed`): equal row counts, balanced tokens.
+"""Which rows each data-parallel rank trains (backend=deepspeed, fsdp2): equal row counts, balanced tokens.
 
 RL responses have very different lengths, so handing rank r the rows r, r + W, ... gives
 one rank far more tokens than another and every other rank waits for it at the gradient
 reduction. As verl's `balance_batch` (`get_seqlen_balanced_partitions`), the rows of each
 mini-batch are split into W parts of equal size by the Karmarkar-Karp largest-differencing
-heuristic on their lengths, then refined by swaps between the heaviest and lightest parts. Equal sizes keep what DeepSpeed needs: every rank runs the same
-number of forward/backward passes (ZeRO-3 gathers parameters collectively in each, and
-ZeRO-2 reduces gradients in each backward). Which rank trains a row does not change the
+heuristic on their lengths, then refined by swaps between the heaviest and lightest parts.
+Equal sizes keep what sharded training needs: every rank runs the same number of
+forward/backward passes (ZeRO-3 and FSDP2 gather parameters collectively in each, ZeRO-2 and
+FSDP2 reduce gradients in each backward). Which rank trains a row does not change the
 loss or the gradient: each micro-batch's loss is divided by the whole mini-batch's
-denominator and the ranks' gradients are summed (`DeepSpeedWorker._backward`).
+denominator and the ranks' gradients are summed (`ModelRunner.backward`).
 
 Micro-batches per rank: `algo.micro_batch_size` rows, or with `backend.micro_batch_tokens`
 the token-budget groups of `micro_batches.token_budget_slices`, then split further on the
 ranks that have fewer groups until all ranks have as many (always possible: a rank has as
 many rows as any other, and a group holds at least one row).
 
+Before that each mini-batch is padded to a multiple of W rows (`pad_rows`) with copies of its
+shortest row that train nothing, so that every rank gets as many rows.
+
 Everything here is a pure function of the lengths: every rank computes the same plan.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
+import math
 
 import torch
 
 from rlharness.backend.micro_batches import token_budget_slices
+from rlharness.core.types import TrainBatch
 
 
 def karmarkar_karp(lengths: list[int], parts: int) -> list[list[int]]:
@@ -119,3 +126,45 @@ def rank_micro_slices(rows: torch.Tensor, lengths: torch.Tensor, world_size: int
         oversized += over
     count = max(len(g) for g in per_rank)
     return [_split_to(g, length_of, count) for g in per_rank], oversized
+
+
+def pad_plan(rows: int, world_size: int, mini_batches: int,
+             lengths: torch.Tensor | None = None) -> tuple[list[int] | None, list[float]]:
+    """Which row each padded row copies (None: no padding needed) and whether it is a real row.
+
+    A padding row copies its mini-batch's shortest row (by `lengths`; the first row without them):
+    it trains nothing but still costs a forward and backward pass."""
+    chunks = torch.tensor_split(torch.arange(rows), mini_batches)
+    size = math.ceil(max(len(c) for c in chunks) / world_size) * world_size
+    if all(len(c) == size for c in chunks):
+        return None, [1.0] * rows
+    index, real = [], []
+    for c in chunks:
+        copy = 0 if lengths is None or not len(c) else int(c[torch.argmin(lengths[c])])
+        index += c.tolist() + [copy] * (size - len(c))
+        real += [1.0] * len(c) + [0.0] * (size - len(c))
+    return index, real
+
+
+def pad_rows(batch: TrainBatch, world_size: int, mini_batches: int) -> TrainBatch:
+    """Pad every mini-batch (the learner's `tensor_split` of the rows) to the same multiple of `world_size`.
+
+    Padding rows copy the mini-batch's shortest row but train nothing (mask and advantage 0), and
+    sit inside the mini-batch they pad, so each mini-batch holds the same real rows as without padding.
+    """
+    index, real = pad_plan(batch.input_ids.shape[0], world_size, mini_batches, batch.attention_mask.sum(-1))
+    if index is None:
+        return batch
+    index_t = torch.tensor(index)
+    keep = torch.tensor(real).unsqueeze(1)
+
+    def take(t: torch.Tensor, zero_pads: bool) -> torch.Tensor:
+        out = t[index_t]
+        return out * keep.to(out.dtype) if zero_pads else out
+
+    return dataclasses.replace(
+        batch, input_ids=take(batch.input_ids, False), attention_mask=take(batch.attention_mask, False),
+        response_mask=take(batch.response_mask, True), advantages=take(batch.advantages, True),
+        rollout_logprobs=take(batch.rollout_logprobs, False), model_steps=take(batch.model_steps, False),
+        # gae: a padding row's score lands on no token (its mask is 0)
+        scores=None if batch.scores is None else batch.scores[index_t])

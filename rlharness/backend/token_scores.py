@@ -1,4 +1,4 @@
-"""Per-token log-probs and entropy of a Hugging Face causal LM on a padded batch (both training backends).
+"""Per-token log-probs and entropy of a Hugging Face causal LM on a padded batch (every training backend).
 
 The model's own forward projects every position of every row onto the vocabulary
 ([rows, tokens, vocab] logits). The trainer only needs response positions, so where the
@@ -10,7 +10,8 @@ chunk by chunk inside `rlharness.algo.logprobs.chunked_token_scores`.
 "Where the model allows it": `lm_head(decoder(x))` must be the model's logits. Models
 that scale or soft-cap their logits after the head are not, so the backend checks this
 once on a short input (`head_reproduces_logits`) and otherwise takes the model's logits
-for the response positions and chunks only the log-softmax.
+for the response positions and chunks only the log-softmax. How the model runs (hidden states,
+logits) is its runner's (rlharness/backend/runner.py: `ModelRunner.response_rows`).
 """
 
 from __future__ import annotations
@@ -24,27 +25,20 @@ from rlharness.algo.logprobs import chunked_token_scores, scatter_positions
 
 log = logging.getLogger(__name__)
 
-# (model, input_ids, attention_mask) -> [B, T, hidden] final (normalised) hidden states, or [B, T, vocab] logits.
-Forward = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
-
 
 def decoder_hidden_states(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
     """The final hidden states the model's lm_head would project (no logits computed)."""
     return model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
 
 
-def model_logits(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-    return model(input_ids=ids, attention_mask=attn, use_cache=False).logits
-
-
 @torch.no_grad()
-def head_reproduces_logits(model: torch.nn.Module, hf_model: torch.nn.Module, forward_hidden: Forward,
-                           forward_logits: Forward = model_logits) -> bool:
-    """True when `hf_model`'s output embedding applied to `forward_hidden` gives the model's logits.
+def head_reproduces_logits(runner) -> bool:
+    """True when the output embedding of `runner.module` applied to `runner.hidden_states` gives
+    `runner.logits` (`runner`: a `ModelRunner`, rlharness/backend/runner.py).
 
-    `model` is what the backend calls (the HF model, or a DeepSpeed engine around `hf_model`).
     Run in eval mode (no dropout draws: the training RNG stream is left untouched).
     """
+    hf_model = runner.module
     try:
         head = hf_model.get_output_embeddings()
         if head is None:
@@ -55,8 +49,8 @@ def head_reproduces_logits(model: torch.nn.Module, hf_model: torch.nn.Module, fo
         was_training = hf_model.training
         hf_model.eval()
         try:
-            full = forward_logits(model, ids, attn)
-            split = head(forward_hidden(model, ids, attn))
+            full = runner.logits(ids, attn)
+            split = head(runner.hidden_states(ids, attn))
         finally:
             hf_model.train(was_training)
     except (AttributeError, NotImplementedError, TypeError, ValueError) as e:

@@ -47,9 +47,11 @@ GROUPS: dict[str, dict[str, Impl]] = {
     "engine": {"hf": Impl(s.HFEngineConf, "rlharness.engine.hf:HFEngine"),
                "vllm": Impl(s.VLLMEngineConf, "rlharness.engine.vllm:VLLMEngine"),
                "sim": Impl(s.SimEngineConf, "rlharness.engine.sim:SimEngine.for_model")},
-    # DeepSpeed's ranks run as Ray actors, started by rlharness.distributed (train_actor).
-    "backend": {"torch": Impl(s.TorchBackendConf, "rlharness.backend.torch_backend:TorchBackend"),
-                "deepspeed": Impl(s.DeepSpeedBackendConf),
+    # The learner over each model runner; deepspeed's and fsdp2's ranks run as Ray actors
+    # (rlharness.distributed.train_actor.start_ranked_backend), each built with its rank.
+    "backend": {"torch": Impl(s.TorchBackendConf, "rlharness.backend.learner:Learner"),
+                "deepspeed": Impl(s.DeepSpeedBackendConf, "rlharness.backend.deepspeed_runner:deepspeed_learner"),
+                "fsdp2": Impl(s.FSDP2BackendConf, "rlharness.backend.fsdp2_runner:fsdp2_learner"),
                 "sim": Impl(s.SimBackendConf, "rlharness.backend.sim:SimBackend")},
     "algo": {"default": Impl(s.AlgoConf)},
     "task": {"arithmetic": Impl(s.ArithmeticTaskConf, "rlharness.data.arithmetic:make_arithmetic_task"),

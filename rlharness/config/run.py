@@ -14,8 +14,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rlharness.config.schema import (
     MAX_OVER_SAMPLE, TASK_NAME_CHARS, VLLM_MAX_LORA_RANK, AgentConf, AlgoConf, BackendConf, ClusterConf,
-    ConfigError, EngineConf, EvalConf, JudgerConf, LoggerConf, ModelConf, SamplerConf, SamplingConf, StrategyConf,
-    TaskConf, TaskEntryConf, TrainerConf, _check, _one_of, check_prompt_repeat_k, non_finite_values)
+    ConfigError, EngineConf, EvalConf, HealthConf, JudgerConf, LoggerConf, ModelConf, SamplerConf, SamplingConf,
+    StrategyConf, TaskConf, TaskEntryConf, TrainerConf, _check, _one_of, check_prompt_repeat_k, non_finite_values)
 from rlharness.config.tasks import TaskWiring
 
 MAX_SAMPLES_PER_STEP = 1_000_000  # sequences generated in one step (or one eval): memory, not a setting
@@ -36,6 +36,7 @@ class RunConf(TaskWiring):
     logger: LoggerConf = MISSING
     eval: EvalConf = field(default_factory=EvalConf)
     trainer: TrainerConf = field(default_factory=TrainerConf)
+    health: HealthConf = field(default_factory=HealthConf)
     # Multi-task runs: name -> task entry (experiment=arith_mix). Empty = the single
     # task `task` with `judger`, named by its task (today's runs, unchanged).
     tasks: dict[str, TaskEntryConf] = field(default_factory=dict)
@@ -60,6 +61,9 @@ class RunConf(TaskWiring):
     # SIGTERM/SIGINT: seconds to stop (final checkpoint if it fits, W&B, actors) before exiting
     # regardless. Slurm sends SIGKILL 30 s (KillWait) after its SIGTERM.
     stop_timeout_s: float = 25.0
+    # Print what the composed config means per step (rlharness/launch/explain.py) and exit: nothing starts,
+    # no run directory is made.
+    explain: bool = False
     # Set by the launcher from Hydra's output dir; users never need to.
     run_dir: str = ""
 
@@ -86,9 +90,9 @@ class RunConf(TaskWiring):
 
     def _check_combinations(self) -> None:
         """Refuse combinations that cannot work, with the reason."""
-        if self.backend.name == "deepspeed" and self.cluster.name == "local":
+        if self.backend.ranked and self.cluster.name == "local":
             raise ConfigError(
-                "backend=deepspeed runs its workers as Ray actors: use cluster=local_ray or cluster=slurm"
+                f"backend={self.backend.name} runs its workers as Ray actors: use cluster=local_ray or cluster=slurm"
             )
         if self.mode == "disagg" and self.cluster.name == "local":
             raise ConfigError(
@@ -96,11 +100,11 @@ class RunConf(TaskWiring):
                 "actors; use cluster=local_ray (this machine) or cluster=slurm"
             )
         if (self.cluster.name == "slurm" and self.cluster.nodes > 1 and self.mode == "colocate"
-                and self.backend.name != "deepspeed"):
+                and not self.backend.ranked):
             raise ConfigError(
                 f"cluster.nodes={self.cluster.nodes} with mode=colocate and backend={self.backend.name} is not allowed: "
                 f"that run is one process on the first node and the other nodes would sit idle; use mode=disagg "
-                f"(engines and trainers on their own nodes), backend=deepspeed, or cluster.nodes=1")
+                f"(engines and trainers on their own nodes), backend=deepspeed or fsdp2, or cluster.nodes=1")
         lora = self.model.lora
         if lora.enabled and lora.sync == "adapter" and self.engine.name == "vllm" and lora.rank > VLLM_MAX_LORA_RANK:
             raise ConfigError(f"model.lora.sync=adapter with engine=vllm and model.lora.rank={lora.rank} is not allowed: "

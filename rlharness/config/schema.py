@@ -15,7 +15,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from omegaconf import II, MISSING
 
@@ -797,8 +797,13 @@ class BackendConf:
 
     @property
     def workers(self) -> int:
-        """Training processes (ranks): one, except where the backend runs several (deepspeed)."""
+        """Training processes (ranks): one, except where the backend runs several (deepspeed, fsdp2)."""
         return 1
+
+    @property
+    def ranked(self) -> bool:
+        """The backend runs as ranks on Ray actors (deepspeed, fsdp2), whatever their number."""
+        return self.name in ("deepspeed", "fsdp2")
 
 
 @dataclass
@@ -843,6 +848,31 @@ class DeepSpeedBackendConf(BackendConf):
         _check(self.micro_batch_tokens is None or self.micro_batch_tokens >= 1, "backend.micro_batch_tokens",
                self.micro_batch_tokens, ">= 1 (or null for algo.micro_batch_size rows per micro-batch)")
         _one_of("backend.zero_stage", self.zero_stage, (0, 1, 2, 3))
+        _check(self.num_workers >= 1, "backend.num_workers", self.num_workers, ">= 1")
+
+    @property
+    def workers(self) -> int:
+        return self.num_workers
+
+
+@dataclass
+class FSDP2BackendConf(TorchBackendConf):
+    """torch's FSDP2 (`fully_shard` per transformer block and the root) across `num_workers` ranks on Ray
+    actors (rlharness/backend/fsdp2_runner.py); the other keys are backend=torch's."""
+
+    name: str = "fsdp2"
+    # Training ranks, one Ray actor each (cluster.trainer_cpus apiece); each keeps 1/num_workers of every
+    # parameter, gradient and optimizer state.
+    num_workers: int = 2
+    # Rows split across ranks by Karmarkar-Karp on their lengths, equal row counts
+    # (rlharness/backend/rank_balance.py); false: rank r trains rows r, r + W, ...
+    balance_ranks: bool = True
+    # Free each block's gathered parameters after its forward (gathered again for its backward);
+    # false keeps them until the backward: less communication, more memory.
+    reshard_after_forward: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         _check(self.num_workers >= 1, "backend.num_workers", self.num_workers, ">= 1")
 
     @property
@@ -1386,11 +1416,226 @@ class TrainerConf:
     # counted (train/nonfinite_steps); this many in a row stop the run, naming the step and the
     # likely cause (the last checkpoint is kept; none is written from non-finite weights).
     max_nonfinite_steps: int = 3
-    # Warn when every group of this many consecutive steps had equal rewards (no learning signal:
-    # rollout/groups_zero_signal_frac = 1); 0 = never.
-    zero_signal_warn_steps: int = 5
+    # Step 0 trains once on a synthetic batch at the longest prompt and response the config allows
+    # (one micro-batch, no weight or optimizer state kept), before any data is consumed: an
+    # out-of-memory happens at start, naming the settings to lower. null = on for real models
+    # (rlharness/trainer/probe.py: at least PROBE_AUTO_MIN_PARAMS parameters), off for the embedded ones.
+    probe_longest: Optional[bool] = None
 
     def __post_init__(self) -> None:
         _check(self.max_nonfinite_steps >= 1, "trainer.max_nonfinite_steps", self.max_nonfinite_steps, ">= 1")
-        _check(self.zero_signal_warn_steps >= 0, "trainer.zero_signal_warn_steps", self.zero_signal_warn_steps,
-               ">= 0 (0 = never)")
+
+
+# ----------------------------------------------------------------------------- health
+ON_ALARM = ("warn", "stop")
+
+
+@dataclass
+class MonitorConf:
+    """What every health monitor's section (`health.<section>`) has: its action when it fires."""
+
+    section: ClassVar[str] = ""
+    # What the run does when this monitor fires: warn | stop | null (health.on_alarm, the run's).
+    on_alarm: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _check(self.on_alarm is None or self.on_alarm in ON_ALARM, f"health.{self.section}.on_alarm", self.on_alarm,
+               "null (health.on_alarm), warn or stop")
+
+
+def _steps(value: Any, least: int) -> bool:
+    return isinstance(value, int) and value >= least
+
+
+@dataclass
+class RewardHackingConf(MonitorConf):
+    """A trained reward that rises while an independent score falls (rlharness/health/reward_hacking.py).
+
+    Independent scores: `eval/accuracy` when the trained reward is not the eval's judger (a learned
+    or LLM judge), and the parts of a router judger (`rollout/reward_<part>_mean`)."""
+
+    section: ClassVar[str] = "reward_hacking"
+    # The independent score fell this many standard errors below its best earlier value ...
+    drop_z: float = 3.0
+    # ... and by at least this much (absolute, in the score's units) ...
+    min_drop: float = 0.05
+    # ... while the trained reward's slope over the same steps is this many standard errors above 0.
+    rise_t: float = 2.0
+    # Router parts: one part's slope this many standard errors above 0 while another's is as far below ...
+    part_t: float = 3.0
+    # ... over this many steps.
+    window_steps: int = 20
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.drop_z > 0, "health.reward_hacking.drop_z", self.drop_z, "> 0")
+        _check(self.min_drop >= 0, "health.reward_hacking.min_drop", self.min_drop, ">= 0")
+        _check(self.rise_t > 0, "health.reward_hacking.rise_t", self.rise_t, "> 0")
+        _check(self.part_t > 0, "health.reward_hacking.part_t", self.part_t, "> 0")
+        _check(_steps(self.window_steps, 3), "health.reward_hacking.window_steps", self.window_steps, "an integer >= 3")
+
+
+@dataclass
+class EntropyCollapseConf(MonitorConf):
+    """`train/entropy` collapsing while the trained reward does not rise (rlharness/health/policy.py)."""
+
+    section: ClassVar[str] = "entropy_collapse"
+    # Alarm when the entropy's mean over the last `window_steps` is below this share of its mean over the first ...
+    min_ratio: float = 0.2
+    # ... and the reward rose less than this many standard deviations of the first steps' sampled rewards
+    # (a policy that narrows onto answers that score is converging, not collapsing).
+    min_reward_gain: float = 0.5
+    # Steps in each mean.
+    window_steps: int = 5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(0 < self.min_ratio < 1, "health.entropy_collapse.min_ratio", self.min_ratio, "0 < ratio < 1")
+        _check(self.min_reward_gain >= 0, "health.entropy_collapse.min_reward_gain", self.min_reward_gain, ">= 0")
+        _check(_steps(self.window_steps, 1), "health.entropy_collapse.window_steps", self.window_steps,
+               "an integer >= 1")
+
+
+@dataclass
+class KLAccelerationConf(MonitorConf):
+    """`train/kl` (a KL term: algo.kl_coef > 0) growing faster and faster, over three windows of steps
+    (rlharness/health/policy.py)."""
+
+    section: ClassVar[str] = "kl_acceleration"
+    # The last window's growth of the KL is at least this many times the growth before it ...
+    ratio: float = 3.0
+    # ... and at least this many times the KL before it (1: the KL doubled) ...
+    min_growth: float = 1.0
+    # ... the KL is above this ...
+    min_kl: float = 0.05
+    # ... and the growth is this many standard errors sure.
+    rise_t: float = 2.5
+    # Steps in each window.
+    window_steps: int = 5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.ratio > 1, "health.kl_acceleration.ratio", self.ratio, "> 1")
+        for key in ("min_growth", "min_kl"):
+            _check(getattr(self, key) >= 0, f"health.kl_acceleration.{key}", getattr(self, key), ">= 0")
+        _check(self.rise_t > 0, "health.kl_acceleration.rise_t", self.rise_t, "> 0")
+        _check(_steps(self.window_steps, 2), "health.kl_acceleration.window_steps", self.window_steps,
+               "an integer >= 2")
+
+
+@dataclass
+class DegenerateOutputsConf(MonitorConf):
+    """Responses that repeat n-grams, are made of one token, or hit the length budget at a rising rate
+    (rlharness/health/outputs.py): each share's mean over the last `window_steps` against its mean over
+    the first `window_steps`."""
+
+    section: ClassVar[str] = "degenerate_outputs"
+    # Repetition is counted in n-grams of this many tokens.
+    ngram: int = 3
+    # A response repeats itself when at least this share of its n-grams occurred earlier in it.
+    repeat_share: float = 0.5
+    # Alarm when the share of degenerate responses (repeating, one token, empty) is above this ...
+    max_frac: float = 0.3
+    # ... and this much above the run's start.
+    min_rise: float = 0.2
+    # Alarm when the share of responses cut by the budget (`rollout/truncated_frac`) is this much above the start.
+    truncated_rise: float = 0.3
+    # Steps in each mean.
+    window_steps: int = 10
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(_steps(self.ngram, 1), "health.degenerate_outputs.ngram", self.ngram, "an integer >= 1")
+        for key in ("repeat_share", "max_frac", "min_rise", "truncated_rise"):
+            _check(0 < getattr(self, key) <= 1, f"health.degenerate_outputs.{key}", getattr(self, key), "0 < x <= 1")
+        _check(_steps(self.window_steps, 1), "health.degenerate_outputs.window_steps", self.window_steps,
+               "an integer >= 1")
+
+
+@dataclass
+class ZeroSignalConf(MonitorConf):
+    """Every group of `steps` consecutive steps had equal rewards (`rollout/groups_zero_signal_frac` = 1)."""
+
+    section: ClassVar[str] = "zero_signal"
+    # Consecutive steps in which every group had equal rewards (no learning signal) before the alarm.
+    steps: int = 5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(_steps(self.steps, 1), "health.zero_signal.steps", self.steps, "an integer >= 1")
+
+
+@dataclass
+class RewardFrozenConf(MonitorConf):
+    """The reward distribution stopped moving (rlharness/health/learning_signal.py)."""
+
+    section: ClassVar[str] = "reward_frozen"
+    # Alarm when the step-to-step standard deviation of `rollout/reward_mean` is below this share of the
+    # standard error sampling alone gives a step's mean.
+    max_ratio: float = 0.1
+    # Steps it is measured over.
+    window_steps: int = 10
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.max_ratio > 0, "health.reward_frozen.max_ratio", self.max_ratio, "> 0")
+        _check(_steps(self.window_steps, 3), "health.reward_frozen.window_steps", self.window_steps,
+               "an integer >= 3")
+
+
+@dataclass
+class HostMemoryConf(MonitorConf):
+    """The run's resident memory (this process and its children) growing step after step
+    (rlharness/health/memory.py)."""
+
+    section: ClassVar[str] = "host_memory"
+    # Alarm when memory grows faster than this (MB per step), or fast enough to use up the available memory
+    # before total_steps ...
+    max_mb_per_step: float = 100.0
+    # ... and the growth is this many standard errors sure.
+    rise_t: float = 3.0
+    # Steps left out at the start (start-up and allocators grow memory in the first steps of every run).
+    warmup_steps: int = 10
+    # Steps the slope is taken over.
+    window_steps: int = 20
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.max_mb_per_step > 0, "health.host_memory.max_mb_per_step", self.max_mb_per_step, "> 0")
+        _check(self.rise_t > 0, "health.host_memory.rise_t", self.rise_t, "> 0")
+        _check(_steps(self.warmup_steps, 0), "health.host_memory.warmup_steps", self.warmup_steps, "an integer >= 0")
+        _check(_steps(self.window_steps, 3), "health.host_memory.window_steps", self.window_steps, "an integer >= 3")
+
+
+HEALTH_MONITORS = ("reward_hacking", "entropy_collapse", "kl_acceleration", "degenerate_outputs", "zero_signal",
+                   "reward_frozen", "host_memory")
+
+
+@dataclass
+class HealthConf:
+    """Training-health monitors (rlharness/health/, docs/operations/health.md): each logs `health/...`
+    every step and, when it fires, one warning line; `on_alarm` (or a monitor's own) says whether the run
+    goes on (warn) or stops, keeping its last checkpoint (stop: exit status 3)."""
+
+    # The monitors that run (an empty list: none).
+    monitors: list[str] = field(default_factory=lambda: list(HEALTH_MONITORS))
+    # What the run does when a monitor fires (unless the monitor's own on_alarm says): warn | stop.
+    on_alarm: str = "warn"
+    # Each monitor's thresholds and action.
+    reward_hacking: RewardHackingConf = field(default_factory=RewardHackingConf)
+    entropy_collapse: EntropyCollapseConf = field(default_factory=EntropyCollapseConf)
+    kl_acceleration: KLAccelerationConf = field(default_factory=KLAccelerationConf)
+    degenerate_outputs: DegenerateOutputsConf = field(default_factory=DegenerateOutputsConf)
+    zero_signal: ZeroSignalConf = field(default_factory=ZeroSignalConf)
+    reward_frozen: RewardFrozenConf = field(default_factory=RewardFrozenConf)
+    host_memory: HostMemoryConf = field(default_factory=HostMemoryConf)
+
+    def __post_init__(self) -> None:
+        _one_of("health.on_alarm", self.on_alarm, ON_ALARM)
+        for name in self.monitors:
+            _one_of("health.monitors[]", name, HEALTH_MONITORS)
+
+    def action(self, monitor: str) -> str:
+        """warn | stop for one monitor: its own `on_alarm`, else the run's."""
+        own = getattr(self, monitor).on_alarm
+        return self.on_alarm if own is None else own

@@ -14,6 +14,9 @@ A test that kills or signals a run at such a point kills it the same way on any 
 fast: a life cannot finish before the signal, nor be killed before it made progress. SIGSTOP
 holds a run at a point (alive, its run directory locked) until the test continues or kills it. Several
 specs may be given, separated by commas; unset (every real run), `reach` is one dict look-up.
+
+`RLHARNESS_TEST_LEAK_MB_PER_STEP=N` makes the process keep N MB more (written, so resident) at each
+`step_trained`: the leak the host-memory health monitor must catch (tests/health/).
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ import signal
 from collections import Counter
 
 SIGNAL_AT_ENV = "RLHARNESS_TEST_SIGNAL_AT"
+LEAK_ENV = "RLHARNESS_TEST_LEAK_MB_PER_STEP"
 POINTS = ("checkpoint", "checkpoint_saved", "group_put", "step_trained")
 
 _counts: Counter[str] = Counter()
+_leaked: list[bytearray] = []
 
 
 def signal_at(sig: str | int, point: str, number: int) -> dict[str, str]:
@@ -52,6 +57,9 @@ def _parse(spec: str) -> list[tuple[signal.Signals, str, int]]:
 
 def reach(point: str, number: int | None = None) -> None:
     """This process is at `point`; `number` defaults to how many times it got here (1-based)."""
+    leak_mb = os.environ.get(LEAK_ENV)
+    if leak_mb and point == "step_trained":
+        _leaked.append(bytearray(b"\x01") * (int(leak_mb) * 2**20))
     spec = os.environ.get(SIGNAL_AT_ENV)
     if not spec:
         return

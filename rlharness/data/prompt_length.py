@@ -107,3 +107,14 @@ def fit_prompts(task_data: TaskData, *, max_prompt_tokens: int, policy: str, pos
             return task_data
         splits[split] = check_split(list(rows), split, task_data.name, limit, meter, policy)
     return replace(task_data, train=splits["train"], eval=splits["eval"])
+
+
+def longest_prompt_tokens(rows: list[PromptRow], encode: Callable[[str], list[int]]) -> int:
+    """The most tokens any row's prompt encodes to. A prompt of B UTF-8 bytes has at most B + a few
+    tokens, so rows are encoded longest (in bytes) first until the next cannot beat the longest found."""
+    best = 0
+    for row in sorted(rows, key=lambda r: len(r.prompt_text.encode("utf-8")), reverse=True):
+        if len(row.prompt_text.encode("utf-8")) + _SPECIAL_SLACK <= best:
+            break
+        best = max(best, len(encode(row.prompt_text)))
+    return best

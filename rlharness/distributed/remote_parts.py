@@ -2,8 +2,8 @@
 
 `start_remote_parts(conf)` joins (or starts) the run's Ray cluster and returns the engine
 actors behind a `RemoteEngine` / `RayEngineRouter` (mode=disagg; else None, the engine is
-built locally), the training side as actors behind a `RemoteBackend` (backend=deepspeed:
-one actor per rank; mode=disagg with another backend: one actor hosting it), and the route
+built locally), the training side as actors behind a `RemoteBackend` (backend=deepspeed and
+fsdp2: one actor per rank; mode=disagg with another backend: one actor hosting it), and the route
 weights take between them (`weight_channel.choose_route`), from which the run's weight
 channel is built. Both proxies implement the same async interfaces as local objects, so the
 trainer and manager do not change.
@@ -19,7 +19,7 @@ from typing import Any
 from rlharness.config.run import RunConf
 from rlharness.config.schema import LocalRayClusterConf
 from rlharness.distributed.placement_plan import actor_resources, plan_nodes, spread
-from rlharness.distributed.train_actor import start_deepspeed_backend
+from rlharness.distributed.train_actor import start_ranked_backend
 from rlharness.distributed.weight_channel import IN_PROCESS, OBJECT_STORE, choose_route
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class RemoteParts:
 def start_remote_parts(conf: RunConf) -> RemoteParts:
     """Join (or start) the run's Ray cluster and start its actors: engine actors behind a
     `RemoteEngine`/`RayEngineRouter` (mode=disagg), training actors behind a `RemoteBackend`
-    (backend=deepspeed: one per rank; mode=disagg with another backend: one hosting it)."""
+    (backend=deepspeed, fsdp2: one per rank; mode=disagg with another backend: one hosting it)."""
     from rlharness.cluster import connect_ray
 
     connect_ray(conf.cluster)
@@ -59,10 +59,10 @@ def start_remote_parts(conf: RunConf) -> RemoteParts:
         set_driver_threads(conf, engine_cpus, trainer_cpus)
     engine = backend = None
     try:
-        if conf.backend.name == "deepspeed":
-            backend = start_deepspeed_backend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed,
-                                              cpus_per_worker=trainer_cpus, timeout_s=conf.timeout_s,
-                                              node_ranks=trainer_at, put_weights_after_step=put_after_step)
+        if conf.backend.ranked:
+            backend = start_ranked_backend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed,
+                                           cpus_per_worker=trainer_cpus, timeout_s=conf.timeout_s,
+                                           node_ranks=trainer_at, put_weights_after_step=put_after_step)
         elif conf.mode == "disagg":
             backend = start_backend_actor(conf, trainer_cpus, trainer_gpus, node_ranks=trainer_at,
                                           put_weights_after_step=put_after_step)

@@ -1,10 +1,10 @@
 """Training workers as Ray actors, and the driver-side `RemoteBackend` over them.
 
-A `TrainWorkerActor` hosts one process's backend object (a `TorchBackend`, one rank
-of `DeepSpeedWorker`, a `SimBackend`), built by a picklable factory after the actor
-is up (DeepSpeed ranks first need rank 0's address). `RemoteBackend` implements
-`TrainingBackend` by calling every worker at once (data parallel: each does its share
-and the collectives meet) and answering with rank 0's result.
+A `TrainWorkerActor` hosts one process's backend object (a `Learner`: backend=torch's, or one
+rank of backend=deepspeed's or fsdp2's; a `SimBackend`), built by a picklable factory after the
+actor is up (ranks first need rank 0's address). `RemoteBackend` implements `TrainingBackend` by
+calling every worker at once (data parallel: each does its share and the collectives meet) and
+answering with rank 0's result. A host calls only the backend methods named in `HOSTED_METHODS`.
 
 Training actors are not restarted: one that dies stops the run with
 `TrainingWorkerDied`, naming it; the last complete checkpoint stays resumable
@@ -14,6 +14,7 @@ Training actors are not restarted: one that dies stops the run with
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import os
@@ -27,7 +28,7 @@ from rlharness.backend.base import TrainingBackend
 from rlharness.cluster.placement import (describe_node, in_bundle, make_placement_group, node_info, thread_env,
                                              threads_for, wait_all)
 from rlharness.cluster.ray_cluster import free_port
-from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, ModelConf
+from rlharness.config.schema import AlgoConf, BackendConf, ModelConf
 from rlharness.core.types import TrainBatch
 from rlharness.distributed.object_store_weights import RemoteWeights, for_object_store
 from rlharness.weights.transfer import WeightGroupMember, state_bytes
@@ -37,6 +38,11 @@ log = logging.getLogger(__name__)
 
 class TrainingWorkerDied(RuntimeError):
     """A training actor died; the run cannot continue (resume from the last checkpoint)."""
+
+
+# What a host calls on its backend (`TrainWorkerActor.call`): the `TrainingBackend` interface, and the
+# critic's weights for the tests and benchmarks that compare them across backends.
+HOSTED_METHODS = frozenset({"train_step", "get_weights", "save", "load", "critic_weights_blocking"})
 
 
 class TrainWorkerActor:
@@ -59,6 +65,9 @@ class TrainWorkerActor:
         self.backend = factory()
 
     async def call(self, method: str, *args: Any) -> Any:
+        if method not in HOSTED_METHODS:
+            raise ValueError(f"training worker: {method!r} is not a hosted backend method "
+                             f"({', '.join(sorted(HOSTED_METHODS))})")
         result = getattr(self.backend, method)(*args)
         if inspect.isawaitable(result):
             result = await result
@@ -186,6 +195,9 @@ class RemoteBackend(TrainingBackend):
         self._prefetched = None
         await self._on_all("load", directory)
 
+    async def probe_longest(self, rows: int, prompt_tokens: int, response_tokens: int) -> dict[str, Any] | None:
+        return (await self._on_all("probe_longest", rows, prompt_tokens, response_tokens))[0]
+
     async def close(self) -> None:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
@@ -243,30 +255,25 @@ def _kill_all(actors: list[Any], pg: Any) -> None:
     ray.util.remove_placement_group(pg)
 
 
-def start_deepspeed_backend(conf: DeepSpeedBackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int,
-                            seed: int, *, cpus_per_worker: float = 1.0, timeout_s: float = 600.0,
-                            node_ranks: list[int] | None = None, put_weights_after_step: bool = False):
-    """`conf.num_workers` `DeepSpeedWorker` ranks on Ray actors in one placement group.
+def start_ranked_backend(conf: BackendConf, model_conf: ModelConf, algo: AlgoConf, total_steps: int, seed: int, *,
+                         cpus_per_worker: float = 1.0, timeout_s: float = 600.0, node_ranks: list[int] | None = None,
+                         put_weights_after_step: bool = False) -> RemoteBackend:
+    """`conf.workers` ranks of a ranked backend (backend=deepspeed, fsdp2: `conf.ranked`) on Ray actors in
+    one placement group, each a learner built by `build_backend` with its rank.
 
-    Returns a `rlharness.distributed.RemoteBackend` (the `TrainingBackend` interface).
-    Needs a running Ray (`rlharness.cluster.connect_ray`, which the launcher calls).
+    Returns a `RemoteBackend` (the `TrainingBackend` interface). Needs a running Ray
+    (`rlharness.cluster.connect_ray`, which the launcher calls).
     """
-    import functools
-
-    import ray
-
-    from rlharness.backend.deepspeed_backend import DeepSpeedWorker, worker_env
+    from rlharness.backend import build_backend, rank_env
 
     if not ray.is_initialized():
-        raise RuntimeError("backend=deepspeed runs its ranks as Ray actors, but Ray is not running: use "
-                           "cluster=local_ray or cluster=slurm (or call rlharness.cluster.connect_ray first)")
+        raise RuntimeError(f"backend={conf.name} runs its ranks as Ray actors, but Ray is not running: use "
+                           f"cluster=local_ray or cluster=slurm (or call rlharness.cluster.connect_ray first)")
 
     def factory(rank: int, addr: str, port: int):
-        return functools.partial(DeepSpeedWorker, conf, model_conf, algo, total_steps, seed, rank=rank,
-                                 world_size=conf.num_workers, master_addr=addr, master_port=port,
-                                 timeout_s=timeout_s)
+        return functools.partial(build_backend, conf, model_conf, algo, total_steps, seed, rank=rank,
+                                 world_size=conf.workers, master_addr=addr, master_port=port, timeout_s=timeout_s)
 
     gpus = 0.0 if conf.device == "cpu" else 1.0
-    return spawn_train_workers(factory, conf.num_workers, cpus_per_worker, gpus, worker_env(conf.device),
-                               timeout_s, name="deepspeed", node_ranks=node_ranks,
-                               put_weights_after_step=put_weights_after_step)
+    return spawn_train_workers(factory, conf.workers, cpus_per_worker, gpus, rank_env(conf), timeout_s,
+                               name=conf.name, node_ranks=node_ranks, put_weights_after_step=put_weights_after_step)

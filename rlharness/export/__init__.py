@@ -5,9 +5,9 @@
 The folder holds config.json, model.safetensors, the tokenizer (with its chat template) and
 generation_config.json, nothing of the training state (optimizer, scheduler, RNG, producer,
 DeepSpeed's shards): `AutoModelForCausalLM.from_pretrained(<out dir>)` and `vllm serve <out
-dir>` load it. Both training backends keep the model's HF files in `checkpoints/step_N/backend/`
-(torch: next to its `training_state.pt`; DeepSpeed: next to its `deepspeed/` ZeRO shards, the
-full weights gathered on rank 0 at save), so one reader serves both.
+dir>` load it. Every training backend keeps the model's HF files in `checkpoints/step_N/backend/`
+(torch and FSDP2: next to its `backend_state.pt`; DeepSpeed: next to its `deepspeed/` ZeRO shards;
+the sharded ones gather the full weights on rank 0 at save), so one reader serves them all.
 
 `checkpoint_state_dict` is the one place that turns a checkpoint into the full model's weights:
 a LoRA run merges its adapter into the base weights there, and the export, `evaluate.py

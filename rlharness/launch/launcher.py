@@ -59,7 +59,7 @@ class RefusedInput(Exception):
 
 def uses_ray(conf: RunConf) -> bool:
     """Engines or training workers run as Ray actors (else everything runs in this process)."""
-    return conf.cluster.name in ("local_ray", "slurm") and (conf.mode == "disagg" or conf.backend.name == "deepspeed")
+    return conf.cluster.name in ("local_ray", "slurm") and (conf.mode == "disagg" or conf.backend.ranked)
 
 
 def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:

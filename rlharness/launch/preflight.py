@@ -66,6 +66,10 @@ class Finished(Exception):
     """Nothing to do (a resumed run is already at its total_steps); the message says so."""
 
 
+class Explained(Exception):
+    """`explain=true`: the message is what the config means per step (rlharness/launch/explain.py); nothing starts."""
+
+
 @dataclass(frozen=True)
 class ConfigSource:
     """Where Hydra composes the config from: train.py's `conf/` (or `--config-path`), the primary
@@ -160,6 +164,8 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
         elif given_dir is None:
             overrides = [*overrides, path_override("hydra.run.dir", run_dir)]  # Hydra's `now` must not move it
     cfg, conf = compose_typed(overrides, source)
+    if conf.explain:  # before anything is checked against the machine or written
+        raise Explained(explain_text(conf))
     check_installed(conf)
     if cfg.cluster.name == "slurm":
         raise ConfigError("cluster=slurm without -m is not allowed: Slurm jobs are submitted by "
@@ -174,6 +180,12 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
     guard = RunDirGuard.record(run_dir, str(cfg.hydra.output_subdir), Path(argv[0]).stem)
     run_lock.acquire(run_dir)  # before Hydra writes anything there; held until this process ends
     return hydra_argv(argv[0], ns, overrides), applied, guard
+
+
+def explain_text(conf) -> str:
+    from rlharness.launch.explain import explain
+
+    return explain(conf).text()
 
 
 def refuse_output_path(run_dir: Path) -> None:
@@ -226,8 +238,12 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
                           "without -m (python train.py resume=<run dir>)")
     asked: set[tuple] = set()
     checked: set[tuple] = set()
+    explained = []
     for point in points[:MAX_SWEEP_POINTS_CHECKED]:
         cfg, conf = compose_typed(point, source)
+        if conf.explain:
+            explained.append(f"== sweep point {len(explained)}: {' '.join(point)}\n{explain_text(conf)}")
+            continue
         check_installed(conf)
         if cfg.cluster.name != "slurm":  # a Slurm job's model.path may be on its nodes' file systems only
             check_model(conf, checked)
@@ -238,6 +254,8 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
             if request not in asked:  # one sinfo per distinct request
                 asked.add(request)
                 check_capacity(c)
+    if explained:
+        raise Explained("\n\n".join(explained))
     # A sweep into a directory that holds its runs is allowed: the same command run again resumes each
     # point in its own directory (resume=auto; docs/how-to/slurm.md), as a preempted Slurm sweep is continued.
     return hydra_argv(argv0, ns, overrides), applied, None

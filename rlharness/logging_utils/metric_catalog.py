@@ -39,6 +39,8 @@ UNITS = {
     "versions": "weight versions (a version is one weight sync; staleness = train_step - 1 - version)",
     "lr": "a learning rate (the optimizer's step size)",
     "table": "a W&B table (not in metrics.jsonl)",
+    "histogram": "a W&B histogram (not in metrics.jsonl)",
+    "MB": "megabytes (2^20 bytes)",
 }
 
 EVERY_STEP = "every step"
@@ -74,6 +76,8 @@ METRICS: tuple[Metric, ...] = (
     _M("train/logprob_diff_rollout_max", "nats", EVERY_STEP, "The worst token's |engine - trainer| log-prob."),
     _M("train/num_updates", "count", EVERY_STEP, "Optimizer updates taken this step (`algo.ppo_epochs` x "
        "`algo.mini_batches`, less any skipped)."),
+    _M("train/micro_batches", "count", EVERY_STEP, "Forward/backward passes of one rank over the step (all epochs "
+       "and mini-batches): what `explain=true` predicts."),
     _M("train/skipped_updates", "count", EVERY_STEP, "Optimizer updates skipped this step because their loss or "
        "gradient was not finite."),
     _M("train/weights_finite",
@@ -114,7 +118,7 @@ METRICS: tuple[Metric, ...] = (
        "(`algo.overlong_buffer_len`; 0 when off)."),
     _M("rollout/adv_abs_mean", "-", "every step (not with `algo=ppo`)", "Mean |advantage| of the trained samples."),
     _M("rollout/groups_zero_signal_frac", "fraction", EVERY_STEP, "Share of trained groups whose rewards were all "
-       "equal: they train nothing (warned about after `trainer.zero_signal_warn_steps` steps at 1)."),
+       "equal: they train nothing (the health monitor `zero_signal` warns after `health.zero_signal.steps` steps at 1)."),
     _M("rollout/num_groups", "count", EVERY_STEP, "Prompt groups trained (`batch_size`)."),
     _M("rollout/num_samples", "count", EVERY_STEP, "Samples trained (groups x `sampler.prompt_repeat_k`)."),
     _M("rollout/num_response_tokens", "tokens", EVERY_STEP, "Response tokens in the trained batch."),
@@ -289,6 +293,63 @@ METRICS: tuple[Metric, ...] = (
     _M("perf/engine_weight_loads", "count", "every step, `mode=disagg`", "Weight loads the engine actors completed."),
     _M("perf/engine_version", "versions", "every step, `mode=disagg`", "Weight version the engine actors hold (mean "
        "over engines)."),
+    # ------------------------------------------------------------------ health: the monitors (docs/operations/health.md)
+    _M("health/alarms", "count", "every row", "Health alarms raised by this row (each also a warning line)."),
+    _M("health/eval_drop_z", "-", "eval steps, a learned reward trains", "Standard errors by which `eval/accuracy` "
+       "lies below its best earlier eval (`reward_hacking`)."),
+    _M("health/reward_rise_t", "-", "eval steps, a learned reward trains", "t statistic of `rollout/reward_mean`'s "
+       "slope since the best eval (`reward_hacking`)."),
+    _M("health/part_rise_t", "-", "every step, `judger=router`", "t statistic of the most rising router part's slope "
+       "over `health.reward_hacking.window_steps` (`reward_hacking`)."),
+    _M("health/part_fall_t", "-", "every step, `judger=router`", "t statistic of the most falling router part's "
+       "slope (`reward_hacking`)."),
+    _M("health/entropy_ratio", "-", EVERY_STEP, "`train/entropy` over the last window / over the run's first "
+       "(`entropy_collapse`)."),
+    _M("health/entropy_reward_gain_sd", "-", EVERY_STEP, "Rise of `rollout/reward_mean` since the run's first "
+       "window, in standard deviations of its rewards then (`entropy_collapse`)."),
+    _M("health/kl_accel", "-", "every step, with a KL term", "The KL's last window growth / the growth before "
+       "(`kl_acceleration`)."),
+    _M("health/empty_frac", "fraction", EVERY_STEP, "Share of responses with no token but the stop token."),
+    _M("health/one_token_frac", "fraction", EVERY_STEP, "Share of responses made of one token over and over."),
+    _M("health/repeat_frac", "fraction", EVERY_STEP, "Share of responses that repeat their n-grams "
+       "(`health.degenerate_outputs.ngram`, `repeat_share`)."),
+    _M("health/degenerate_frac", "fraction", EVERY_STEP, "Share of responses that are empty, one token, or "
+       "repeating (`degenerate_outputs`)."),
+    _M("health/degenerate_rise", "fraction", EVERY_STEP, "`health/degenerate_frac` over the last window minus over "
+       "the run's first."),
+    _M("health/truncated_rise", "fraction", EVERY_STEP, "`rollout/truncated_frac` over the last window minus over "
+       "the run's first."),
+    _M("health/zero_signal_steps", "count", EVERY_STEP, "Steps in a row whose every group had equal rewards "
+       "(`zero_signal`)."),
+    _M("health/reward_frozen_ratio", "-", EVERY_STEP, "Step-to-step standard deviation of `rollout/reward_mean` / "
+       "the standard error sampling gives it (`reward_frozen`)."),
+    _M("health/rss_mb", "MB", "every row", "Resident memory of this process and its children."),
+    _M("health/available_mb", "MB", "every row", "Memory the machine still has available."),
+    _M("health/rss_mb_per_step", "MB", EVERY_STEP, "Least-squares growth of `health/rss_mb` per step over the last "
+       "window (`host_memory`)."),
+    # ------------------------------------------------------------------ bias: generated against trained
+    _M("bias/trained_len_over_generated", "-", EVERY_STEP, "Mean trained response length / mean length of what "
+       "finished generating since the previous step (1: no length bias)."),
+    _M("bias/trained_reward_minus_generated", "reward", EVERY_STEP, "Mean trained reward minus mean generated "
+       "reward since the previous step."),
+    _M("bias/dropped_by_len_bucket/<lo>-<hi>", "fraction", EVERY_STEP, "Samples dropped (filtered, or expired after "
+       "they finished) / generated since the start, with a response of `lo` to `hi` tokens (quarters of the "
+       "budget)."),
+    _M("bias/generated_samples", "count", EVERY_STEP, "Samples that finished generating (judged) since the "
+       "previous step."),
+    _M("bias/dropped_samples", "count", EVERY_STEP, "Finished samples dropped since the previous step."),
+    _M("bias/generated_len", "histogram", "every step, W&B", "Response lengths of what finished generating."),
+    _M("bias/trained_len", "histogram", "every step, W&B", "Response lengths of what was trained."),
+    _M("bias/generated_reward", "histogram", "every step, W&B", "Rewards of what finished generating."),
+    _M("bias/trained_reward", "histogram", "every step, W&B", "Rewards of what was trained."),
+    # ------------------------------------------------------------------ probe: worst case first
+    _M("perf/probe_s", "s", "step 0, `trainer.probe_longest`", "Time of the probe: one micro-batch of the longest "
+       "sample trained and undone."),
+    _M("probe/peak_mb", "MB", "step 0, `trainer.probe_longest`", "The process's peak memory after the probe "
+       "(resident on CPU, allocated on CUDA)."),
+    _M("probe/rows", "count", "step 0, `trainer.probe_longest`", "Rows of the probed micro-batch."),
+    _M("probe/tokens", "tokens", "step 0, `trainer.probe_longest`", "Tokens of each probed row (the longest "
+       "prompt + the response budget)."),
     # ------------------------------------------------------------------ W&B tables
     _M("rollout/samples", "table", "every `logger.log_samples_every` steps, W&B", "The step's samples (whole groups, "
        "at most `logger.max_sample_rows` rows)."),

@@ -56,6 +56,16 @@ class WandbLogger:
         if self.run is not None and rows:
             self._table("eval/samples", step, *eval_table(step, rows, self.conf.max_sample_rows))
 
+    def log_histograms(self, step: int, values: dict[str, list[float]]) -> None:
+        """One W&B histogram per non-empty list (e.g. generated against trained lengths and rewards)."""
+        if self.run is None:
+            return
+        import wandb
+
+        hists = {k: wandb.Histogram(v) for k, v in values.items() if v}
+        if hists:
+            self.run.log(hists, step=step)
+
     def _table(self, key: str, step: int, columns: list[str], rows: list[list]) -> None:
         import wandb
 

@@ -12,7 +12,8 @@ the frozen base stays as loaded from `model.path`, so:
   names of a peft-wrapped model, and the engine applies them in its forward
   (`wrap_for_engine` for engine=hf, a PEFT folder per version for engine=vllm);
 - a checkpoint holds the adapter in PEFT's own format (`adapter_config.json` +
-  `adapter_model.safetensors`), loadable with `peft.PeftModel.from_pretrained` on the
+  `adapter_model.safetensors`, written by `PeftModel.save_pretrained` from the learner's whole state
+  dict, rlharness/backend/policy_files.py), loadable with `peft.PeftModel.from_pretrained` on the
   base; `merged_model_from_checkpoint` turns it into an ordinary model (export).
 """
 
@@ -27,7 +28,6 @@ from typing import Any, Iterator
 import torch
 
 from rlharness.config.schema import ConfigError, LoraConf, ModelConf
-from rlharness.weights.transfer import tied_once
 
 log = logging.getLogger(__name__)
 
@@ -150,15 +150,21 @@ def _lora_layers(peft_model) -> Iterator[tuple[str, Any]]:
             yield name, module
 
 
-def merged_weights(peft_model, everything: bool) -> dict[str, torch.Tensor]:
-    """`W + scale * B @ A` for each adapted matrix under the base model's names; with `everything`,
-    also every other tensor of the model (the first sync), as a full-weight run would send."""
+def _inner_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A PeftModel's state dict under the names of the transformers model inside it (`_inner`)."""
+    prefix = "base_model.model."
+    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def merged_weights(peft_model, state: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """`W + scale * B @ A` for each adapted matrix under the base model's names (read from the model's
+    adapter layers: their parameters must be whole here); with `state` (the PeftModel's whole state dict,
+    a tied head once: the first sync), also every other tensor of the model, as a full-weight run sends."""
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        if everything:
-            for key, value in tied_once(_inner(peft_model).state_dict().items()).items():  # a tied head once
-                if "lora_" not in key:
-                    out[key.replace(".base_layer.", ".")] = value.detach().to("cpu", copy=True)
+        for key, value in _inner_state(state or {}).items():
+            if "lora_" not in key:
+                out[key.replace(".base_layer.", ".")] = value.detach().to("cpu", copy=True)
         for name, module in _lora_layers(peft_model):
             base = module.get_base_layer().weight
             out[f"{name}.weight"] = (base + module.get_delta_weight(ADAPTER_NAME).to(base.dtype)).detach().to(
@@ -166,25 +172,33 @@ def merged_weights(peft_model, everything: bool) -> dict[str, torch.Tensor]:
     return out
 
 
-def adapter_weights(peft_model) -> dict[str, torch.Tensor]:
-    """The A and B matrices under the names of a peft-wrapped engine model (`wrap_for_engine`)."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in _inner(peft_model).state_dict().items()
+def adapter_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The A and B matrices of a PeftModel's whole state dict, under the names of a peft-wrapped engine
+    model (`wrap_for_engine`)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in _inner_state(state).items()
             if ".lora_A." in k or ".lora_B." in k}
 
 
 class WeightSync:
-    """What the trainer sends at each sync, for `model.lora.sync`; counts the bytes."""
+    """What the trainer sends at each sync, for `model.lora.sync`."""
 
     def __init__(self, conf: LoraConf) -> None:
         self.conf = conf
         self._sent_base = False
 
-    def weights(self, peft_model) -> dict[str, torch.Tensor]:
+    def begin(self) -> bool:
+        """Start a sync; whether it is made from the model's whole state dict (the adapters; the first
+        merged sync, which sends everything). Every training rank calls it, so they agree on the next."""
         if self.conf.sync == "adapter":
-            return adapter_weights(peft_model)
-        out = merged_weights(peft_model, everything=not self._sent_base)
-        self._sent_base = True
-        return out
+            return True
+        first, self._sent_base = not self._sent_base, True
+        return first
+
+    def weights(self, peft_model, state: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        """This sync's tensors; `state`: the PeftModel's whole state dict where `begin()` said so, else None."""
+        if self.conf.sync == "adapter":
+            return adapter_weights(state)
+        return merged_weights(peft_model, state)
 
 
 # ----------------------------------------------------------------------------- engines
@@ -222,11 +236,6 @@ def write_adapter_folder(state: dict[str, torch.Tensor], model_conf: ModelConf, 
 
 
 # ----------------------------------------------------------------------------- checkpoints
-def save_adapter(peft_model, directory: str | Path) -> None:
-    """PEFT's own format: adapter_config.json + adapter_model.safetensors."""
-    peft_model.save_pretrained(str(directory))
-
-
 def saved_lora(directory: str | Path) -> dict[str, Any] | None:
     """The LoRA settings a checkpoint was written with, or None for a full-weight checkpoint."""
     path = Path(directory) / ADAPTER_CONFIG
@@ -258,16 +267,21 @@ def check_resume(directory: str | Path, conf: LoraConf, targets: list[str] | Non
             f"rank {now['rank']} on {now['target_modules']}: resume with the checkpoint's model.lora settings")
 
 
-def load_adapter(peft_model, directory: str | Path) -> None:
-    """Put the saved adapter tensors into the (already wrapped) model, bit for bit."""
-    from peft import set_peft_model_state_dict
+def adapter_state(peft_model, directory: str | Path) -> dict[str, torch.Tensor]:
+    """The adapter tensors PEFT saved in `directory`, under the wrapped model's own parameter names (to
+    load bit for bit with `load_state_dict(strict=False)`); refused unless they are exactly its adapters."""
     from safetensors.torch import load_file
 
-    result = set_peft_model_state_dict(peft_model, load_file(str(Path(directory) / ADAPTER_WEIGHTS)))
-    missing = [k for k in result.missing_keys if "lora_" in k]
-    if missing or result.unexpected_keys:
+    saved = load_file(str(Path(directory) / ADAPTER_WEIGHTS))
+    # PEFT's file names leave out the adapter's name (get_peft_model_state_dict).
+    names = {name.replace(f".{ADAPTER_NAME}", ""): name for name, _ in peft_model.named_parameters()
+             if "lora_" in name}
+    missing = [k for k in names if k not in saved]
+    unexpected = [k for k in saved if k not in names]
+    if missing or unexpected:
         raise ValueError(f"adapter in {directory} does not fit the model: missing {missing[:3]}, "
-                         f"unexpected {list(result.unexpected_keys)[:3]}")
+                         f"unexpected {unexpected[:3]}")
+    return {names[k]: v for k, v in saved.items()}
 
 
 def is_lora_checkpoint(directory: str | Path) -> bool:

@@ -25,6 +25,7 @@ from typing import Callable
 from rlharness.core import fault_points
 from rlharness.core.member_failures import INFRA_PREFIX, has_infra_failures, settle
 from rlharness.agent.base import AgentLoop
+from rlharness.health.bias import GenerationTally
 from rlharness.producer.filters import GroupFilter
 from rlharness.producer.pending import Claimed, Started, _PendingTasks
 from rlharness.producer.progress import ProduceProgress
@@ -134,6 +135,9 @@ class ProduceContext:
     step_size: Callable[[int], int] | None = None
     # Per-batch window counters (groups_filtered, groups_failed, groups_aborted...), reset by the manager.
     window: Counter = field(default_factory=Counter)
+    # Lengths and rewards of what finished generating, and of what was filtered, since the last batch
+    # (the bias metrics, rlharness/health/bias.py); taken by the manager with the window.
+    tally: GenerationTally = field(default_factory=GenerationTally)
     pending: _PendingTasks = field(default_factory=_PendingTasks)
     paused: bool = False
     # Generated groups filtered, failed or expired on arrival since the last one kept COMPLETED
@@ -319,8 +323,10 @@ class ProduceContext:
             window["raw_reward_sum"] += sum(scores)
             window["raw_reward_sq_sum"] += sum(x * x for x in scores)
             window["raw_reward_count"] += len(scores)
+            self.tally.add_generated(group)
         if status == Status.FILTERED:
             self.window["groups_filtered"] += 1
+            self.tally.add_dropped([len(s.response_ids) for s in group])
         elif status == Status.FAILED:
             self.window["groups_failed"] += 1
         elif status == Status.ABORTED:

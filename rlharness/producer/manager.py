@@ -33,6 +33,7 @@ from typing import Any
 
 from rlharness.agent.base import AgentLoop
 from rlharness.config.schema import check_prompt_repeat_k
+from rlharness.health.bias import GenerationTally
 from rlharness.producer.context import ProduceContext, Signal
 from rlharness.producer.metrics import StepMetrics
 from rlharness.producer.progress import BatchAllocation, ProduceProgress
@@ -51,6 +52,8 @@ class ProducedBatch:
     groups: list[Group]
     train_step: int
     stats: dict[str, float] = field(default_factory=dict)
+    # What was generated and dropped since the previous batch (the bias metrics, rlharness/health/bias.py).
+    generated: GenerationTally = field(default_factory=GenerationTally)
 
     @property
     def num_samples(self) -> int:
@@ -429,7 +432,8 @@ class AgentLoopManager:
         self.progress.finish_consume(train_step)
         self._producer_wake.set()  # consumption opens room for the next step
         stats = self.metrics.step_stats(groups, train_step, produce_s)
-        return ProducedBatch(groups=groups, train_step=train_step, stats=stats)
+        return ProducedBatch(groups=groups, train_step=train_step, stats=stats,
+                             generated=self.metrics.take_generated())
 
     # ------------------------------------------------------------------ ledger and accounting
     def pop_dropped(self) -> list[Group]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from rlharness.health.bias import GenerationTally
 from rlharness.producer.replay_buffer import ReplayBuffer
 from rlharness.core.types import Group, staleness
 
@@ -146,6 +147,15 @@ class StepMetrics:
             **per_task,
             **self._agent_stats(groups),
         }
+
+    def take_generated(self) -> GenerationTally:
+        """What finished generating and what was dropped (filtered, expired) since the last call."""
+        tally = GenerationTally()
+        for c in self.contexts.values():
+            tally.merge(c.tally.take())
+        tally.add_dropped(self.replay_buffer.expired_lengths)
+        self.replay_buffer.expired_lengths = []
+        return tally
 
     def _agent_stats(self, groups: list[Group]) -> dict[str, float]:
         """What each task's agent loop reports on its part of the batch (e.g. the gateway's calls)."""

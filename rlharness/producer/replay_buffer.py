@@ -70,6 +70,9 @@ class ReplayBuffer:
         # at `put`: expiry checks and the stalest-first order of `take_batch` read it instead of
         # walking every member's versions again at each step (overhead benchmark).
         self._oldest: dict[str, float] = {}
+        # Response lengths of finished (COMPLETED) samples that expired, since the producer last took them:
+        # what staleness drops, by length (rlharness/health/bias.py).
+        self.expired_lengths: list[int] = []
 
     # ------------------------------------------------------------------ pools
     def _pool(self, task: str, status: Status) -> OrderedDict[str, Group]:
@@ -131,7 +134,7 @@ class ReplayBuffer:
         if status in (Status.COMPLETED, Status.ABORTED):
             oldest = group.oldest_version()
             if self.staleness.expired(oldest, train_step, task):
-                self._expire_into_pool(group)
+                self._expire_into_pool(group, finished=status == Status.COMPLETED)
                 return Status.EXPIRED
             if status == Status.ABORTED:
                 self.counters["aborted"] += 1
@@ -140,7 +143,9 @@ class ReplayBuffer:
         self._pool(task, status)[gid] = group
         return status
 
-    def _expire_into_pool(self, group: Group) -> None:
+    def _expire_into_pool(self, group: Group, finished: bool) -> None:
+        if finished:
+            self.expired_lengths += [len(s.response_ids) for s in group.samples]
         self.counters["expired_tokens"] += _expire(group)
         self.counters["expired"] += 1
         self._pool(group.task, Status.EXPIRED)[group.group_id] = group
@@ -156,7 +161,7 @@ class ReplayBuffer:
                 stale = [gid for gid in pools[status] if self.staleness.expired(self._oldest[gid], train_step, task)]
                 for gid in stale:
                     del self._oldest[gid]
-                    self._expire_into_pool(pools[status].pop(gid))
+                    self._expire_into_pool(pools[status].pop(gid), finished=status == Status.COMPLETED)
                 expired += len(stale)
         if expired:
             log.info("replay buffer: %d group(s) expired at train step %d", expired, train_step)

@@ -30,13 +30,15 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from rlharness.config.run import RunConf
 from rlharness.core import fault_points
+from rlharness.health import HealthMonitors
+from rlharness.health.bias import BiasMeter, distributions
 from rlharness.core.checkpoint import (CheckpointError, CheckpointWriteError, begin_checkpoint, check_fields,
                                        commit_checkpoint, error_line, latest_checkpoint, load_state, read_meta,
                                        save_state, writing)
 from rlharness.model.weight_files import check_backend_weights
 from rlharness.trainer.components import Components
 from rlharness.logging_utils.ledger import RolloutLedger
-from rlharness.logging_utils.metrics import MetricsWriter, format_step_line
+from rlharness.logging_utils.metrics import MetricsWriter, format_step_line, read_metrics
 from rlharness.logging_utils.plots import write_plots
 from rlharness.logging_utils.progress import phase
 from rlharness.logging_utils.samples import forget_evals_after, write_eval_rows
@@ -49,7 +51,8 @@ from rlharness.trainer.batch import build_train_batch
 from rlharness.trainer.onpolicy_guard import (all_tokens_on_policy, guard_on, onpolicy_gap_warning, save_evidence,
                                               weights_verdict)
 from rlharness.trainer.nonfinite import NonFiniteGuard, batch_problem, step_problem
-from rlharness.trainer.zero_signal import ZeroSignalWatch, warn_if_greedy
+from rlharness.trainer.probe import probe_longest, probe_on
+from rlharness.trainer.zero_signal import warn_if_greedy
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +82,11 @@ class Trainer:
         # Each task's response budget: DAPO's overlong penalty is taken against the group's own.
         self._task_budgets = {name: conf.sampling_for(e).max_tokens for name, e in conf.task_entries().items()}
         self.nonfinite = NonFiniteGuard(conf.trainer.max_nonfinite_steps, conf.algo)
-        self.zero_signal = ZeroSignalWatch(conf.trainer.zero_signal_warn_steps)
+        # Training-health monitors (rlharness/health/): eval/accuracy is independent of the trained reward
+        # only where eval scores with another judger (a learned reward trains).
+        self.health = HealthMonitors(conf.health, eval_independent=bool(components.eval_judgers),
+                                     eval_prompts=conf.eval.num_prompts, total_steps=conf.total_steps)
+        self.bias = BiasMeter(conf.max_response_tokens())  # generated against trained (rlharness/health/bias.py)
 
     # ------------------------------------------------------------------ main loop
     async def fit(self) -> dict[str, Any]:
@@ -89,11 +96,15 @@ class Trainer:
             log.info("%s is already at step %d (total_steps=%d): nothing to train; pass total_steps=N with "
                      "N > %d to extend it", self.run_dir, self.step, conf.total_steps, self.step)
             return {}
+        # trainer.probe_longest: the longest micro-batch trained once (and undone) before any data is used.
+        probed = await probe_longest(conf, self.c.backend, self.c.task_data, self.c.encode) \
+            if self.step == 0 and probe_on(conf) else {}
         self.started = True
         warn_if_greedy({("agent.sampling" if not conf.tasks else f"tasks.{name}.sampling"): conf.sampling_for(entry)
                         for name, entry in conf.task_entries().items()}, conf.algo.advantage)
         stop_event = self.stop.attach(asyncio.get_running_loop())
         self.metrics = MetricsWriter(self.run_dir, resume_step=self.step)
+        self.health.replay(read_metrics(self.metrics.path))  # a resume continues the monitors' windows
         self.ledger = RolloutLedger(self.run_dir, resume_step=self.step)
         forget_evals_after(self.run_dir, self.step)
         self.wandb = WandbLogger(conf.logger, str(self.run_dir), self.run_dir.name, self.config_dict,
@@ -105,7 +116,8 @@ class Trainer:
         try:
             self._judge_window()  # count from here
             if self.step == 0 and not self.stop.requested:
-                self._log_row({"step": 0, **await self._evaluate(0), **self._judge_window()})
+                self._log_row(self._with_health({"step": 0, **await self._evaluate(0), **self._judge_window(),
+                                                 **probed}))
             if conf.mode == "disagg" and not self.stop.requested:
                 producer = asyncio.create_task(self.c.manager.produce_loop())
             with progress_bar(conf.total_steps, self.step) as bar:
@@ -122,7 +134,7 @@ class Trainer:
                         break
                     last = row
                     self._log_row(last)
-                    self.zero_signal.update(step, row.get("rollout/groups_zero_signal_frac"))
+                    self.health.stop_if_asked()  # health.on_alarm=stop: no checkpoint of this step
                     if self._due(step, conf.save_every):
                         await self._save()
                     bar.update(1)
@@ -138,7 +150,8 @@ class Trainer:
                 await self.c.manager.close()
             if self.stop.requested:
                 await self._save_on_stop()
-            elif (self.step == conf.total_steps or data_ended) and not latest_checkpoint_is(self.run_dir, self.step):
+            elif ((self.step == conf.total_steps or data_ended) and not self.health.stopped
+                  and not latest_checkpoint_is(self.run_dir, self.step)):
                 await self._save()
             # Groups dropped since the last step or checkpoint (a save ledgers them itself) reach the ledger
             # even when the run stops, as part of the next step: a resume from the last checkpoint redoes them.
@@ -210,7 +223,9 @@ class Trainer:
         self.ledger.write_step(step, produced.groups, conf.algo.failed_member_policy)
         self.ledger.write_dropped(step, c.manager.pop_dropped())
         self.wandb.log_samples(step, produced.groups)
-        row: dict[str, Any] = {"step": step, **batch_metrics, **train_metrics, **produced.stats}
+        row: dict[str, Any] = {"step": step, **batch_metrics, **train_metrics, **produced.stats,
+                               **self.bias.update(produced.generated, produced.groups)}
+        self.wandb.log_histograms(step, distributions(produced.generated, produced.groups))
         step_s = loop.time() - t0  # evaluation is timed on its own
         if self._due(step, conf.eval_every) or step == conf.total_steps:
             t_eval = loop.time()
@@ -239,6 +254,11 @@ class Trainer:
         })
         row.update({f"perf/engine_{k}": v for k, v in c.engine.stats().items()})
         self._rng_at_step = rng_state()
+        return self._with_health(row, produced.groups)
+
+    def _with_health(self, row: dict[str, Any], groups=None) -> dict[str, Any]:
+        """The row with the health monitors' numbers (rlharness/health/); their alarms are logged."""
+        row.update(self.health.check(row, groups))
         return row
 
     def _guard_onpolicy(self, step: int, groups, batch, train_metrics: dict[str, Any],

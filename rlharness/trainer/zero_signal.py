@@ -2,8 +2,9 @@
 
 Every advantage estimator here (`algo.advantage`) subtracts its group's mean: a group whose
 samples all get the same reward trains nothing. Greedy sampling makes every sample of a
-group the same response, so every group has zero signal from the first step; a task too
-hard or too easy for the model does the same over time. Both are said, once each.
+group the same response, so every group has zero signal from the first step: said here, at the
+start. A task too hard or too easy for the model does the same over time: the health monitor
+`zero_signal` says that (rlharness/health/learning_signal.py).
 """
 
 from __future__ import annotations
@@ -41,25 +42,3 @@ def warn_if_greedy(samplings: dict[str, SamplingConf], advantage: str) -> str | 
             log.warning(message)
             return message
     return None
-
-
-class ZeroSignalWatch:
-    """Warns once when `rollout/groups_zero_signal_frac` has been 1 for `steps` steps in a row
-    (again after a step with signal and another such streak); steps = 0 never warns."""
-
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
-        self.in_a_row = 0
-
-    def update(self, step: int, zero_signal_frac: float | None) -> str | None:
-        if zero_signal_frac is None or zero_signal_frac < 1.0:
-            self.in_a_row = 0
-            return None
-        self.in_a_row += 1
-        if self.steps == 0 or self.in_a_row != self.steps:
-            return None
-        message = (f"step {step}: every group of the last {self.steps} steps had equal rewards "
-                   f"(rollout/groups_zero_signal_frac=1): nothing is being learned; check the sampling (temperature, "
-                   f"top_p, top_k), whether the task suits the model (all right or all wrong), and the judger")
-        log.warning(message)
-        return message

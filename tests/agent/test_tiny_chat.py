@@ -174,7 +174,7 @@ def check_trained_equals_generated(calls, groups, max_tokens: int) -> None:
     """Every request was the sample's own tokens so far (never re-tokenized text), each result's
     tokens sit in the response as generated, and the trainer's log-probs on the batch are the
     engine's."""
-    from rlharness.backend.torch_backend import TorchBackend
+    from rlharness.backend.learner import Learner
 
     seqs = [s.prompt_ids + s.response_ids for g in groups for s in g]
 
@@ -190,7 +190,7 @@ def check_trained_equals_generated(calls, groups, max_tokens: int) -> None:
 
     for request, result in calls:
         assert any(placed(request, result, seq) for seq in seqs), (request.request_id, result.token_ids)
-    backend = TorchBackend(TorchBackendConf(), MODEL, AlgoConf(name="grpo"), total_steps=1, seed=0)
+    backend = Learner(TorchBackendConf(), MODEL, AlgoConf(name="grpo"), total_steps=1, seed=0)
     batch, _ = build_train_batch(groups, backend.algo, TOK.pad_token_id, 1, max_tokens, 1.0)
     with torch.no_grad():
         logits = backend.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlharness.algo.gae import gae_advantages, last_token_rewards, masked_whiten
-from rlharness.backend.torch_backend import TorchBackend
+from rlharness.backend.learner import Learner
 from rlharness.config.schema import AlgoConf, CriticConf, ModelConf, TorchBackendConf
 from rlharness.trainer.batch import build_train_batch
 from tests.backend.test_torch_backend import make_batch, make_groups, step
@@ -20,14 +20,14 @@ CRITIC_METRICS = {"critic/value_loss", "critic/vf_explained_var", "critic/values
                   "critic/grad_norm"}
 
 
-def ppo_backend(model_dir: str, **kw) -> TorchBackend:
+def ppo_backend(model_dir: str, **kw) -> Learner:
     critic = CriticConf(**kw.pop("critic", {}))
     algo = AlgoConf(name="ppo", advantage="gae", critic=critic, **kw)
-    return TorchBackend(TorchBackendConf(), ModelConf(path=model_dir), algo, total_steps=10, seed=0)
+    return Learner(TorchBackendConf(), ModelConf(path=model_dir), algo, total_steps=10, seed=0)
 
 
-def critic_weights(b: TorchBackend) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in b.critic.model.state_dict().items()}
+def critic_weights(b: Learner) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in b.critic.module.state_dict().items()}
 
 
 def test_batch_carries_scores_and_no_advantages_for_gae():
@@ -45,7 +45,7 @@ def test_train_step_uses_gae_against_the_critics_values(tiny_model_dir, monkeypa
     batch = make_batch(b.algo, seed=1)
     # The values GAE sees are the critic's before this step's update, on this batch.
     with torch.no_grad():
-        values_before = b.critic.model(batch.input_ids, batch.attention_mask) * batch.response_mask
+        values_before = b.critic.module(batch.input_ids, batch.attention_mask) * batch.response_mask
     seen = {}
     original = b._micro_step
 
@@ -97,7 +97,7 @@ def test_warmup_steps_train_only_the_critic(tiny_model_dir):
 def test_kl_in_reward_loads_the_reference_and_changes_the_advantages(tiny_model_dir):
     plain = ppo_backend(tiny_model_dir, lr=1e-2)
     with_kl = ppo_backend(tiny_model_dir, lr=1e-2, kl_reward_coef=0.5)
-    assert plain.ref_model is None and with_kl.ref_model is not None
+    assert plain.reference is None and with_kl.reference is not None
     for b in (plain, with_kl):  # move the policy away from the reference first
         step(b, make_batch(b.algo, seed=4))
     a, b_ = step(plain, make_batch(plain.algo, seed=5)), step(with_kl, make_batch(with_kl.algo, seed=5))
@@ -124,7 +124,7 @@ def test_save_load_resumes_policy_and_critic_bit_exact(tiny_model_dir, tmp_path)
 
 
 def test_a_checkpoint_without_a_critic_is_refused(tiny_model_dir, tmp_path):
-    grpo = TorchBackend(TorchBackendConf(), ModelConf(path=tiny_model_dir), AlgoConf(name="grpo"), total_steps=10,
+    grpo = Learner(TorchBackendConf(), ModelConf(path=tiny_model_dir), AlgoConf(name="grpo"), total_steps=10,
                         seed=0)
     asyncio.run(grpo.save(str(tmp_path / "ckpt")))
     with pytest.raises(FileNotFoundError, match="critic.safetensors"):

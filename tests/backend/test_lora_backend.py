@@ -11,7 +11,7 @@ import torch
 
 from rlharness.model import lora
 from rlharness.algo.losses import token_logprobs
-from rlharness.backend.torch_backend import TorchBackend
+from rlharness.backend.learner import Learner
 from rlharness.core.checkpoint import CheckpointError
 from rlharness.config.schema import AlgoConf, ConfigError, HFEngineConf, LoraConf, ModelConf, TorchBackendConf
 from rlharness.engine import GenerateRequest, SamplingParams, build_engine
@@ -21,11 +21,11 @@ from tests.backend.test_torch_backend import make_batch, step
 pytestmark = pytest.mark.timeout(180)
 
 
-def lora_backend(model_dir: str, rank: int = 4, sync: str = "merged", targets=(), **algo_kw) -> TorchBackend:
+def lora_backend(model_dir: str, rank: int = 4, sync: str = "merged", targets=(), **algo_kw) -> Learner:
     algo = AlgoConf(name="test", **{"lr": 1e-2, **algo_kw})
     model_conf = ModelConf(path=model_dir, lora=LoraConf(rank=rank, alpha=8.0, sync=sync,
                                                          target_modules=list(targets)))
-    return TorchBackend(TorchBackendConf(), model_conf, algo, total_steps=10, seed=0)
+    return Learner(TorchBackendConf(), model_conf, algo, total_steps=10, seed=0)
 
 
 def base_weights(model_dir: str) -> dict[str, torch.Tensor]:
@@ -52,7 +52,7 @@ def test_only_adapters_train_and_counts_are_logged(tiny_model_dir, caplog):
 
 def test_reference_is_the_model_with_adapters_off(tiny_model_dir):
     b = lora_backend(tiny_model_dir, kl_coef=0.1)
-    assert b.ref_model is None  # no second copy
+    assert b.reference is None  # no second copy
     batch = make_batch(b.algo)
     assert step(b, batch)["train/kl"] == pytest.approx(0.0, abs=1e-7)
     assert step(b, batch)["train/kl"] > 0
@@ -91,7 +91,7 @@ def test_adapter_sync_sends_only_a_and_b(tiny_model_dir):
     assert state_bytes(sent) == sum(p.numel() * 4 for p in b.model.parameters() if p.requires_grad)
 
 
-def _engine_vs_trainer(b: TorchBackend, engine) -> float:
+def _engine_vs_trainer(b: Learner, engine) -> float:
     """Largest |engine log-prob - trainer log-prob| over sampled tokens of a few prompts."""
     async def run():
         await engine.load_weights(await b.get_weights(), 1)
@@ -122,7 +122,7 @@ def test_engine_logprobs_equal_the_trainers(tiny_model_dir, sync):
         assert not any("lora" in k for k in engine._params)
     diff = _engine_vs_trainer(b, engine)
     # A full-weight run's engine/trainer gap on the same model is the yardstick.
-    full = TorchBackend(TorchBackendConf(), ModelConf(path=tiny_model_dir), AlgoConf(name="t", lr=1e-3), 10, 0)
+    full = Learner(TorchBackendConf(), ModelConf(path=tiny_model_dir), AlgoConf(name="t", lr=1e-3), 10, 0)
     step(full, make_batch(full.algo))
     full_diff = _engine_vs_trainer(full, build_engine(HFEngineConf(max_batch_size=8), ModelConf(path=tiny_model_dir),
                                                       seed=0))
@@ -167,7 +167,7 @@ def test_checkpoint_is_peft_format_and_resumes_bit_exact(tiny_model_dir, tmp_pat
 def test_resume_with_other_lora_settings_is_refused(tiny_model_dir, tmp_path):
     b = lora_backend(tiny_model_dir)
     asyncio.run(b.save(str(tmp_path / "lora")))
-    full = TorchBackend(TorchBackendConf(), ModelConf(path=tiny_model_dir), AlgoConf(name="t"), 10, 0)
+    full = Learner(TorchBackendConf(), ModelConf(path=tiny_model_dir), AlgoConf(name="t"), 10, 0)
     asyncio.run(full.save(str(tmp_path / "full")))
     with pytest.raises(CheckpointError, match="written by a LoRA run .*rank=4.*this run has model.lora.rank=0"):
         asyncio.run(full.load(str(tmp_path / "lora")))

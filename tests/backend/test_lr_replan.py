@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from rlharness.backend.lr_plan import LRPlan, planned, replan
-from rlharness.backend.torch_backend import TorchBackend
+from rlharness.backend.learner import Learner
 from rlharness.config.schema import AlgoConf, ModelConf, TorchBackendConf
 from tests.backend.test_torch_backend import make_batch
 
@@ -55,14 +55,14 @@ def test_checkpoint_without_a_saved_plan_is_judged_by_its_current_lr():
 
 def test_torch_backend_resumed_with_more_steps_does_not_restart_the_schedule(tiny_model_dir, tmp_path, caplog):
     a = algo()
-    first = TorchBackend(TorchBackendConf(), ModelConf(path=tiny_model_dir), a, total_steps=4, seed=0)
+    first = Learner(TorchBackendConf(), ModelConf(path=tiny_model_dir), a, total_steps=4, seed=0)
     for i in range(4):
         asyncio.run(first.train_step(make_batch(a, seed=i)))
     lr_at_end = first.optimizer.param_groups[0]["lr"]
     assert lr_at_end == pytest.approx(1e-4)  # the floor of a finished 4-step cosine run
     first.save_blocking(str(tmp_path / "ckpt"))
-    extended = TorchBackend(TorchBackendConf(), ModelConf(path=tiny_model_dir), a, total_steps=8, seed=0)
-    with caplog.at_level(logging.INFO, logger="rlharness.backend.torch_backend"):
+    extended = Learner(TorchBackendConf(), ModelConf(path=tiny_model_dir), a, total_steps=8, seed=0)
+    with caplog.at_level(logging.INFO, logger="rlharness.backend.learner"):
         extended.load_blocking(str(tmp_path / "ckpt"))
     assert any("LR schedule re-planned for total_steps=8 (was 4)" in r.message for r in caplog.records)
     lrs = [asyncio.run(extended.train_step(make_batch(a, seed=9)))["train/lr"] for _ in range(4)]

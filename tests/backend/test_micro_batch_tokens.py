@@ -10,7 +10,7 @@ import torch
 
 from rlharness.algo.losses import LOSS_AGG_MODES
 from rlharness.backend.micro_batches import token_budget_slices
-from rlharness.backend.torch_backend import TorchBackend
+from rlharness.backend.learner import Learner
 from rlharness.config.schema import AlgoConf, ConfigError, DeepSpeedBackendConf, ModelConf, TorchBackendConf
 from tests.backend.test_torch_backend import make_batch
 
@@ -28,8 +28,8 @@ def test_slices_respect_the_budget_longest_first():
     assert [s.tolist() for s in slices] == [[11], [10, 12]] and oversized == 1  # too long: alone, not dropped
 
 
-def backend(model_dir: str, algo: AlgoConf, budget: int | None) -> TorchBackend:
-    return TorchBackend(TorchBackendConf(micro_batch_tokens=budget), ModelConf(path=model_dir), algo,
+def backend(model_dir: str, algo: AlgoConf, budget: int | None) -> Learner:
+    return Learner(TorchBackendConf(micro_batch_tokens=budget), ModelConf(path=model_dir), algo,
                         total_steps=10, seed=0)
 
 

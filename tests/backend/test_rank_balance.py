@@ -14,7 +14,7 @@ import torch
 
 from rlharness.algo.losses import LOSS_AGG_MODES
 from rlharness.backend.rank_balance import imbalance, karmarkar_karp, rank_micro_slices, rank_shares
-from rlharness.backend.torch_backend import TorchBackend
+from rlharness.backend.learner import Learner
 from rlharness.config.schema import AlgoConf, ModelConf, TorchBackendConf
 from tests.backend.test_torch_backend import make_batch
 
@@ -86,7 +86,7 @@ def test_every_rank_gets_as_many_micro_batches_and_every_row_once(budget, world)
         assert sorted(int(i) for mb in mbs for i in mb) == sorted(rows[share].tolist())
 
 
-class AllRanksInOne(TorchBackend):
+class AllRanksInOne(Learner):
     """Every rank's micro-batches of the deepspeed plan, one after the other (their gradients add up)."""
 
     world, budget = 3, 20
@@ -104,7 +104,7 @@ def test_rank_plan_gives_the_unsplit_loss_and_gradient(tiny_model_dir, loss_agg)
     algo = AlgoConf(name="grpo", lr=1e-3, loss_agg=loss_agg, micro_batch_size=2, mini_batches=1, kl_coef=0.02)
     batch = make_batch(algo, seed=5, num_groups=3, k=4)  # 12 rows: 3 ranks x 4
     model = ModelConf(path=tiny_model_dir)
-    whole = TorchBackend(TorchBackendConf(), model, algo, total_steps=10, seed=0)
+    whole = Learner(TorchBackendConf(), model, algo, total_steps=10, seed=0)
     split = AllRanksInOne(TorchBackendConf(), model, algo, total_steps=10, seed=0)
     got, want = split.train_step_blocking(batch), whole.train_step_blocking(batch)
     for key in ("train/loss", "train/pg_loss", "train/kl", "train/entropy", "train/grad_norm",

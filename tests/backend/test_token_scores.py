@@ -11,8 +11,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlharness.algo.losses import token_entropy, token_logprobs
-from rlharness.backend.token_scores import decoder_hidden_states, head_reproduces_logits, model_logits
-from rlharness.backend.torch_backend import TorchBackend
+from rlharness.backend.learner import Learner
+from rlharness.backend.token_scores import head_reproduces_logits
+from rlharness.backend.torch_runner import TorchRunner
 from rlharness.config.schema import AlgoConf, ConfigError, ModelConf, TorchBackendConf
 from rlharness.model.tiny import DEFAULT_CHARS, save_tiny_model
 from rlharness.trainer.batch import build_train_batch
@@ -30,11 +31,11 @@ def wide_vocab_model(tmp_path_factory) -> str:
                                heads=2, layers=2))
 
 
-class PlainScores(TorchBackend):
+class PlainScores(Learner):
     """The computation the trainer replaced: the model's logits for every position, full log-softmax."""
 
-    def _token_scores(self, model, mb, temperature, entropy):
-        logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False).logits
+    def _token_scores(self, runner, mb, temperature, entropy):
+        logits = runner.logits(mb["input_ids"], mb["attention_mask"])
         lp = token_logprobs(logits, mb["input_ids"], temperature)
         with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
             ent = token_entropy(logits, temperature)
@@ -47,7 +48,7 @@ def batch_for(algo: AlgoConf, seed: int = 0, temperature: float = 1.0):
                              temperature=temperature)[0]
 
 
-def make(cls, model_dir: str, algo: AlgoConf, **conf_kw) -> TorchBackend:
+def make(cls, model_dir: str, algo: AlgoConf, **conf_kw) -> Learner:
     return cls(TorchBackendConf(**conf_kw), ModelConf(path=model_dir), algo, total_steps=10, seed=0)
 
 
@@ -58,11 +59,11 @@ def tensors(batch) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("entropy", ["detached", "grad"])
 def test_scores_equal_the_full_logits_computation(wide_vocab_model, entropy):
-    b = make(TorchBackend, wide_vocab_model, AlgoConf(name="grpo"), logprob_chunk_tokens=5)
-    assert b._head_split  # a Llama: lm_head(decoder(x)) is its logits, so only response rows are projected
+    b = make(Learner, wide_vocab_model, AlgoConf(name="grpo"), logprob_chunk_tokens=5)
+    assert b.head_split  # a Llama: lm_head(decoder(x)) is its logits, so only response rows are projected
     batch = batch_for(b.algo)
     mb, mask = tensors(batch), batch.response_mask > 0
-    lp, ent = b._token_scores(b.model, mb, 0.7, entropy)
+    lp, ent = b._token_scores(b.policy, mb, 0.7, entropy)
     logits = b.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     torch.testing.assert_close(lp[mask], token_logprobs(logits, batch.input_ids, 0.7)[mask], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent[mask], token_entropy(logits, 0.7)[mask], rtol=1e-5, atol=1e-5)
@@ -78,7 +79,7 @@ def test_train_step_equals_plain_scoring(wide_vocab_model, algo_kw):
     """Loss, metrics and the updated weights: chunked (3 tokens a chunk, recomputed in backward,
     with gradient checkpointing) against the full-logits trainer."""
     algo = AlgoConf(name="grpo", lr=1e-3, **algo_kw)
-    chunked = make(TorchBackend, wide_vocab_model, algo, logprob_chunk_tokens=3, gradient_checkpointing=True)
+    chunked = make(Learner, wide_vocab_model, algo, logprob_chunk_tokens=3, gradient_checkpointing=True)
     plain = make(PlainScores, wide_vocab_model, algo)
     batch = batch_for(algo, temperature=0.8)
     got, want = chunked.train_step_blocking(batch), plain.train_step_blocking(batch)
@@ -87,6 +88,13 @@ def test_train_step_equals_plain_scoring(wide_vocab_model, algo_kw):
         assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
     for (name, p), q in zip(chunked.model.named_parameters(), plain.model.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
+class ScaledLogits(TorchRunner):
+    """A model that scales its logits after the head (as some do)."""
+
+    def logits(self, ids, attn):
+        return 2.0 * super().logits(ids, attn)
 
 
 class LargestVocabRows(TorchDispatchMode):
@@ -111,7 +119,7 @@ class LargestVocabRows(TorchDispatchMode):
 
 def test_train_step_never_builds_a_rows_tokens_vocab_tensor(wide_vocab_model):
     algo = AlgoConf(name="grpo", kl_coef=0.05, mini_batches=2)  # + old log-probs pass and the reference model
-    b = make(TorchBackend, wide_vocab_model, algo, logprob_chunk_tokens=8)
+    b = make(Learner, wide_vocab_model, algo, logprob_chunk_tokens=8)
     batch = batch_for(algo)
     with LargestVocabRows(b.model.config.vocab_size, b.model.config.hidden_size) as seen:
         b.train_step_blocking(batch)
@@ -121,14 +129,13 @@ def test_train_step_never_builds_a_rows_tokens_vocab_tensor(wide_vocab_model):
 
 
 def test_models_whose_logits_are_not_the_head_are_scored_from_logits(wide_vocab_model):
-    b = make(TorchBackend, wide_vocab_model, AlgoConf(name="grpo"))
-    scaled = lambda m, ids, attn: 2.0 * model_logits(m, ids, attn)  # noqa: E731 - e.g. a logit scale after the head
-    assert head_reproduces_logits(b.model, b.model, decoder_hidden_states)
-    assert not head_reproduces_logits(b.model, b.model, decoder_hidden_states, forward_logits=scaled)
-    b._head_split = False
+    b = make(Learner, wide_vocab_model, AlgoConf(name="grpo"))
+    assert head_reproduces_logits(b.policy)
+    assert not head_reproduces_logits(ScaledLogits(b.model))
+    b.head_split = False
     batch = batch_for(b.algo)
     mask = batch.response_mask > 0
-    lp, _ = b._token_scores(b.model, tensors(batch), 1.0, "none")
+    lp, _ = b._token_scores(b.policy, tensors(batch), 1.0, "none")
     logits = b.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     torch.testing.assert_close(lp[mask], token_logprobs(logits, batch.input_ids)[mask], rtol=1e-5, atol=1e-5)
 

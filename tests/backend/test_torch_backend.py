@@ -12,7 +12,8 @@ import torch
 
 from rlharness.algo.losses import token_logprobs
 from rlharness.backend import build_backend
-from rlharness.backend.torch_backend import TorchBackend, lr_multiplier
+from rlharness.backend.learner import Learner
+from rlharness.backend.lr_plan import lr_multiplier
 from rlharness.config.schema import AlgoConf, ModelConf, TorchBackendConf
 from rlharness.trainer.batch import build_train_batch
 from rlharness.core.types import Group, RolloutState, Status
@@ -47,12 +48,12 @@ def make_batch(algo: AlgoConf, seed: int = 0, **kw):
                              temperature=1.0)[0]
 
 
-def backend(model_dir: str, **algo_kw) -> TorchBackend:
+def backend(model_dir: str, **algo_kw) -> Learner:
     algo = AlgoConf(name="test", **algo_kw)
-    return TorchBackend(TorchBackendConf(), ModelConf(path=model_dir), algo, total_steps=10, seed=0)
+    return Learner(TorchBackendConf(), ModelConf(path=model_dir), algo, total_steps=10, seed=0)
 
 
-def step(b: TorchBackend, batch) -> dict[str, float]:
+def step(b: Learner, batch) -> dict[str, float]:
     return asyncio.run(b.train_step(batch))
 
 
@@ -69,7 +70,7 @@ def test_lr_multiplier_schedules():
 def test_build_backend_dispatch(tiny_model_dir):
     algo = AlgoConf(name="grpo")
     b = build_backend(TorchBackendConf(), ModelConf(path=tiny_model_dir), algo, total_steps=5, seed=0)
-    assert isinstance(b, TorchBackend) and b.ref_model is None
+    assert isinstance(b, Learner) and b.reference is None
     # backend=deepspeed dispatch (Ray rank actors) is tested in tests/distributed/test_deepspeed_backend.py.
 
 
@@ -98,7 +99,7 @@ def test_repeated_steps_raise_the_likelihood_of_positive_advantage_responses(tin
     rejected = batch.advantages < 0
 
     def mean_logprob(where):
-        lp = b._logprobs_no_grad(b.model, {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+        lp = b._logprobs_no_grad({"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                                           "response_mask": batch.response_mask}, 1.0)
         return lp[where].mean().item()
 
@@ -184,13 +185,13 @@ def test_every_policy_loss_trains_finitely_with_several_updates(tiny_model_dir, 
 
 def test_kl_to_frozen_reference(tiny_model_dir):
     b = backend(tiny_model_dir, kl_coef=0.1, kl_estimator="k3", lr=3e-3)
-    assert b.ref_model is not None
+    assert b.reference is not None
     batch = make_batch(b.algo)
     first = step(b, batch)
     assert first["train/kl"] == pytest.approx(0.0, abs=1e-7)  # policy == reference before the first update
     second = step(b, batch)
     assert second["train/kl"] > 0
-    assert all(not p.requires_grad for p in b.ref_model.parameters())
+    assert all(not p.requires_grad for p in b.reference.module.parameters())
 
 
 def test_several_updates_per_step_use_old_logprobs(tiny_model_dir):
@@ -225,7 +226,7 @@ def test_save_load_round_trip_is_exact(tiny_model_dir, tmp_path):
     assert all(torch.equal(weights[k], reference_weights[k]) for k in reference_weights)
 
     # The checkpoint directory is an ordinary model.path.
-    as_policy = TorchBackend(TorchBackendConf(), loaded_model, first.algo, total_steps=10, seed=0)
+    as_policy = Learner(TorchBackendConf(), loaded_model, first.algo, total_steps=10, seed=0)
     assert as_policy.tokenizer.pad_token_id == first.tokenizer.pad_token_id
 
 

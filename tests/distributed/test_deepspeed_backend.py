@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rlharness.backend import build_backend
-from rlharness.distributed.train_actor import start_deepspeed_backend
-from rlharness.backend.deepspeed_backend import pad_rows
+from rlharness.distributed.train_actor import start_ranked_backend
+from rlharness.backend.rank_balance import pad_rows
 from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, ModelConf, TorchBackendConf
 from rlharness.distributed.train_actor import TrainingWorkerDied
 from rlharness.trainer.batch import build_train_batch
@@ -42,8 +42,8 @@ def make_batch(algo: AlgoConf, seed: int, num_groups: int = 3, k: int = 3, vocab
 def two_ranks_and_torch(algo: AlgoConf, model_dir: str):
     """Two ZeRO-2 ranks and backend=torch on the same model, and the three batches both train on."""
     model = ModelConf(path=model_dir)
-    ds = start_deepspeed_backend(DeepSpeedBackendConf(zero_stage=2, num_workers=2), model, algo, 10, 0,
-                                 cpus_per_worker=1.0, timeout_s=HANG_S)
+    ds = start_ranked_backend(DeepSpeedBackendConf(zero_stage=2, num_workers=2), model, algo, 10, 0,
+                              cpus_per_worker=1.0, timeout_s=HANG_S)
     ref = build_backend(TorchBackendConf(), model, algo, 10, 0)
     return ds, ref, [make_batch(algo, seed=s) for s in (1, 2, 3)]
 
@@ -112,8 +112,8 @@ def test_a_non_finite_gradient_skips_the_update_on_every_rank(ray_session, tiny_
     import dataclasses
 
     algo = AlgoConf(name="drgrpo", advantage="drgrpo", norm_adv_by_std=False, loss_agg="seq_mean_token_sum_norm")
-    ds = start_deepspeed_backend(DeepSpeedBackendConf(zero_stage=zero_stage, num_workers=2), ModelConf(path=tiny_model_dir),
-                                 algo, 10, 0, cpus_per_worker=1.0, timeout_s=HANG_S)
+    ds = start_ranked_backend(DeepSpeedBackendConf(zero_stage=zero_stage, num_workers=2), ModelConf(path=tiny_model_dir),
+                              algo, 10, 0, cpus_per_worker=1.0, timeout_s=HANG_S)
     batch = make_batch(algo, seed=1)
     huge = dataclasses.replace(batch, advantages=batch.advantages * 1e30)  # the gradient norm overflows
 
@@ -140,9 +140,9 @@ def test_gradient_checkpointing_and_chunked_scores_match_torch(ray_session, tiny
     the gradient norm of plain backend=torch, over two steps."""
     algo = AlgoConf(name="grpo", lr=1e-3, micro_batch_size=2, entropy_coef=0.01)
     model = ModelConf(path=tiny_model_dir)
-    ds = start_deepspeed_backend(DeepSpeedBackendConf(zero_stage=zero_stage, num_workers=2, gradient_checkpointing=True,
-                                                      logprob_chunk_tokens=3),
-                                 model, algo, 10, 0, cpus_per_worker=1.0, timeout_s=HANG_S)
+    ds = start_ranked_backend(DeepSpeedBackendConf(zero_stage=zero_stage, num_workers=2, gradient_checkpointing=True,
+                                                   logprob_chunk_tokens=3),
+                              model, algo, 10, 0, cpus_per_worker=1.0, timeout_s=HANG_S)
     ref = build_backend(TorchBackendConf(), model, algo, 10, 0)
 
     async def main():
@@ -168,8 +168,8 @@ def test_token_budget_on_balanced_ranks_matches_torch(ray_session, tiny_model_di
     (every algo.loss_agg: tests/backend/test_rank_balance.py); the imbalance metric is reported."""
     algo = AlgoConf(name="grpo", lr=1e-3, mini_batches=2, kl_coef=0.01, loss_agg="seq_mean_token_mean")
     model = ModelConf(path=tiny_model_dir)
-    ds = start_deepspeed_backend(DeepSpeedBackendConf(zero_stage=3, num_workers=2, micro_batch_tokens=16),
-                                 model, algo, 10, 0, cpus_per_worker=1.0, timeout_s=HANG_S)
+    ds = start_ranked_backend(DeepSpeedBackendConf(zero_stage=3, num_workers=2, micro_batch_tokens=16),
+                              model, algo, 10, 0, cpus_per_worker=1.0, timeout_s=HANG_S)
     ref = build_backend(TorchBackendConf(), model, algo, 10, 0)
 
     async def main():
@@ -215,7 +215,7 @@ def test_ppo_critic_on_two_zero_ranks_matches_torch_and_resumes_bit_exact(ray_se
                 assert got["critic/vf_clip_frac"] == pytest.approx(want["critic/vf_clip_frac"], abs=0.08)
             assert want["critic/vf_clip_frac"] > 0 and want["critic/kl_reward"] != 0
             weights = await critic_weights()
-            ref_weights = {k: v.detach() for k, v in ref.critic.model.state_dict().items()}
+            ref_weights = {k: v.detach() for k, v in ref.critic.module.state_dict().items()}
             assert set(weights) == set(ref_weights)
             for name, t in ref_weights.items():  # the tolerance of the policy's comparison above
                 torch.testing.assert_close(weights[name], t, rtol=1e-4, atol=1e-4, msg=name)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlharness.backend import build_backend
-from rlharness.distributed.train_actor import start_deepspeed_backend
+from rlharness.distributed.train_actor import start_ranked_backend
 from rlharness.config.schema import AlgoConf, DeepSpeedBackendConf, LoraConf, ModelConf, TorchBackendConf
 from rlharness.logging_utils.metrics import read_metrics
 from rlharness.core.run_dir import RunDir
@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(400)]
 def test_zero2_lora_matches_torch_and_resumes(ray_session, tiny_model_dir, tmp_path):
     algo = AlgoConf(name="grpo", lr=1e-2, mini_batches=2, micro_batch_size=2, kl_coef=0.01)
     model = ModelConf(path=tiny_model_dir, lora=LoraConf(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj"]))
-    ds = start_deepspeed_backend(DeepSpeedBackendConf(zero_stage=2, num_workers=2), model, algo, 10, 0,
-                                 cpus_per_worker=1.0, timeout_s=HANG_S)
+    ds = start_ranked_backend(DeepSpeedBackendConf(zero_stage=2, num_workers=2), model, algo, 10, 0,
+                              cpus_per_worker=1.0, timeout_s=HANG_S)
     ref = build_backend(TorchBackendConf(), model, algo, 10, 0)
     batches = [make_batch(algo, seed=s) for s in (1, 2, 3)]
 

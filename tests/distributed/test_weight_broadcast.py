@@ -1,7 +1,7 @@
 """Weight transfer by broadcast group (rlharness.weights.transfer, rlharness.distributed.weight_channel).
 
 The GPU path is NCCL; here the same code path runs with gloo between real Ray actors
-(a training actor hosting a TorchBackend, engine actors), which tests the mechanism:
+(a training actor hosting a Learner, engine actors), which tests the mechanism:
 rendezvous, specs through the store, bucketed broadcast, loading as a version, and
 a missing sender raising instead of hanging.
 """
@@ -91,10 +91,10 @@ ray_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def _torch_backend_factory(model_dir: str):
-    from rlharness.backend.torch_backend import TorchBackend
+    from rlharness.backend.learner import Learner
 
     def factory(rank, addr, port):
-        return functools.partial(TorchBackend, TorchBackendConf(), ModelConf(path=model_dir), AlgoConf(name="grpo"),
+        return functools.partial(Learner, TorchBackendConf(), ModelConf(path=model_dir), AlgoConf(name="grpo"),
                                  10, 0)
     return factory
 

@@ -151,6 +151,11 @@ def test_the_train_line_runs_shortened(args, default_run, tmp_path):
     if args == ["--help"]:
         assert "strategy" in run_cli(args, cwd=tmp_path).stdout
         return
+    if "explain=true" in args:  # prints what the config means per step and starts nothing
+        where = tmp_path / "run"
+        assert run_cli([*args, f"hydra.run.dir={where}"], cwd=tmp_path).stdout.startswith("per step:")
+        assert not where.exists()
+        return
     if any(a.startswith("resume=") for a in args):  # continue the short default run one step further
         run_cli(shortened(localised(args, default_run, tmp_path), total_steps="3"), cwd=tmp_path)
         assert read_metrics(default_run / "metrics.jsonl")[-1]["step"] == 3

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rlharness.algo.losses import token_logprobs
-from rlharness.backend.torch_backend import TorchBackend
+from rlharness.backend.learner import Learner
 from rlharness.config.schema import AlgoConf, LoraConf, ModelConf, TorchBackendConf, VLLMEngineConf
 from rlharness.engine import build_engine
 from rlharness.engine.base import GenerateRequest, SamplingParams
@@ -24,15 +24,15 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 TOL = 1e-4  # as tests/engine/test_vllm_engine.py: vLLM's kernels are not HF's (measured gaps are printed)
 
 
-def trained_lora(model_dir: str, sync: str) -> TorchBackend:
+def trained_lora(model_dir: str, sync: str) -> Learner:
     model_conf = ModelConf(path=model_dir, lora=LoraConf(rank=4, alpha=8.0, sync=sync))
-    b = TorchBackend(TorchBackendConf(), model_conf, AlgoConf(name="t", lr=5e-2), total_steps=10, seed=0)
+    b = Learner(TorchBackendConf(), model_conf, AlgoConf(name="t", lr=5e-2), total_steps=10, seed=0)
     for seed in range(3):
         step(b, make_batch(b.algo, seed=seed))
     return b
 
 
-def worst_gap(b: TorchBackend, results, prompts) -> float:
+def worst_gap(b: Learner, results, prompts) -> float:
     worst = 0.0
     with torch.no_grad():
         for p, res in zip(prompts, results):
@@ -42,7 +42,7 @@ def worst_gap(b: TorchBackend, results, prompts) -> float:
     return worst
 
 
-def run_engine(b: TorchBackend, model_dir: str, syncs: int = 2) -> tuple[float, float, list[int]]:
+def run_engine(b: Learner, model_dir: str, syncs: int = 2) -> tuple[float, float, list[int]]:
     """Build a vLLM engine for `b`'s LoRA settings, sync `syncs` times; (gap before sync, gap after, bytes per sync)."""
     prompts = [[5 + i, 9, 7, 11] for i in range(4)]
     reqs = [GenerateRequest(str(i), p, SamplingParams(max_tokens=12), seed=i) for i, p in enumerate(prompts)]

@@ -47,8 +47,8 @@ if sys.argv[1] == "engine":
     from rlharness.engine.hf import HFEngine
     model = HFEngine(HFEngineConf(), ModelConf(), seed=0).model
 else:
-    from rlharness.backend.torch_backend import TorchBackend
-    model = TorchBackend(TorchBackendConf(), ModelConf(), AlgoConf(), total_steps=1, seed=0).model
+    from rlharness.backend.learner import Learner
+    model = Learner(TorchBackendConf(), ModelConf(), AlgoConf(), total_steps=1, seed=0).model
 print("built", flush=True)
 # A resumed step's first admission as the engine makes it: 32 prompts of 8 tokens in one prefill with
 # a position id per row (its rotary cos/sin: 32 x 8 x 32 values, split in two chunks of 16 rows).

@@ -13,6 +13,10 @@ POST /batch {"items": [...]} -> {"results": [...]}, the same rule per item. Mode
   other labels at once. Members judged one after another never get an answer (no reply is
   delayed by a duration: the test does not depend on the machine's speed);
 - flaky: every 10th request (10th, 20th, ...) answers HTTP 500;
+- coin: a score of 0 or 1 for every item, a fair coin that reads nothing of the response: a bit of the hash
+  of the label's answer, how many requests carried that label before, and the item's place in the request
+  (the same bits run after run where a group is one /batch request; docs/operations/health.md's
+  entropy-collapse runs);
 - by_label: a label whose answer starts with "R" gets a 302 to ftp://127.0.0.1:9/x,
   one starting with "M" a reply that is not JSON, "D" valid JSON nested 10^5 deep, "E" a reply that
   is not JSON and quotes the request's Authorization header, "C" a 302 whose Location carries the
@@ -26,6 +30,7 @@ reads them while it runs or after.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -59,7 +64,11 @@ class Handler(BaseHTTPRequestHandler):
             self.server.count("http_500")
             self.send_error(500, "flaky judge")
             return
-        if self.path == "/batch":
+        if mode == "coin":
+            items = body["items"] if self.path == "/batch" else [body]
+            scores = self.server.coin([str(item["label"]["answer"]) for item in items])
+            payload = {"results": scores} if self.path == "/batch" else scores[0]
+        elif self.path == "/batch":
             payload = {"results": [_score(item) for item in body["items"]]}
         else:
             answer = str(body["label"]["answer"])
@@ -119,6 +128,15 @@ class JudgeServer(ThreadingHTTPServer):
         self.stats: dict[str, int] = {"requests": 0}
         self.arrived: dict[str, int] = {}  # label -> requests that carried it (mode together)
         self.arrival = threading.Condition()
+        self.coins: dict[str, int] = {}  # label -> requests that carried it (mode coin)
+
+    def coin(self, answers: list[str]) -> list[dict]:
+        with self.lock:
+            seen = {a: self.coins.get(a, 0) for a in answers}
+            for a in seen:
+                self.coins[a] = seen[a] + 1
+        return [{"score": float(hashlib.sha256(f"{a}|{seen[a]}|{i}".encode()).digest()[0] & 1)}
+                for i, a in enumerate(answers)]
 
     def wait_for_group(self, label: str) -> None:
         """Block until the `together` requests of this one's batch (per label) have all arrived."""
@@ -146,7 +164,7 @@ class JudgeServer(ThreadingHTTPServer):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=("ok", "together", "flaky", "by_label"), required=True)
+    ap.add_argument("--mode", choices=("ok", "together", "flaky", "by_label", "coin"), required=True)
     ap.add_argument("--stats-file", type=Path, required=True)
     ap.add_argument("--together", type=int, default=8)
     ap.add_argument("--max-requests", type=int, default=5000)

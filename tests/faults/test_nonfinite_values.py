@@ -21,7 +21,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rlharness.backend.torch_backend import NonFiniteWeights, TorchBackend
+from rlharness.backend.learner import Learner, NonFiniteWeights
 from rlharness.core.checkpoint import latest_checkpoint
 from rlharness.config.schema import (AlgoConf, ConfigError, ModelConf, RemoteJudgerConf, RouterJudgerConf,
                                      TorchBackendConf)
@@ -189,12 +189,12 @@ def make_batch(advantage: float):
                       num_groups=1, max_response_len=3, temperature=1.0)
 
 
-def weights(b: TorchBackend) -> dict[str, torch.Tensor]:
+def weights(b: Learner) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in b.model.state_dict().items()}
 
 
 def test_a_non_finite_gradient_skips_the_update_and_says_so(tiny_model_dir):
-    b = TorchBackend(TorchBackendConf(), ModelConf(path=tiny_model_dir),
+    b = Learner(TorchBackendConf(), ModelConf(path=tiny_model_dir),
                      AlgoConf(name="t", loss_agg="seq_mean_token_sum_norm"), total_steps=4, seed=0)
     before = weights(b)
     out = asyncio.run(b.train_step(make_batch(1e30)))  # Dr.GRPO-sized advantage: the gradient norm overflows
@@ -205,7 +205,7 @@ def test_a_non_finite_gradient_skips_the_update_and_says_so(tiny_model_dir):
 
 
 def test_no_checkpoint_is_written_from_non_finite_weights(tiny_model_dir, tmp_path):
-    b = TorchBackend(TorchBackendConf(), ModelConf(path=tiny_model_dir), AlgoConf(name="t"), total_steps=4, seed=0)
+    b = Learner(TorchBackendConf(), ModelConf(path=tiny_model_dir), AlgoConf(name="t"), total_steps=4, seed=0)
     b.save_blocking(str(tmp_path / "good"))  # finite weights save
     with torch.no_grad():
         next(b.model.parameters()).view(-1)[0] = float("nan")

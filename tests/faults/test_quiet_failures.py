@@ -98,7 +98,7 @@ def test_safetensors_full_disk_error_is_named(tmp_path, monkeypatch, tiny_model_
     writer transformers calls): the checkpoint's file is named."""
     from safetensors import SafetensorError
 
-    from rlharness.backend.torch_backend import TorchBackend
+    from rlharness.backend.learner import Learner
     from rlharness.config.schema import AlgoConf, ModelConf, TorchBackendConf
 
     def full_disk(tensors, filename, metadata=None):
@@ -106,7 +106,7 @@ def test_safetensors_full_disk_error_is_named(tmp_path, monkeypatch, tiny_model_
                               '"No space left on device" })')
 
     monkeypatch.setattr("transformers.modeling_utils.safe_save_file", full_disk)
-    backend = TorchBackend(TorchBackendConf(), ModelConf(path=tiny_model_dir), AlgoConf(name="t"), 4, 0)
+    backend = Learner(TorchBackendConf(), ModelConf(path=tiny_model_dir), AlgoConf(name="t"), 4, 0)
     with pytest.raises(CheckpointWriteError, match=f"cannot write {tmp_path / 'b' / 'model.safetensors'}: "
                                                    f"no space left on device"):
         backend.save_blocking(str(tmp_path / "b"))

@@ -155,7 +155,7 @@ def test_every_shipped_config_passes_the_preflight():
     choices = [f"{d.name}={f.stem}" for d in sorted((ROOT / "conf").iterdir()) if d.is_dir()
                for f in sorted(d.glob("*.yaml"))]
     for choice in choices:
-        extra = ["cluster=local_ray"] if choice.startswith(("backend=deepspeed", "experiment=")) else []
+        extra = ["cluster=local_ray"] if choice.startswith(("backend=deepspeed", "backend=fsdp2", "experiment=")) else []
         try:
             compose_checked([choice, *extra])
         except Exception as exc:  # noqa: BLE001 - report which choice

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from rlharness.backend.lr_plan import LRPlan, planned
-from rlharness.backend.torch_backend import TorchBackend
+from rlharness.backend.learner import Learner
 from rlharness.config.schema import AlgoConf, ModelConf, TorchBackendConf
 from tests.backend.test_torch_backend import make_batch
 
@@ -23,7 +23,7 @@ FIRST = {"lr": 1e-3, "weight_decay": 0.0, "adam_beta1": 0.9, "adam_beta2": 0.99,
 @pytest.fixture(scope="module")
 def checkpoint(tiny_model_dir, tmp_path_factory):
     """Two steps of a 6-step run with FIRST's settings, saved."""
-    first = TorchBackend(TorchBackendConf(), ModelConf(path=tiny_model_dir), AlgoConf(name="t", **FIRST),
+    first = Learner(TorchBackendConf(), ModelConf(path=tiny_model_dir), AlgoConf(name="t", **FIRST),
                          total_steps=6, seed=0)
     for i in range(2):
         asyncio.run(first.train_step(make_batch(first.algo, seed=i)))
@@ -43,8 +43,8 @@ def checkpoint(tiny_model_dir, tmp_path_factory):
 def test_a_changed_optimizer_setting_applies_from_the_resumed_step(tiny_model_dir, checkpoint, caplog, change,
                                                                    logged):
     algo = AlgoConf(name="t", **{**FIRST, **change})
-    resumed = TorchBackend(TorchBackendConf(), ModelConf(path=tiny_model_dir), algo, total_steps=6, seed=0)
-    with caplog.at_level(logging.INFO, logger="rlharness.backend.torch_backend"):
+    resumed = Learner(TorchBackendConf(), ModelConf(path=tiny_model_dir), algo, total_steps=6, seed=0)
+    with caplog.at_level(logging.INFO, logger="rlharness.backend.learner"):
         resumed.load_blocking(checkpoint)
     lines = [r.getMessage() for r in caplog.records if "resumed at step 2" in r.getMessage()]
     assert len(lines) == 1 and logged in lines[0], [r.getMessage() for r in caplog.records]
@@ -58,8 +58,8 @@ def test_a_changed_optimizer_setting_applies_from_the_resumed_step(tiny_model_di
 
 def test_an_unchanged_resume_logs_nothing_and_continues_exactly(tiny_model_dir, checkpoint, caplog):
     algo = AlgoConf(name="t", **FIRST)
-    resumed = TorchBackend(TorchBackendConf(), ModelConf(path=tiny_model_dir), algo, total_steps=6, seed=0)
-    with caplog.at_level(logging.INFO, logger="rlharness.backend.torch_backend"):
+    resumed = Learner(TorchBackendConf(), ModelConf(path=tiny_model_dir), algo, total_steps=6, seed=0)
+    with caplog.at_level(logging.INFO, logger="rlharness.backend.learner"):
         resumed.load_blocking(checkpoint)
     assert not [r for r in caplog.records if "resumed at step" in r.getMessage()]
     assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * planned(2, LRPlan(6), algo), rel=1e-12)

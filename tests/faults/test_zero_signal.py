@@ -1,6 +1,6 @@
 """A run that cannot learn says so (issue 22, item 8): greedy rollout sampling with a group baseline
-is warned about at the start, and all-equal rewards that last `trainer.zero_signal_warn_steps` steps
-are warned about while the run goes on."""
+is warned about at the start, and all-equal rewards that last `health.zero_signal.steps` steps
+are warned about while the run goes on (the health monitor `zero_signal`, tests/health/)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from rlharness.config.schema import SamplingConf
-from rlharness.trainer.zero_signal import ZeroSignalWatch, greedy_reason
+from rlharness.trainer.zero_signal import greedy_reason
 from tests.faults.test_refused_input import SIM
 from tests.helpers import run_in_process
 
@@ -28,22 +28,16 @@ def test_greedy_sampling_is_recognised(sampling, expect):
     assert (reason is None) if expect is None else (expect in reason)
 
 
-def test_the_streak_warning_comes_once_per_streak():
-    watch = ZeroSignalWatch(3)
-    said = [watch.update(s, f) for s, f in enumerate([1.0, 1.0, 1.0, 1.0, 0.5, 1.0, 1.0, 1.0], start=1)]
-    assert [s for s, m in enumerate(said, start=1) if m] == [3, 8]
-    assert "last 3 steps" in said[2]
-    assert all(ZeroSignalWatch(0).update(s, 1.0) is None for s in range(10))
-
-
 def test_a_greedy_run_is_warned_at_start_and_while_it_runs(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="rlharness.trainer.zero_signal"):
+    with caplog.at_level(logging.WARNING):
         run_in_process(tmp_path / "run", [*SIM, "total_steps=3", "agent.sampling.temperature=0",
-                                          "trainer.zero_signal_warn_steps=2"])
-    messages = [r.getMessage() for r in caplog.records if r.name == "rlharness.trainer.zero_signal"]
+                                          "health.zero_signal.steps=2"])
+    messages = [r.getMessage() for r in caplog.records if r.name in ("rlharness.trainer.zero_signal",
+                                                                      "rlharness.health")]
     assert any("agent.sampling.temperature=0" in m and "algo.advantage=grpo" in m and "zero signal" in m
                for m in messages), messages
-    assert any(m.startswith("step 2: every group of the last 2 steps had equal rewards") for m in messages), messages
+    assert any(m.startswith("step 2: health alarm zero_signal: no learning signal: every group of the last 2 steps "
+                            "had equal rewards") for m in messages), messages
 
 
 def test_a_sampling_run_is_not_warned_at_start(tmp_path, caplog):

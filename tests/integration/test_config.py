@@ -62,7 +62,7 @@ def test_every_group_option_composes(group, option):
     extra = []
     if group == "task" and option == "jsonl":
         extra = ["task.path=/data/x.jsonl"]
-    if group == "backend" and option == "deepspeed":
+    if group == "backend" and option in ("deepspeed", "fsdp2"):
         extra = ["cluster=local_ray"]
     conf, _ = compose_conf([f"{group}={option}", *extra])
     assert getattr(conf, group).__class__ is SCHEMAS[group][extended_schema(group, option)]
@@ -91,6 +91,16 @@ def test_top_level_max_staleness_reaches_the_strategy():
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         compose_conf([override])
+
+
+@pytest.mark.parametrize("backend", ["deepspeed", "fsdp2"])
+def test_ranked_backends_need_ray_and_at_least_one_worker(backend):
+    with pytest.raises(ConfigError, match=f"backend={backend} runs its workers as Ray actors"):
+        compose_conf([f"backend={backend}"])
+    with pytest.raises(ConfigError, match=r"backend\.num_workers=0"):
+        compose_conf([f"backend={backend}", "cluster=local_ray", "backend.num_workers=0"])
+    conf, _ = compose_conf([f"backend={backend}", "cluster=local_ray"])
+    assert conf.backend.ranked and conf.backend.workers == 2
 
 
 def test_wrong_type_names_the_key():

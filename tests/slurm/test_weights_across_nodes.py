@@ -53,7 +53,7 @@ def _broadcast_between_nodes(model_dir: str, backend_name: str, gpus: int) -> di
     """Node 0: Ray head, trainer on node 0, engine on node 1, `versions` broadcasts. Node 1: serves Ray."""
     import asyncio
 
-    from rlharness.backend.torch_backend import TorchBackend
+    from rlharness.backend.learner import Learner
     from rlharness.config.schema import AlgoConf, ModelConf, SimEngineConf, SlurmClusterConf, TorchBackendConf
     from rlharness.distributed.weight_channel import build_weight_channel
     from rlharness.distributed.spawn import spawn_engines
@@ -72,7 +72,7 @@ def _broadcast_between_nodes(model_dir: str, backend_name: str, gpus: int) -> di
     connect_ray(cluster)
     device = "cuda" if gpus else "cpu"
     factory = lambda r, a, p: functools.partial(  # noqa: E731
-        TorchBackend, TorchBackendConf(device=device), ModelConf(path=model_dir), AlgoConf(name="grpo"), 10, 0)
+        Learner, TorchBackendConf(device=device), ModelConf(path=model_dir), AlgoConf(name="grpo"), 10, 0)
     trainer = spawn_train_workers(factory, 1, 0.5, gpus and 1, {}, HANG_S, name="xnode", node_ranks=[0])
     engine = spawn_engines(SimEngineConf(num_engines=1, mean_response_len=4, slots=4), ModelConf(path=model_dir),
                            seed=0, cpus=0.5, gpus=gpus and 1, timeout_s=HANG_S, actor_cls=RecordingEngineActor,
