@@ -58,6 +58,13 @@ def main(cfg: DictConfig) -> float | None:
             raise
         print(f"error: {redact(str(exc))}", file=sys.stderr)
         sys.exit(EXIT_HEALTH_STOP if isinstance(exc, HealthStop) else EXIT_FAILED)
+    except RuntimeError as exc:  # production stalled (every recent group dropped, each in the ledger): one line
+        from rlharness.producer.strategies import ProductionStalled  # imported by now: torch is loaded
+
+        if not isinstance(exc, ProductionStalled) or HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        sys.exit(EXIT_FAILED)
     # Returned to Hydra (sweepers may optimise it): final eval accuracy if any.
     return last.get("eval/accuracy") if last else None
 

@@ -66,6 +66,9 @@ class AgentLoop(abc.ABC):
     async def pause(self) -> None:
         await self.engine.abort_all()
 
+    async def close(self) -> None:
+        """Release what the loop holds beyond the engine (the gateway's server and agent processes)."""
+
     async def judge_or_fail(self, group: Group) -> Group:
         """The judger's rewards; a judger that raises fails the group (with the reason), not the run."""
         try:
@@ -89,3 +92,15 @@ class AgentLoop(abc.ABC):
                 stop=self.stop_strings, greedy=False)
         return params
 
+
+async def close_agent_loops(loops: list[AgentLoop]) -> None:
+    """Close each loop once (a task's training and eval loops may be one object), in the event loop that ran
+    them (the gateway's server and agent processes belong to it)."""
+    seen: set[int] = set()
+    for loop in loops:
+        if id(loop) not in seen:
+            seen.add(id(loop))
+            try:
+                await loop.close()
+            except Exception:  # noqa: BLE001 - the run's end goes on (its checkpoint is written)
+                log.exception("closing agent loop %s failed", type(loop).__name__)

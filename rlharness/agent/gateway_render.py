@@ -118,11 +118,40 @@ def to_template_messages(messages: Any, tools: list[dict[str, Any]] | None,
 def render(tokenizer, messages: Any, tools: list[dict[str, Any]] | None, m: ToolMarkers) -> str:
     """The prompt text for `messages`: a generation prompt after a user turn, the open turn otherwise."""
     converted, open_turn = to_template_messages(messages, tools, m)
+    return apply_template(tokenizer, converted, generation_prompt=not open_turn, open_turn=open_turn)
+
+
+def apply_template(tokenizer, converted: list[dict[str, str]], generation_prompt: bool, open_turn: bool) -> str:
     try:
-        return tokenizer.apply_chat_template(converted, tokenize=False, add_generation_prompt=not open_turn,
+        return tokenizer.apply_chat_template(converted, tokenize=False, add_generation_prompt=generation_prompt,
                                              continue_final_message=open_turn)
     except Exception as exc:  # noqa: BLE001 - a template error is the request's problem
         raise RenderError(f"the chat template cannot render these messages: {exc}") from None
+
+
+def special_tokens(tokenizer) -> list[str]:
+    """The tokenizer's special tokens as text (`<|im_start|>`...): inside content they would become real
+    turn markers when the rendered text is tokenised."""
+    found = set(tokenizer.all_special_tokens)
+    found.update(t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special)
+    return sorted(t for t in found if t)
+
+
+def find_special_token(messages: Any, specials: list[str]) -> str | None:
+    """Where a special token is written inside the content a client sends (system, user and tool messages,
+    tool call arguments): "<role> message <i> holds <token>", or None. Assistant text is the model's own
+    (decoded without special tokens), so it is not searched."""
+    for i, msg in enumerate(messages if isinstance(messages, list) else []):
+        if not isinstance(msg, dict):
+            continue
+        texts = [] if msg.get("role") == "assistant" else [msg.get("content")]
+        texts += [c.get("function", {}).get("arguments") for c in msg.get("tool_calls") or [] if isinstance(c, dict)]
+        for text in texts:
+            text = json.dumps(text) if not isinstance(text, str) else text
+            hit = next((t for t in specials if t in text), None)
+            if hit is not None:
+                return f"{msg.get('role')} message {i} holds the special token {hit!r}"
+    return None
 
 
 def parse_completion(text: str, tools: list[dict[str, Any]] | None, m: ToolMarkers,

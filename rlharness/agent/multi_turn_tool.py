@@ -44,9 +44,13 @@ from rlharness.agent.tools import ToolError, ToolOutput, build_tools
 from rlharness.config.schema import MultiTurnToolAgentConf
 from rlharness.engine.base import GenerateRequest, RolloutEngine, new_request_id
 from rlharness.judger.base import Judger
+from rlharness.core.member_failures import mark_infra_failure
 from rlharness.core.types import Group, RolloutState, Status
 
 log = logging.getLogger(__name__)
+# Tool call outcomes that are the machine's failure, not the code's: the sandbox could not be set up, or
+# it did not end the call itself (the loop's own timer, a grace period past the sandbox's, fired).
+INFRA_TOOL_STOPS = ("sandbox_error", "timeout")
 
 _TOOL_NAME_RE = re.compile(r"\s*([A-Za-z_]\w*)\s*:(.*)", re.DOTALL)
 
@@ -203,6 +207,8 @@ class MultiTurnToolAgentLoop(SingleTurnAgentLoop):
         results.append({"stop": output.stop, "seconds": round(output.seconds, 3)})
         if output.stop != "ok":
             self.tool_errors += 1
+        if output.stop in INFRA_TOOL_STOPS:  # the sandbox failed, not the code: not the policy's fault
+            mark_infra_failure(s, f"tool call {call[:80]!r}: {output.stop}: {output.text[:200]}")
         text = self.conf.tool_output_start + output.text[: self.conf.max_tool_output_chars] + self.conf.tool_output_end
         ids = self.encode(text)[:remaining]
         if not ids:  # the same call would be found again, forever

@@ -20,6 +20,11 @@ as well: training refuses `sampler.prompt_repeat_k=1` (RunConf), since nothing w
   token returns with a per-token KL reward, whitened over the batch) is not offered: with
   outcome rewards and no KL in the reward it is the batch-whitened reward, one baseline
   for prompts of every difficulty, which the group baseline strictly improves on.
+
+Each takes `mask` ([num_groups, k] bool, True = valid; None = all valid): a member left out
+(an infrastructure failure, `algo.failed_member_policy=mask`) counts in no group statistic (mean,
+std, the leave-one-out k, the batch whitening) and gets advantage 0; a group with fewer than two
+valid members gets 0 throughout.
 """
 
 from __future__ import annotations
@@ -42,56 +47,82 @@ def get_advantage_estimator(name: str) -> AdvantageFn:
     return resolve(ADVANTAGES[name])
 
 
-def _check_rewards(rewards: torch.Tensor) -> torch.Tensor:
+def _check_rewards(rewards: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rewards as float, the valid-member mask as bool, all True when none is given)."""
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [num_groups, k], got shape {tuple(rewards.shape)}")
-    return rewards.float()
+    if mask is None:
+        return rewards.float(), torch.ones(rewards.shape, dtype=torch.bool)
+    if mask.shape != rewards.shape:
+        raise ValueError(f"mask must have the rewards' shape {tuple(rewards.shape)}, got {tuple(mask.shape)}")
+    return rewards.float(), mask.bool()
 
 
-def _zero_all_equal(adv: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    """Exactly 0 for every member of a group whose rewards are all equal (or that has one member)."""
-    flat = r.max(dim=1, keepdim=True).values == r.min(dim=1, keepdim=True).values
-    return torch.where(flat, torch.zeros_like(adv), adv)
+def _group_mean(r: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Per group, the mean of its valid members' rewards ([G, 1]; 0 for a group without any)."""
+    if bool(m.all()):  # torch's own reduction: a run without failed members trains the very same numbers
+        return r.mean(dim=1, keepdim=True)
+    n = m.sum(dim=1, keepdim=True)
+    return torch.where(m, r, 0.0).sum(dim=1, keepdim=True) / n.clamp(min=1)
 
 
-def _std(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Unbiased std that is 0 (not NaN) when there is a single element."""
-    n = x.numel() if dim is None else x.shape[dim]
-    if n < 2:
-        return torch.zeros(()) if dim is None else torch.zeros_like(x.select(dim, 0))
-    return x.std() if dim is None else x.std(dim=dim)
+def _group_std(r: torch.Tensor, m: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """Per group, the unbiased std of its valid members' rewards ([G, 1]; 0 with fewer than two)."""
+    if bool(m.all()):  # as _group_mean
+        return r.std(dim=1, keepdim=True) if r.shape[1] > 1 else torch.zeros_like(mean)
+    n = m.sum(dim=1, keepdim=True)
+    sq = torch.where(m, (r - mean) ** 2, 0.0).sum(dim=1, keepdim=True)
+    return torch.where(n > 1, sq / (n - 1).clamp(min=1), 0.0).sqrt()
 
 
-def grpo_advantages(rewards: torch.Tensor, *, norm_adv_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
-    r = _check_rewards(rewards)
-    adv = r - r.mean(dim=1, keepdim=True)
+def _zero_all_equal(adv: torch.Tensor, r: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Exactly 0 for the left-out members, and for every member of a group whose valid rewards are
+    all equal (or that has fewer than two valid members)."""
+    hi = torch.where(m, r, -torch.inf).max(dim=1, keepdim=True).values
+    lo = torch.where(m, r, torch.inf).min(dim=1, keepdim=True).values
+    flat = (hi == lo) | (m.sum(dim=1, keepdim=True) < 2)
+    return torch.where(flat | ~m, torch.zeros_like(adv), adv)
+
+
+def grpo_advantages(rewards: torch.Tensor, *, mask: torch.Tensor | None = None, norm_adv_by_std: bool = True,
+                    eps: float = 1e-6) -> torch.Tensor:
+    r, m = _check_rewards(rewards, mask)
+    mean = _group_mean(r, m)
+    adv = r - mean
     if norm_adv_by_std:
-        adv = adv / (_std(r, dim=1).unsqueeze(1) + eps)
-    return _zero_all_equal(adv, r)
+        adv = adv / (_group_std(r, m, mean) + eps)
+    return _zero_all_equal(adv, r, m)
 
 
-def drgrpo_advantages(rewards: torch.Tensor, **_: object) -> torch.Tensor:
-    r = _check_rewards(rewards)
-    return _zero_all_equal(r - r.mean(dim=1, keepdim=True), r)
+def drgrpo_advantages(rewards: torch.Tensor, *, mask: torch.Tensor | None = None, **_: object) -> torch.Tensor:
+    r, m = _check_rewards(rewards, mask)
+    return _zero_all_equal(r - _group_mean(r, m), r, m)
 
 
-def rloo_advantages(rewards: torch.Tensor, **_: object) -> torch.Tensor:
-    r = _check_rewards(rewards)
+def rloo_advantages(rewards: torch.Tensor, *, mask: torch.Tensor | None = None, **_: object) -> torch.Tensor:
+    r, m = _check_rewards(rewards, mask)
     k = r.shape[1]
-    if k < 2:
+    n = m.sum(dim=1, keepdim=True).float()
+    # r - mean of the other n - 1 valid rewards = n / (n - 1) * (r - mean), per group's own n.
+    scale = (k / (k - 1) if k > 1 else 1.0) if bool(m.all()) else n / (n - 1).clamp(min=1)
+    return _zero_all_equal((r - _group_mean(r, m)) * scale, r, m)
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor, *, mask: torch.Tensor | None = None, eps: float = 1e-6,
+                            **_: object) -> torch.Tensor:
+    r, m = _check_rewards(rewards, mask)
+    centred = _zero_all_equal(r - _group_mean(r, m), r, m)
+    # Whitening over the valid members of the batch: their mean of `centred` is already 0 up to
+    # rounding; subtract it anyway (as verl's masked_whiten), then zero the all-equal groups again.
+    valid = centred[m]
+    if valid.numel() == 0:
         return torch.zeros_like(r)
-    return _zero_all_equal((r - r.mean(dim=1, keepdim=True)) * (k / (k - 1)), r)
+    std = valid.std() if valid.numel() > 1 else torch.zeros(())
+    return _zero_all_equal((centred - valid.mean()) / (std + eps), r, m)
 
 
-def reinforce_pp_advantages(rewards: torch.Tensor, *, eps: float = 1e-6, **_: object) -> torch.Tensor:
-    r = _check_rewards(rewards)
-    centred = _zero_all_equal(r - r.mean(dim=1, keepdim=True), r)
-    # Whitening: the batch mean of `centred` is already 0 up to rounding; subtract it anyway
-    # (as verl's masked_whiten), then zero the all-equal groups again (the shift moved them).
-    return _zero_all_equal((centred - centred.mean()) / (_std(centred) + eps), r)
-
-
-def compute_advantages(rewards: torch.Tensor, algo: AlgoConf) -> torch.Tensor:
-    """The estimator named by `algo.advantage`; `algo.norm_adv_by_std` applies to grpo."""
+def compute_advantages(rewards: torch.Tensor, algo: AlgoConf, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The estimator named by `algo.advantage`; `algo.norm_adv_by_std` applies to grpo. `mask` ([G, k],
+    True = valid): members left out of their group's statistics (and given advantage 0)."""
     fn = get_advantage_estimator(algo.advantage)
-    return fn(rewards, norm_adv_by_std=algo.norm_adv_by_std)
+    return fn(rewards, mask=mask, norm_adv_by_std=algo.norm_adv_by_std)

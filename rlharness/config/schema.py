@@ -98,6 +98,9 @@ def header_value_problem(value: str) -> str | None:
     return None
 
 
+# What algo.failed_member_policy may say (rlharness/core/member_failures.py).
+FAILED_MEMBER_POLICIES = ("mask", "zero", "drop_group")
+
 # ----------------------------------------------------------------------------- strategy
 STALENESS_MODES = ("token", "admission")
 
@@ -319,18 +322,32 @@ class MultiTurnToolAgentConf(AgentConf):
 
 @dataclass
 class OpenAIGatewayAgentConf(AgentConf):
-    """The user's agent program behind a local OpenAI-compatible gateway (rlharness/agent/openai_gateway.py).
+    """The user's agent program behind a local gateway that speaks the OpenAI (chat completions,
+    completions, Responses) and Anthropic (Messages) APIs (rlharness/agent/openai_gateway.py).
     Its `prompt` is the task row's prompt text: use a task that does not apply the chat template
     (`task.apply_chat_template=false`), since the gateway renders the agent's messages itself."""
 
     name: str = "openai_gateway"
-    # module:function, an async callable `fn(row, client)` returning the answer (str) or the reward (number).
+    # module:function, `fn(row, client)` (async or plain) returning the answer (str) or the reward (number).
     entrypoint: str = "examples.gateway_calculator_agent:run"
+    # The client the program is given: openai (openai.AsyncOpenAI, or OpenAI for a plain def) | anthropic
+    # (anthropic.AsyncAnthropic / Anthropic). Either way `row["base_url"]` lets it build any other.
+    client: str = "openai"
     # The model name the gateway serves (`GET /v1/models`); a request naming another is refused (404).
     model_name: str = "policy"
-    max_concurrency: int = 64  # agent programs running at once in this loop
-    # A group whose agents are still running this long after it started (or was continued) is FAILED.
+    # Agent programs running at once, each in a process of its own (a call parked for a weight sync
+    # gives its slot back; its process waits).
+    max_concurrency: int = 64
+    # A member whose agent program is still running this long after it got its slot (or after its
+    # group was continued) is stopped (its process killed) and fails for a reason that is not the
+    # policy's (algo.failed_member_policy).
     timeout_s: float = 300.0
+    # One token budget per sample across all its calls: response tokens, the model's and those its
+    # messages add after them, over every token sequence of the sample; past it the next call is
+    # refused (400) and the sample ends. None: agent.sampling.max_tokens (the task's budget).
+    max_total_tokens: Optional[int] = None
+    # A request body over this many bytes is refused (413) before it is read.
+    max_request_bytes: int = 1048576
     # Tool calls in the model's text (the convention of agent=multi_turn_tool): start + argument + end,
     # answered inline by output_start + tool message + output_end.
     tool_call_start: str = "<tool>"
@@ -344,11 +361,21 @@ class OpenAIGatewayAgentConf(AgentConf):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(":" in self.entrypoint, "agent.entrypoint", self.entrypoint, "module:function")
+        _one_of("agent.client", self.client, ("openai", "anthropic"))
         _check(bool(self.model_name), "agent.model_name", self.model_name, "a non-empty string")
         _check(self.max_concurrency >= 1, "agent.max_concurrency", self.max_concurrency, ">= 1")
         _check(self.timeout_s > 0, "agent.timeout_s", self.timeout_s, "> 0")
+        _check(self.max_total_tokens is None or (isinstance(self.max_total_tokens, int) and self.max_total_tokens >= 1),
+               "agent.max_total_tokens", self.max_total_tokens, "an integer >= 1, or null (agent.sampling.max_tokens)")
+        _check(isinstance(self.max_request_bytes, int) and self.max_request_bytes >= 1024, "agent.max_request_bytes",
+               self.max_request_bytes, "an integer >= 1024")
         _check(bool(self.tool_call_start) and self.tool_call_end != self.tool_call_start, "agent.tool_call_end",
                self.tool_call_end, "a non-empty string different from agent.tool_call_start")
+
+    @property
+    def sample_token_budget(self) -> int:
+        """The tokens one sample may take over all its calls (max_total_tokens, else the task's budget)."""
+        return self.max_total_tokens if self.max_total_tokens is not None else self.sampling.max_tokens
 
 
 # ----------------------------------------------------------------------------- judger
@@ -374,7 +401,9 @@ class RuleJudgerConf(JudgerConf):
 
     Each member's slow scoring may take `agent.judge_timeout_s`; past it (or past the
     memory limit) its worker process is killed and replaced, and the member is handled
-    as `on_timeout` says: "fail" marks the group FAILED, "zero" scores the member 0.
+    as `on_timeout` says: "fail": the member failed for a reason that is not the policy's
+    (`algo.failed_member_policy`: left out of its group's statistics by default, its group
+    FAILED with drop_group); "zero": scored 0, as a wrong answer.
     """
 
     num_workers: int = 2  # judging processes (not threads: a stuck one must be killable)
@@ -1082,6 +1111,12 @@ class AlgoConf:
     overlong_penalty_factor: float = 1.0
     # Give no loss to responses cut by the token budget.
     mask_truncated: bool = False
+    # A member that failed for a reason that is not the policy's (its agent program crashed, hung or
+    # never called the model; a tool sandbox could not start; the judger ran past its limits on it):
+    # mask: left out of its group's advantage statistics and of the loss (a group left with fewer than
+    # two valid members is FAILED); zero: scored 0 and trained; drop_group: its whole group FAILED.
+    # rlharness/core/member_failures.py.
+    failed_member_policy: str = "mask"
     # The on-policy guard: in a step where every trained token was sampled by the weights being
     # trained (version step - 1), the engine's and the trainer's log-probs differ by rounding
     # only (mean |diff| per token, float32: tiny model 400 steps median 4.5e-7, max 6.2e-7;
@@ -1126,6 +1161,7 @@ class AlgoConf:
                 f"algo.policy_loss=gspo with algo.loss_agg={self.loss_agg!r} is not allowed: GSPO's objective is "
                 f"a mean over sequences; set algo.loss_agg=seq_mean_token_mean (or use algo=gspo)")
         _one_of("algo.kl_estimator", self.kl_estimator, ("k1", "k3"))
+        _one_of("algo.failed_member_policy", self.failed_member_policy, FAILED_MEMBER_POLICIES)
         _one_of("algo.proximal", self.proximal, ("recompute", "loglinear", "behaviour"))
         _one_of("algo.lr_schedule", self.lr_schedule, ("constant", "cosine", "linear"))
         _one_of("algo.tis_level", self.tis_level, ("token", "sequence"))

@@ -97,8 +97,12 @@ class RolloutState:
     # nothing else (the producer's bookkeeping lives in typed fields of the Group). Keys:
     # `turns` (list of {"role", "text"}) and `tool_calls` (int): the multi-turn tool loop and the
     # OpenAI gateway; `calls`, `prefix_mismatch`, `segments` (ints): the gateway's calls, calls that
-    # did not extend the previous one, token segments; `agent_reward` (float): the reward an
-    # agent program returned itself (gateway).
+    # matched no token sequence held, token sequences trained; `branches` (list of dicts): the
+    # sequences beyond the first, trained as rows of their own (rlharness/trainer/batch.py);
+    # `token_drift` (dict): where trained tokens differ from the re-rendered conversation;
+    # `agent_reward` (float): the reward an agent program returned itself (gateway);
+    # `infra_failure` (str), `agent_traceback`, `agent_output`: why the sample failed for a reason
+    # that is not the policy's (rlharness/core/member_failures.py).
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -124,7 +128,9 @@ class RolloutState:
         self.extra = {}
 
     def reset_response(self) -> None:
-        """Forget the generated part; the prompt goes back to be generated afresh."""
+        """Forget the generated part (and why it failed); the prompt goes back to be generated afresh."""
+        for key in _RESPONSE_FAILURE_KEYS:
+            self.extra.pop(key, None)
         self.response_ids = []
         self.response_logprobs = []
         self.response_model_steps = []
@@ -189,6 +195,9 @@ class RolloutState:
             self.finish_reason, self.num_aborts, self.sample_seed, _copy_mapping(self.extra),
         )
 
+
+# What `extra` says about a response's failure (rlharness/core/member_failures.py): gone with the response.
+_RESPONSE_FAILURE_KEYS = ("infra_failure", "agent_traceback", "agent_output")
 
 # The fields `clone` and `make_group` pass by position, in order: a field added to RolloutState
 # (or moved) must be added there too.

@@ -14,9 +14,10 @@ Where the scoring runs:
 - Members scored None go to `score_slow`: for a rule judger (conf a `RuleJudgerConf`)
   each member is scored in a judging process (`rlharness.judger.pool`) that is killed
   and replaced past `timeout_s`, so one pathological answer costs at most its timeout
-  and never blocks the trainer's interpreter; the member then fails its group or
-  scores 0 (`judger.on_timeout`). The remote judger overrides `score_slow` (HTTP,
-  concurrent). A judger without a rule conf (a test's or a user's own) scores in a
+  and never blocks the trainer's interpreter; the member then fails for a reason that is
+  not the policy's (`judger.on_timeout=fail`: `algo.failed_member_policy` decides, see
+  rlharness/core/member_failures.py) or scores 0 (`on_timeout=zero`). The remote judger
+  overrides `score_slow` (HTTP, concurrent). A judger without a rule conf (a test's or a user's own) scores in a
   worker thread under the same timeout.
 An exception from any path fails the group, with the judger and the error as reason.
 
@@ -34,6 +35,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+from rlharness.core.member_failures import mark_infra_failure
 from rlharness.core.types import Group, RolloutState
 
 log = logging.getLogger(__name__)
@@ -127,8 +129,11 @@ class Judger(abc.ABC):
                 return await self._score_one(s.response_text, s.label, timeout_s)
             except (JudgeLimitExceeded, asyncio.TimeoutError) as exc:
                 self.counts["timeouts" if getattr(exc, "kind", "timeout") == "timeout" else "memory_or_crash"] += 1
-                if on_timeout != "zero":
-                    raise
+                if on_timeout != "zero":  # fail: not the policy's fault; algo.failed_member_policy decides
+                    log.warning("judger %s: %s on a response of group %s; the member failed (not the policy's "
+                                "fault)", self.name, _reason(exc), s.group_id)
+                    mark_infra_failure(s, f"judger {self.name}: {_reason(exc)}")
+                    return {"score": 0.0}  # never read: the member is masked, zeroed or its group dropped
                 log.warning("judger %s: %s on a response of group %s; scored 0 (judger.on_timeout=zero)",
                             self.name, _reason(exc), s.group_id)
                 self.counts["scored_zero_on_timeout"] += 1

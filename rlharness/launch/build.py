@@ -300,6 +300,7 @@ def build_components(conf: RunConf, remote=None) -> Components:
                                 if e.over_sample_threshold is not None},
         last_step=conf.total_steps,
         teachers=teachers,
+        failed_member_policy=conf.algo.failed_member_policy,
     )
     eval_judgers = verifiable_judgers(conf, judgers)
     evaluator = build_evaluator(conf, task_data, encode, agent_loop_with if eval_judgers == judgers else

@@ -147,6 +147,16 @@ def check_eval_splits(conf: RunConf, task_data: dict[str, Any]) -> None:
                               f"task.num_eval)")
 
 
+async def _evaluate(evaluator) -> dict:
+    """The evaluation, its agent loops closed in the same event loop (the gateway's server and processes)."""
+    from rlharness.agent.base import close_agent_loops
+
+    try:
+        return await evaluator.evaluate()
+    finally:
+        await close_agent_loops(evaluator.agent_loops())
+
+
 def run_evaluation(conf: RunConf, run_dir: Path, source: Source) -> dict[str, Any]:
     """Load, evaluate, write `evals/<label>.jsonl`, `summary.json`, `summary.md`. Input errors
     (ConfigError, DataFileError) are raised before anything is written."""
@@ -180,7 +190,7 @@ def run_evaluation(conf: RunConf, run_dir: Path, source: Source) -> dict[str, An
         n = conf.eval.n
         with phase(f"evaluating {source.model_path}: {evaluator.num_prompts} prompt(s), greedy"
                    + (f" + {n} samples at temperature {conf.eval.temperature:g}" if n > 1 else "")):
-            metrics = asyncio.run(evaluator.evaluate())
+            metrics = asyncio.run(_evaluate(evaluator))
     finally:
         asyncio.run(_close(engine, None, list(judgers.values())))
     out = RunDir(run_dir / source.subdir)

@@ -2,8 +2,12 @@
 
 `rollouts/step_XXXXXXXX.jsonl` holds one row per sample trained at that step;
 `rollouts/dropped.jsonl` one row per sample of a group that was filtered, failed or
-dropped. A multi-turn sample also carries `tool_calls` and `turns` (the model's text and
-each tool output in order). Together with the checkpoint's buffer they account for every prompt drawn.
+dropped, and per member left out of its trained group (`algo.failed_member_policy=mask`: it
+failed for a reason that is not the policy's), with the reason. A multi-turn sample also carries
+`tool_calls` and `turns` (the model's text and each tool output in order); a gateway sample its
+`segments` (token sequences trained), `token_drift` when its tokens differ from its re-rendered
+conversation, and, when it failed, `infra_failure` and the agent program's own `agent_traceback`
+and `agent_output`. Together with the checkpoint's buffer they account for every prompt drawn.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from rlharness.core.member_failures import masked
 from rlharness.logging_utils.metrics import json_line, jsonl_rows, replace_text
 from rlharness.core.redaction import redact
 from rlharness.core.run_dir import RunDir, step_of
@@ -52,6 +57,12 @@ def sample_row(group: Group, s: RolloutState, train_step: int) -> dict[str, Any]
     if "turns" in s.extra:  # multi-turn loops: the model's turns and the tool outputs, readable
         row["tool_calls"] = s.extra.get("tool_calls", 0)
         row["turns"] = s.extra["turns"]
+    for key in ("segments", "token_drift"):
+        if key in s.extra:
+            row[key] = s.extra[key]
+    for key in ("infra_failure", "agent_traceback", "agent_output"):  # texts an error wrote: secrets out
+        if key in s.extra:
+            row[key] = redact(s.extra[key])
     return row
 
 
@@ -84,9 +95,20 @@ class RolloutLedger:
             log.warning("%s: the ledger files of %d of the checkpoint's %d steps are missing (deleted?): steps "
                         "%s", self.dir, len(missing), resume_step, shown)
 
-    def write_step(self, train_step: int, groups: list[Group]) -> None:
-        replace_text(self.run.rollout(train_step),
-                     "".join(json_line(sample_row(g, s, train_step)) + "\n" for g in groups for s in g.samples))
+    def write_step(self, train_step: int, groups: list[Group], failed_member_policy: str = "mask") -> None:
+        """The trained samples; a member the batch left out (`masked`) goes to the dropped rows instead."""
+        rows, left_out = [], []
+        for g in groups:
+            for s in g.samples:
+                if masked(s, failed_member_policy):
+                    row = {**sample_row(g, s, train_step), "reason": redact(s.extra["infra_failure"])}
+                    left_out.append(json_line(row))
+                else:
+                    rows.append(json_line(sample_row(g, s, train_step)))
+        replace_text(self.run.rollout(train_step), "".join(r + "\n" for r in rows))
+        if left_out:
+            with open(self.dropped_path, "a") as fh:
+                fh.write("".join(r + "\n" for r in left_out))
 
     def write_dropped(self, train_step: int, dropped: list[Group]) -> None:
         """The rows of groups dropped (FILTERED, FAILED), each with its group's `drop_reason` as `reason`."""

@@ -140,6 +140,14 @@ METRICS: tuple[Metric, ...] = (
     _M("rollout/groups_cancelled", "count", EVERY_STEP, "Groups cancelled (stop, shutdown) since the last batch."),
     _M("rollout/groups_abort_capped", "count", EVERY_STEP, "Groups FAILED after `strategy.max_aborts` interruptions "
        "without partial rollout."),
+    _M("rollout/members_failed_infra", "count", EVERY_STEP, "Members of the groups generated since the last batch "
+       "that failed for a reason that is not the policy's (an agent program that crashed, hung or never called the "
+       "model, a tool sandbox that could not start, the judger's limits); `algo.failed_member_policy` decides "
+       "what training does with them."),
+    _M("rollout/members_masked", "count", EVERY_STEP, "Members of this batch left out of their group's advantage "
+       "statistics and of the loss (`algo.failed_member_policy=mask`)."),
+    _M("rollout/branch_rows", "count", EVERY_STEP, "Training rows beyond one per sample: the extra token sequences "
+       "(branches) of gateway samples whose agent called in parallel or restarted its conversation."),
     _M("rollout/groups_in_flight", "count", EVERY_STEP, "Groups being generated when the row was written."),
     _M("rollout/tokens_generated", "tokens", EVERY_STEP, "Tokens the engines generated since the last batch."),
     _M("rollout/tokens_wasted", "tokens", EVERY_STEP, "Generated tokens thrown away since the last batch (expired "
@@ -225,10 +233,16 @@ METRICS: tuple[Metric, ...] = (
     # ------------------------------------------------------------------ agent
     _M("agent/calls_per_sample", "-", "every step, `agent=openai_gateway`", "Model calls the agent program made per "
        "trained sample."),
-    _M("agent/prefix_mismatch", "count", "every step, `agent=openai_gateway`", "Calls that did not extend the "
-       "previous call's tokens (a new segment was started; the last segment is trained)."),
+    _M("agent/prefix_mismatch", "count", "every step, `agent=openai_gateway`", "Calls whose text matched no token "
+       "sequence of their sample at all (a new sequence was tokenised from the text; every sequence is trained)."),
+    _M("agent/segments_per_sample", "-", "every step, `agent=openai_gateway`", "Token sequences trained per sample "
+       "(1 for a sequential agent; parallel calls and edited histories add branches)."),
+    _M("agent/token_drift_frac", "fraction", "every step, `agent=openai_gateway`", "Share of the batch's samples "
+       "whose trained tokens differ from their final conversation re-rendered with the chat template and tokenised "
+       "whole (the first divergence is in the sample's ledger row, `token_drift`)."),
     _M("agent/requests_refused", "count", "every step, `agent=openai_gateway`", "Requests the gateway refused with "
-       "an OpenAI-style error (a field it does not honour, another model name, bad JSON) since the last batch."),
+       "an API error (a field it does not honour, another model name, bad JSON, a body too large, a prompt past the "
+       "model's context, the sample's budget spent) since the last batch."),
     _M("agent/tool_calls_per_sample", "-", "every step, `agent=multi_turn_tool`", "Tool calls per trained sample "
        "(every tool: calculator, python)."),
     _M("agent/tool_failed_frac", "fraction", "every step, `agent=multi_turn_tool`", "Share of the step's tool calls "

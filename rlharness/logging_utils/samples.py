@@ -25,13 +25,15 @@ def judgement(group: Group, s: RolloutState) -> str:
     """Sample `s` of `group`: correct | wrong | failed: <the group's drop reason>."""
     if s.status == Status.FAILED:
         return redact(f"failed: {group.drop_reason or 'judging failed'}")
+    if "infra_failure" in s.extra:  # not the policy's: neither right nor wrong
+        return redact(f"failed: {s.extra['infra_failure']}")
     return "correct" if s.reward is not None and s.reward.get("score", 0.0) >= 1.0 else "wrong"
 
 
 def eval_sample(group: Group, s: RolloutState, kind: str, extract: Callable[[str], str | None]) -> dict[str, Any]:
     row = {"kind": kind, "response": s.response_text, "extracted": extract(s.response_text),
            "judgement": judgement(group, s),
-           "score": None if s.status == Status.FAILED else (s.reward or {}).get("score"),
+           "score": None if s.status == Status.FAILED or "infra_failure" in s.extra else (s.reward or {}).get("score"),
            "finish_reason": s.finish_reason}
     if "turns" in s.extra:  # the tool agent: what it called and what came back
         row["tool_calls"] = s.extra.get("tool_calls", 0)

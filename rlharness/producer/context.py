@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rlharness.core import fault_points
+from rlharness.core.member_failures import INFRA_PREFIX, has_infra_failures, settle
 from rlharness.agent.base import AgentLoop
 from rlharness.health.bias import GenerationTally
 from rlharness.producer.filters import GroupFilter
@@ -151,6 +152,8 @@ class ProduceContext:
     abort_cap: int = 0
     # The last fill found nothing left to draw (allow_epoch_rollover=false), see strategies._fill.
     data_exhausted: bool = False
+    # What a member that failed for a reason not the policy's does to its group (algo.failed_member_policy).
+    failed_member_policy: str = "mask"
     # Tail-batch bookkeeping, for metrics and tests.
     tail_rounds: int = 0
     last_round_tail: bool = False
@@ -249,7 +252,8 @@ class ProduceContext:
         the producer's `collect`, which also keeps its oldest-first order: aborts finish in the
         engine's order, which need not be deterministic. Returns whether to wake the producer."""
         if (not self.paused and self._collect_error is None and not task.cancelled() and task.exception() is None
-                and task.result().status == Status.COMPLETED and self.group_filter(task.result()) is None):
+                and task.result().status == Status.COMPLETED and not has_infra_failures(task.result())
+                and self.group_filter(task.result()) is None):
             if self.pending.claim_one(task) is not None:
                 try:
                     stored = self._put(task.result(), known_kept=True)
@@ -312,6 +316,13 @@ class ProduceContext:
         if status == Status.ABORTED and self.abort_cap:
             status = self._cap_aborts(group)
         if status == Status.COMPLETED and not known_kept:
+            self.window["members_failed_infra"] += sum("infra_failure" in s.extra for s in group)
+            reason = settle(group, self.failed_member_policy)
+            if reason is not None:
+                log.warning("task %s: group %s FAILED: %s", self.task, group.group_id, reason[:300])
+                group.mark_failed(reason)
+                status = Status.FAILED
+        if status == Status.COMPLETED and not known_kept:
             reason = self.group_filter(group)
             if reason is not None:
                 group.mark_filtered(reason)
@@ -349,7 +360,7 @@ class ProduceContext:
 
 
 def drop_cause(group: Group, status: Status) -> tuple[str, str]:
-    """(cause, reason) of a group dropped on arrival: judging | teacher | crash | aborts | filter | expiry."""
+    """(cause, reason) of a group dropped on arrival: judging | teacher | infra | crash | aborts | filter | expiry."""
     if status == Status.FILTERED:
         return "filter", group.drop_reason or "filtered"
     if status == Status.FAILED:
@@ -358,6 +369,8 @@ def drop_cause(group: Group, status: Status) -> tuple[str, str]:
             return "judging", reason
         if reason.startswith("teacher "):
             return "teacher", reason
+        if reason.startswith(INFRA_PREFIX):
+            return "infra", reason
         return ("aborts" if reason.startswith("interrupted ") else "crash"), reason
     return "expiry", "expired on arrival (too stale)"
 
@@ -366,6 +379,8 @@ _STALL_HINTS = {
     "judging": "the judger is failing: check it (judger.*, agent.judge_timeout_s)",
     "crash": "the agent loop keeps crashing (see the log)",
     "teacher": "the distillation teacher fails to score groups (algo.teacher.*; see the last reason)",
+    "infra": "members keep failing for reasons that are not the policy's (agent programs crashing or timing out, "
+             "the tool sandbox, the judger's limits; each reason and traceback is in rollouts/dropped.jsonl)",
     "aborts": "groups are interrupted too often (strategy.max_aborts; see the last reason)",
     "filter": "strategy.group_filter drops every group (every member of a group scores the same: is the "
               "task too hard or too easy for the model?)",

@@ -88,6 +88,7 @@ class AgentLoopManager:
         over_sample_thresholds: dict[str, float] | None = None,
         last_step: int = 0,
         teachers: dict[str, Any] | None = None,
+        failed_member_policy: str = "mask",
     ) -> None:
         """`weights` split every step's batch over the tasks (largest remainder carried across
         steps; None = equal); `over_sample_thresholds` replace the async strategy's per task;
@@ -99,6 +100,7 @@ class AgentLoopManager:
         self.replay_buffer = replay_buffer
         self.batch_size = batch_size
         self.poll_interval_s = poll_interval_s
+        self.failed_member_policy = failed_member_policy  # algo.failed_member_policy (core/member_failures.py)
         weights = dict(weights) if weights is not None else {name: 1.0 for name in tasks}
         if set(weights) != set(tasks):
             raise ValueError(f"weights are for tasks {sorted(weights)}, the manager has {sorted(tasks)}")
@@ -153,6 +155,7 @@ class AgentLoopManager:
                 step_size=None if len(tasks) == 1 else (lambda step, name=name: self.allocation.sizes(step)[name]),
                 abort_cap=strategy.abort_cap(),
                 teacher=teachers.get(name),
+                failed_member_policy=self.failed_member_policy,
             )
             for name, (sampler, loop) in tasks.items()
         }
@@ -404,6 +407,9 @@ class AgentLoopManager:
         for c in self.contexts.values():
             c.paused = False
         self._producer_wake.set()
+
+    def agent_loops(self) -> list:
+        return [c.agent_loop for c in self.contexts.values()]
 
     async def close(self, timeout_s: float = 10.0) -> None:
         """Stop the produce loop and return everything in flight to the buffer."""

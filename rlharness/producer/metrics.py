@@ -128,6 +128,7 @@ class StepMetrics:
             "rollout/groups_aborted": float(window["groups_aborted"]),
             "rollout/groups_cancelled": float(window["groups_cancelled"]),
             "rollout/groups_abort_capped": float(window["groups_abort_capped"]),
+            "rollout/members_failed_infra": float(window["members_failed_infra"]),
             "rollout/tokens_generated": float(window["tokens_generated"]),
             "rollout/tokens_wasted": float(now["expired_tokens"] - before["expired_tokens"]
                                            + now["discarded_tokens"] - before["discarded_tokens"]),

@@ -27,6 +27,7 @@ import math
 from typing import Callable
 
 from rlharness.agent.base import AgentLoop
+from rlharness.core.member_failures import infra_failure
 from rlharness.config.schema import EvalConf
 from rlharness.data.base import PromptRow
 from rlharness.logging_utils.samples import eval_rows
@@ -43,8 +44,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def _correct(group: Group) -> list[bool | None]:
-    """Per member: correct or not; None where the judgement failed (neither right nor wrong)."""
-    return [None if s.status == Status.FAILED else
+    """Per member: correct or not; None where the judgement failed, or the member failed for a reason that
+    is not the policy's (an agent program that crashed, the judger's limits): neither right nor wrong."""
+    return [None if s.status == Status.FAILED or infra_failure(s) is not None else
             (s.status == Status.COMPLETED and s.reward is not None and s.reward["score"] >= 1.0) for s in group.samples]
 
 
@@ -71,6 +73,9 @@ class Evaluator:
         self.sampled_loop = sampled_loop
         self.seed = seed
         self.last_rows: list[dict] = []
+
+    def agent_loops(self) -> list[AgentLoop]:
+        return [loop for loop in (self.greedy_loop, self.sampled_loop) if loop is not None]
 
     @property
     def num_prompts(self) -> int:
@@ -142,6 +147,9 @@ class MultiTaskEvaluator:
     @property
     def num_prompts(self) -> int:
         return sum(e.num_prompts for e in self.evaluators.values())
+
+    def agent_loops(self) -> list[AgentLoop]:
+        return [loop for e in self.evaluators.values() for loop in e.agent_loops()]
 
     @property
     def last_rows(self) -> list[dict]:

@@ -47,6 +47,7 @@ from rlharness.logging_utils.wandb_logger import WandbLogger
 from rlharness.core.run_dir import CHECKPOINTS, RunDir, step_name
 from rlharness.producer.sampler import DataExhausted
 from rlharness.core.stopping import StopController
+from rlharness.agent.base import close_agent_loops
 from rlharness.trainer.batch import build_train_batch
 from rlharness.trainer.onpolicy_guard import (all_tokens_on_policy, guard_on, onpolicy_gap_warning, save_evidence,
                                               weights_verdict)
@@ -165,6 +166,7 @@ class Trainer:
             # Groups dropped since the last step or checkpoint (a save ledgers them itself) reach the ledger
             # even when the run stops, as part of the next step: a resume from the last checkpoint redoes them.
             self.ledger.write_dropped(self.step + 1, self.c.manager.pop_dropped())
+            await close_agent_loops([*self.c.manager.agent_loops(), *self.c.evaluator.agent_loops()])
             self.metrics.close()
             write_plots(self.run_dir)
             self.wandb.finish()
@@ -228,7 +230,7 @@ class Trainer:
         sync_s, sync_bytes = 0.0, 0
         if step % conf.sync_weights_interval == 0:
             sync_s, sync_bytes = await self._sync_weights(step)
-        self.ledger.write_step(step, produced.groups)
+        self.ledger.write_step(step, produced.groups, conf.algo.failed_member_policy)
         self.ledger.write_dropped(step, c.manager.pop_dropped())
         self.wandb.log_samples(step, produced.groups)
         row: dict[str, Any] = {"step": step, **batch_metrics, **train_metrics, **produced.stats,
@@ -467,3 +469,4 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
+

@@ -194,3 +194,25 @@ def test_the_time_budget_and_the_call_budget_hold_per_sample():
     (group,) = groups_for({"q:": []}, k=1)
     (s,) = asyncio.run(loop.generate_group(group, enable_partial_rollout=True))
     assert len(s.extra["tool_results"]) == 1 and s.finish_reason == "length"
+
+
+def test_a_sandbox_that_cannot_start_fails_the_member_not_the_policy():
+    """The sandbox itself fails (here its interpreter vanished after the start-up check): the model is shown
+    the error as before, and the member is marked as failed for a reason that is not the policy's
+    (algo.failed_member_policy), never scored as a wrong answer; a call whose code fails is the code's."""
+    from dataclasses import replace
+
+    plans = {"broken:": ["<tool>print(2 + 3)</tool>", "#### 5"]}
+    loop = build_agent_loop(conf(), Scripted(plans), MathJudger(), decode, encode=encode)
+    tool = loop.tools["python"]
+    tool.conf = replace(tool.conf, isolation="rlimits", python="/nonexistent/python3", warm=0)
+    (group,) = groups_for(plans, k=2)
+    done = asyncio.run(loop.generate_group(group, enable_partial_rollout=True))
+    for s in done:
+        assert s.extra["tool_results"][0]["stop"] == "sandbox_error"
+        assert "sandbox_error" in s.extra["infra_failure"] and s.status == Status.COMPLETED
+    plans = {"raises:": ["<tool>raise ValueError('x')</tool>", "#### 5"]}
+    loop = build_agent_loop(conf(), Scripted(plans), MathJudger(), decode, encode=encode)
+    (group,) = groups_for(plans, k=1)
+    (s,) = asyncio.run(loop.generate_group(group, enable_partial_rollout=True))
+    assert s.extra["tool_results"][0]["stop"] == "error" and "infra_failure" not in s.extra
