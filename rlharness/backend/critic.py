@@ -53,9 +53,12 @@ class ValueModel(torch.nn.Module):
             self.value_head.weight.copy_(w)
             self.value_head.bias.zero_()
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """[B, T] float32 values; column t from the hidden state at t - 1 (column 0 is 0)."""
-        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, T] float32 values; column t from the hidden state at t - 1 (column 0 is 0). Packed rows
+        (`position_ids`, no mask): a sample's first column holds the previous sample's, never a response's."""
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                           use_cache=False).last_hidden_state
         v = self.value_head(hidden[:, :-1]).squeeze(-1).float()
         return torch.nn.functional.pad(v, (1, 0))
 

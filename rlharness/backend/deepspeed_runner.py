@@ -34,6 +34,7 @@ from typing import Any, Callable
 import torch
 
 from rlharness.backend.learner import Learner
+from rlharness.backend.packing import PackedRows
 from rlharness.backend.runner import (DistributedRanks, ModelRunner, OptimizerFactory, Runners, all_finite)
 from rlharness.backend.torch_runner import TorchRunner
 from rlharness.core.checkpoint import check_state_files, writing
@@ -96,13 +97,16 @@ class DeepSpeedRunner(ModelRunner):
     def forward(self, **inputs: Any) -> Any:
         return self.engine(**inputs)
 
-    def response_rows(self, ids: torch.Tensor, attn: torch.Tensor, positions: torch.Tensor,
-                      head_split: bool) -> tuple[torch.Tensor, torch.nn.Module | None]:
+    def response_rows(self, ids: torch.Tensor, attn: torch.Tensor, positions: torch.Tensor, head_split: bool,
+                      packed: PackedRows | None = None) -> tuple[torch.Tensor, torch.nn.Module | None]:
         """ZeRO-3 gathers the head's weight collectively at every call of the head, and ranks hold
         different numbers of response tokens (so of chunks): there the model projects the response
-        positions itself, in its one head call, and only the log-softmax is chunked."""
+        positions itself, in its one head call, and only the log-softmax is chunked (packed rows: all
+        their positions, then the response rows are taken)."""
         if self.zero_stage != 3:
-            return super().response_rows(ids, attn, positions, head_split)
+            return super().response_rows(ids, attn, positions, head_split, packed)
+        if packed is not None:
+            return packed.rows_at(self.engine(**packed.forward_inputs()).logits, positions), None
         keep = torch.nn.functional.pad(positions, (0, 1))  # [B, T]: hidden state t - 1 scores token t
         return self.engine(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=keep).logits, None
 

@@ -59,12 +59,13 @@ from rlharness.backend.base import TrainingBackend
 from rlharness.backend.critic import value_model
 from rlharness.backend.lr_plan import LRPlan, apply_optimizer_settings, planned, replan
 from rlharness.backend.micro_batches import token_budget_slices
+from rlharness.backend.packing import PackedRows, honours_packing, packed_budget_slices
 from rlharness.backend.probe import probe_micro_batch
 from rlharness.backend.policy_files import read_policy, write_policy
 from rlharness.backend.rank_balance import imbalance, pad_plan, pad_rows, rank_micro_slices, rank_shares
 from rlharness.backend.runner import ModelRunner, Runners, adamw
 from rlharness.backend.token_scores import head_reproduces_logits, response_token_scores
-from rlharness.config.schema import AlgoConf, ModelConf, TorchBackendConf
+from rlharness.config.schema import AlgoConf, ConfigError, ModelConf, TorchBackendConf
 from rlharness.core.types import TrainBatch
 from rlharness.model import lora
 from rlharness.model.load import load_model, load_tokenizer
@@ -147,6 +148,7 @@ class Learner(TrainingBackend):
                                    algo.grad_clip)
         # Project only response positions (hidden states -> lm_head) where that gives the model's logits.
         self.head_split = head_reproduces_logits(self.policy)
+        self.packing = self._packing_honoured(conf.packing, model_conf)
         self.lr_plan = LRPlan(total_steps)  # re-planned when a resume changes total_steps (lr_plan.py)
         self.critic: ModelRunner | None = None  # algo.advantage=gae's value model
         if algo.advantage == "gae":
@@ -155,6 +157,29 @@ class Learner(TrainingBackend):
                                        adamw(c.lr, (algo.adam_beta1, algo.adam_beta2), c.weight_decay), c.grad_clip)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.policy.optimizer,
                                                            lambda step: planned(step, self.lr_plan, self.algo))
+
+    def _packing_honoured(self, wanted: bool | None, model_conf: ModelConf) -> bool:
+        """`backend.packing` resolved: whether micro-batches train as packed rows (packing.py). Probed on the
+        policy (eval mode: no dropout draw); the reference and the critic share its attention implementation."""
+        if wanted is False:
+            return False
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            ok = honours_packing(self.policy.forward, int(self.model.config.get_text_config().vocab_size),
+                                 self.device)
+        finally:
+            self.model.train(was_training)
+        if ok:
+            log.info("backend.packing: micro-batches train as packed rows")
+            return True
+        what = (f"model {model_conf.path} with model.attn_implementation={model_conf.attn_implementation} lets "
+                f"packed samples attend to each other")
+        if wanted:
+            raise ConfigError(f"backend.packing=true is not allowed: {what}; use backend.packing=false (or null: "
+                              f"packed where the attention allows it)")
+        log.warning("backend.packing: %s; training on padded rows", what)
+        return False
 
     @property
     def model(self) -> torch.nn.Module:
@@ -188,8 +213,9 @@ class Learner(TrainingBackend):
     def _token_scores(self, runner: ModelRunner, mb: dict[str, torch.Tensor], temperature: float,
                       entropy: str) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, T] log-probs and entropy of the response tokens (0 elsewhere), chunk by chunk."""
-        ids, attn = mb["input_ids"], mb["attention_mask"]
-        return response_token_scores(lambda positions: runner.response_rows(ids, attn, positions, self.head_split),
+        ids, attn, packed = mb["input_ids"], mb["attention_mask"], mb.get("packed")
+        return response_token_scores(lambda positions: runner.response_rows(ids, attn, positions, self.head_split,
+                                                                            packed),
                                      ids, mb["response_mask"], temperature=temperature, entropy=entropy,
                                      chunk_tokens=self.conf.logprob_chunk_tokens)
 
@@ -200,10 +226,14 @@ class Learner(TrainingBackend):
         with lora.reference(self.peft_model):
             return self._token_scores(self.policy, mb, temperature, "none")[0]
 
-    def _rows(self, batch: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Select rows and trim the right padding they all share (less compute per micro-batch)."""
+    def _rows(self, batch: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, Any]:
+        """Select rows and trim the right padding they all share (less compute per micro-batch); with
+        packing, also their packed layout (`packed`), which the models run on."""
         width = int(batch["attention_mask"][idx].sum(-1).max().item())
-        return {k: v[idx, :max(width, 1)] for k, v in batch.items()}
+        mb: dict[str, Any] = {k: v[idx, :max(width, 1)] for k, v in batch.items()}
+        if self.packing:
+            mb["packed"] = PackedRows.pack(mb["input_ids"], mb["attention_mask"])
+        return mb
 
     @torch.no_grad()
     def _per_token_no_grad(self, batch: dict[str, torch.Tensor], fn) -> torch.Tensor:
@@ -231,10 +261,11 @@ class Learner(TrainingBackend):
         if self.ranks.world_size > 1:
             per_rank, oversized = rank_micro_slices(rows, lengths, self.ranks.world_size,
                                                     balance=self.conf.balance_ranks,
-                                                    micro_batch_size=self.algo.micro_batch_size, budget=budget)
+                                                    micro_batch_size=self.algo.micro_batch_size, budget=budget,
+                                                    packed=self.packing)
             slices = per_rank[self.ranks.rank]
-        else:
-            slices, oversized = token_budget_slices(rows, lengths, budget)
+        else:  # packed rows hold a budget's tokens with no padding between samples
+            slices, oversized = (packed_budget_slices if self.packing else token_budget_slices)(rows, lengths, budget)
         if oversized and not self._warned_oversized:
             self._warned_oversized = True  # once per run: the row still trains, alone in its micro-batch
             log.warning("backend.micro_batch_tokens=%d is below the longest row (%d tokens): such rows train "
@@ -320,6 +351,7 @@ class Learner(TrainingBackend):
             # 0 when an applied update left a NaN/inf weight (a finite but far too high LR): the run stops.
             "train/weights_finite": float(self.weights_finite()),
             "train/response_tokens": float(tensors["response_mask"].sum()),
+            "perf/padding_frac": 1.0 - sums.ratio("sample_tokens", "computed_tokens") if train_policy else 0.0,
             **critic_metrics, **self._critic_step_metrics(sums),
         }
 
@@ -333,6 +365,9 @@ class Learner(TrainingBackend):
             mb = {**self._rows(tensors, idx), "rows": idx}
             loss, pg = self._micro_step(mb, batch.temperature, den, max_len, sums, first_epoch=epoch == 0,
                                         train_step=batch.train_step, updates=updates)
+            computed = mb["packed"].input_ids if self.packing else mb["input_ids"]
+            sums.add("computed_tokens", computed.numel())
+            sums.add("sample_tokens", mb["attention_mask"].sum())
             step_loss += loss
             step_pg += pg
             sums.add("micro_batches", 1)
@@ -414,7 +449,13 @@ class Learner(TrainingBackend):
     # ------------------------------------------------------------------ critic (algo.advantage=gae)
     def _values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
         """[b, t] values of a micro-batch's response tokens (0 elsewhere)."""
-        return self.critic.forward(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]) * mb["response_mask"]
+        packed = mb.get("packed")
+        if packed is None:
+            values = self.critic.forward(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"])
+        else:
+            values = packed.unpack(self.critic.forward(input_ids=packed.input_ids, attention_mask=None,
+                                                       position_ids=packed.position_ids))
+        return values * mb["response_mask"]
 
     @torch.no_grad()
     def _gae_advantages(self, tensors: dict[str, torch.Tensor], batch: TrainBatch) -> dict[str, float]:

@@ -31,6 +31,7 @@ import math
 import torch
 
 from rlharness.backend.micro_batches import token_budget_slices
+from rlharness.backend.packing import packed_budget_slices
 from rlharness.core.types import TrainBatch
 
 
@@ -110,18 +111,21 @@ def _split_to(groups: list[torch.Tensor], lengths: dict[int, int], count: int) -
 
 
 def rank_micro_slices(rows: torch.Tensor, lengths: torch.Tensor, world_size: int, *, balance: bool,
-                      micro_batch_size: int, budget: int | None) -> tuple[list[list[torch.Tensor]], int]:
+                      micro_batch_size: int, budget: int | None,
+                      packed: bool = False) -> tuple[list[list[torch.Tensor]], int]:
     """Every rank's micro-batches (row indices from `rows`), the same number on every rank.
 
     `lengths[i]` is row `rows[i]`'s length; `rows` holds a multiple of `world_size` rows.
-    Returns the per-rank lists and how many rows are longer than `budget` (trained alone)."""
+    `packed`: a budget counts the samples' tokens (packed rows: `packing.packed_budget_slices`), not rows x
+    the longest. Returns the per-rank lists and how many rows are longer than `budget` (trained alone)."""
     shares = [rows[s] for s in rank_shares(lengths, world_size, balance)]
     if budget is None:
         return [list(torch.split(s, micro_batch_size)) for s in shares], 0
     length_of = {int(r): int(n) for r, n in zip(rows, lengths)}
     per_rank, oversized = [], 0
     for share in shares:
-        groups, over = token_budget_slices(share, torch.tensor([length_of[int(r)] for r in share]), budget)
+        groups, over = (packed_budget_slices if packed else token_budget_slices)(
+            share, torch.tensor([length_of[int(r)] for r in share]), budget)
         per_rank.append(groups)
         oversized += over
     count = max(len(g) for g in per_rank)

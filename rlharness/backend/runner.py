@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 
+from rlharness.backend.packing import PackedRows
 from rlharness.core.checkpoint import load_state, save_state, writing
 
 log = logging.getLogger(__name__)
@@ -94,22 +95,30 @@ class ModelRunner(abc.ABC):
     def forward(self, **inputs: Any) -> Any:
         """The model's forward, through what wraps it (a DeepSpeed engine's bookkeeping, FSDP2's gathers)."""
 
-    def hidden_states(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """[B, T, hidden]: the final (normalised) hidden states the output head projects, no logits."""
+    def hidden_states(self, ids: torch.Tensor, attn: torch.Tensor | None, **extra: Any) -> torch.Tensor:
+        """[B, T, hidden]: the final (normalised) hidden states the output head projects, no logits.
+        `extra`: more model inputs (packed rows' `position_ids`)."""
         out = self.forward(input_ids=ids, attention_mask=attn, use_cache=False, output_hidden_states=True,
-                           logits_to_keep=torch.zeros(0, dtype=torch.long, device=ids.device))
+                           logits_to_keep=torch.zeros(0, dtype=torch.long, device=ids.device), **extra)
         return out.hidden_states[-1]
 
-    def logits(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        return self.forward(input_ids=ids, attention_mask=attn, use_cache=False).logits
+    def logits(self, ids: torch.Tensor, attn: torch.Tensor | None, **extra: Any) -> torch.Tensor:
+        return self.forward(input_ids=ids, attention_mask=attn, use_cache=False, **extra).logits
 
-    def response_rows(self, ids: torch.Tensor, attn: torch.Tensor, positions: torch.Tensor,
-                      head_split: bool) -> tuple[torch.Tensor, torch.nn.Module | None]:
+    def response_rows(self, ids: torch.Tensor, attn: torch.Tensor, positions: torch.Tensor, head_split: bool,
+                      packed: PackedRows | None = None) -> tuple[torch.Tensor, torch.nn.Module | None]:
         """The [N, D] rows to score at `positions` ([B, T - 1] bool) and the head that projects them (None:
-        they are logits). `head_split`: the output head applied to `hidden_states` gives the logits."""
+        they are logits). `head_split`: the output head applied to `hidden_states` gives the logits.
+        `packed`: the same rows laid out packed (packing.py); the model runs on those, the rows come back
+        in the padded layout's order."""
+        if packed is None:
+            extra, take = {}, (lambda out: out[:, :-1][positions])
+        else:
+            ids, attn, extra = packed.input_ids, None, {"position_ids": packed.position_ids}
+            take = (lambda out: packed.rows_at(out, positions))
         if head_split:
-            return self.hidden_states(ids, attn)[:, :-1][positions], self.module.get_output_embeddings()
-        return self.logits(ids, attn)[:, :-1][positions], None
+            return take(self.hidden_states(ids, attn, **extra)), self.module.get_output_embeddings()
+        return take(self.logits(ids, attn, **extra)), None
 
     # ------------------------------------------------------------------ update
     @abc.abstractmethod

@@ -17,7 +17,7 @@ logits) is its runner's (rlharness/backend/runner.py: `ModelRunner.response_rows
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -26,9 +26,11 @@ from rlharness.algo.logprobs import chunked_token_scores, scatter_positions
 log = logging.getLogger(__name__)
 
 
-def decoder_hidden_states(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-    """The final hidden states the model's lm_head would project (no logits computed)."""
-    return model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+def decoder_hidden_states(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor | None,
+                          **extra: Any) -> torch.Tensor:
+    """The final hidden states the model's lm_head would project (no logits computed); `extra`: more
+    inputs (packed rows' `position_ids`)."""
+    return model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False, **extra).last_hidden_state
 
 
 @torch.no_grad()

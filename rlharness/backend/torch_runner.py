@@ -32,8 +32,8 @@ class TorchRunner(FullStateRunner):
     def forward(self, **inputs: Any) -> Any:
         return self.module(**inputs)
 
-    def hidden_states(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        return decoder_hidden_states(self.module, ids, attn)
+    def hidden_states(self, ids: torch.Tensor, attn: torch.Tensor | None, **extra: Any) -> torch.Tensor:
+        return decoder_hidden_states(self.module, ids, attn, **extra)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

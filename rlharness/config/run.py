@@ -106,6 +106,12 @@ class RunConf(TaskWiring):
                 f"that run is one process on the first node and the other nodes would sit idle; use mode=disagg "
                 f"(engines and trainers on their own nodes), backend=deepspeed or fsdp2, or cluster.nodes=1")
         lora = self.model.lora
+        if self.engine.weight_delta == "on" and lora.enabled and lora.sync == "adapter":
+            raise ConfigError("engine.weight_delta=on with model.lora.sync=adapter is not allowed: an adapter sync "
+                              "sends the small A and B matrices whole; use engine.weight_delta=auto or off")
+        # Resolved once here, so the engines and the weight channel agree on it.
+        if self.engine.weight_delta == "auto":
+            self.engine.weight_delta = "on" if self.engine.sends_deltas(self.model, self.backend.on_gpu) else "off"
         if lora.enabled and lora.sync == "adapter" and self.engine.name == "vllm" and lora.rank > VLLM_MAX_LORA_RANK:
             raise ConfigError(f"model.lora.sync=adapter with engine=vllm and model.lora.rank={lora.rank} is not allowed: "
                               f"vLLM serves adapters up to rank {VLLM_MAX_LORA_RANK}; use model.lora.sync=merged")

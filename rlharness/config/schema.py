@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, ClassVar, Optional
 
 from omegaconf import II, MISSING
@@ -640,6 +640,7 @@ class RemoteJudgerConf(JudgerConf):
 
 # ----------------------------------------------------------------------------- model
 LORA_SYNCS = ("merged", "adapter")
+DTYPES = ("float32", "bfloat16", "float16")
 VLLM_MAX_LORA_RANK = 512  # the largest of vLLM's max_lora_rank values (vllm.config.lora.MaxLoRARanks)
 
 
@@ -681,8 +682,12 @@ class LoraConf:
 class ModelConf:
     # Any Hugging Face causal-LM directory; relative paths resolve against the project.
     path: str = "assets/tiny-arith"
-    # Weights' dtype on the engine and the trainer (the on-policy guard checks float32 runs only).
+    # Weights' dtype on the trainer, and on the engine unless engine_dtype says otherwise (the
+    # on-policy guard checks runs whose trainer and engine are both float32).
     dtype: str = "float32"
+    # The engine's weights' dtype when it differs from the trainer's (a float32 trainer feeding a
+    # bfloat16 engine, as verl's FSDP+vLLM does); None = model.dtype. Syncs send this dtype.
+    engine_dtype: Optional[str] = None
     # transformers' attention (eager, sdpa, ...) for the hf engine and the trainer.
     attn_implementation: str = "eager"
     # Allow a model whose config maps to code of its own (auto_map); refused otherwise.
@@ -690,7 +695,22 @@ class ModelConf:
     lora: LoraConf = field(default_factory=LoraConf)
 
     def __post_init__(self) -> None:
-        _one_of("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        _one_of("model.dtype", self.dtype, DTYPES)
+        if self.engine_dtype is not None:
+            _one_of("model.engine_dtype", self.engine_dtype, DTYPES)
+
+    @property
+    def engine_weights_dtype(self) -> str:
+        return self.engine_dtype or self.dtype
+
+    @property
+    def narrowest_dtype(self) -> str:
+        """The less precise of the trainer's and the engine's dtypes: float32 only when both are."""
+        return self.dtype if self.engine_weights_dtype == "float32" else self.engine_weights_dtype
+
+    def for_engine(self) -> "ModelConf":
+        """This model as an engine loads it (in the engine's dtype)."""
+        return replace(self, dtype=self.engine_weights_dtype, engine_dtype=None)
 
 
 # ----------------------------------------------------------------------------- engine
@@ -704,6 +724,12 @@ class EngineConf:
     # object store, or an NCCL group when engines and trainers both hold GPUs), `collective`
     # (a broadcast group: NCCL between GPUs, gloo otherwise), `disk` (vllm only).
     weight_sync: str = "auto"
+    # Delta syncs (rlharness/weights/delta.py): each sync sends only the values that changed since the
+    # last one, in the engine's dtype. `auto` (resolved when the run's config is checked): on where the
+    # engine's weights are narrower than float32 (a step changes a few percent of them) and the trainer's
+    # are on a GPU (the difference is computed there; on a CPU computing it costs more time than the
+    # bytes it saves: docs/benchmarks.md), never with model.lora.sync=adapter; `on`; `off`.
+    weight_delta: str = "auto"
 
     def weight_sync_routes(self) -> tuple[str, ...]:
         """The `weight_sync` values this engine can serve."""
@@ -712,6 +738,13 @@ class EngineConf:
     def __post_init__(self) -> None:
         _check(self.num_engines >= 1, "engine.num_engines", self.num_engines, ">= 1")
         _one_of("engine.weight_sync", self.weight_sync, self.weight_sync_routes())
+        _one_of("engine.weight_delta", self.weight_delta, ("auto", "on", "off"))
+
+    def sends_deltas(self, model: ModelConf, trainer_on_gpu: bool = False) -> bool:
+        """Whether syncs to this engine send differences (`weight_delta`, for these model settings)."""
+        if self.weight_delta == "off" or (model.lora.enabled and model.lora.sync == "adapter"):
+            return False
+        return self.weight_delta == "on" or (model.engine_weights_dtype != "float32" and trainer_on_gpu)
 
 
 @dataclass
@@ -801,6 +834,11 @@ class BackendConf:
         return 1
 
     @property
+    def on_gpu(self) -> bool:
+        """The trainer's weights live on a GPU (backends with a `device` say so)."""
+        return False
+
+    @property
     def ranked(self) -> bool:
         """The backend runs as ranks on Ray actors (deepspeed, fsdp2), whatever their number."""
         return self.name in ("deepspeed", "fsdp2")
@@ -816,9 +854,19 @@ class TorchBackendConf(BackendConf):
     # Response tokens whose vocabulary projection and log-softmax are computed at once
     # (rlharness/algo/logprobs.py): bounds the trainer's largest tensor to this x vocab floats.
     logprob_chunk_tokens: int = 1024
-    # Token-budget micro-batches: rows grouped longest first so each micro-batch holds at most
-    # this many tokens including padding (rlharness/backend/micro_batches.py); null: algo.micro_batch_size rows.
+    # Token-budget micro-batches: rows grouped so each micro-batch holds at most this many tokens
+    # (padded rows: longest first, padding included, rlharness/backend/micro_batches.py; packed rows:
+    # first-fit decreasing on the samples' own tokens); null: algo.micro_batch_size rows.
     micro_batch_tokens: Optional[int] = None
+    # Packed rows (rlharness/backend/packing.py): a micro-batch's samples end to end, position ids
+    # restarting per sample, no attention across them, for the policy, its reference and the critic.
+    # null: on where the model's attention keeps packed samples apart (probed when the trainer starts),
+    # else off (logged once); true: on, refused for a model whose attention does not; false: off.
+    packing: Optional[bool] = None
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device != "cpu"
 
     def __post_init__(self) -> None:
         _check(self.logprob_chunk_tokens >= 1, "backend.logprob_chunk_tokens", self.logprob_chunk_tokens, ">= 1")
@@ -839,9 +887,12 @@ class DeepSpeedBackendConf(BackendConf):
     gradient_checkpointing: bool = False
     logprob_chunk_tokens: int = 1024  # as backend=torch's
     micro_batch_tokens: Optional[int] = None  # as backend=torch's, within each rank's share
+    packing: Optional[bool] = None  # as backend=torch's
     # Rows split across ranks by Karmarkar-Karp on their lengths, equal row counts
     # (rlharness/backend/rank_balance.py); false: rank r trains rows r, r + W, ...
     balance_ranks: bool = True
+
+    on_gpu = TorchBackendConf.on_gpu
 
     def __post_init__(self) -> None:
         _check(self.logprob_chunk_tokens >= 1, "backend.logprob_chunk_tokens", self.logprob_chunk_tokens, ">= 1")

@@ -8,7 +8,7 @@
   back in the buffer to be sampled again; the proxy counts it (`requests_failed`);
 - after Ray restarts the actor, the proxy notices (new `instance_id`, or the actor
   refusing to serve), counts the restart and re-sends the last weights it pushed,
-  with their version, before the engine serves again;
+  with their version (whole, where syncs send differences), before the engine serves again;
 - weight versions only go forward, and a load that takes longer than `timeout_s`
   raises `WeightSyncTimeout` (and cancels the call) instead of blocking forever.
 
@@ -77,6 +77,10 @@ class RemoteEngine(RolloutEngine):
         # (object ref, version) last pushed: what a restarted actor is sent again. The ref is None for
         # a version that came by broadcast: a restarted actor cannot rejoin the group.
         self.target: tuple[Any, int] | None = None
+        # With delta syncs (set by the object-store weight channel): `await whole_version_ref(version)` is
+        # an object of every tensor of `version`, for a restarted actor (its initial weights are no base
+        # for the difference `target` may hold).
+        self.whole_version_ref: Any = None
         self._resync_needed = False
         self._lock: asyncio.Lock | None = None  # made in the loop that uses it
         self._in_flight = 0
@@ -273,7 +277,10 @@ class RemoteEngine(RolloutEngine):
                 raise EngineLost(f"engine {self.name} restarted, but a weight broadcast group cannot "
                                  f"re-admit a member; resume the run from its last checkpoint")
             if self.target is not None:
-                await self._push(*self.target)
+                ref, version = self.target
+                if self.whole_version_ref is not None:
+                    ref = await self.whole_version_ref(version)
+                await self._push(ref, version)
             else:
                 await asyncio.wait_for(self.actor.mark_ready.remote(), self.timeout_s)
         self._resync_needed = False

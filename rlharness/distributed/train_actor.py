@@ -31,6 +31,8 @@ from rlharness.cluster.ray_cluster import free_port
 from rlharness.config.schema import AlgoConf, BackendConf, ModelConf
 from rlharness.core.types import TrainBatch
 from rlharness.distributed.object_store_weights import RemoteWeights, for_object_store
+from rlharness.distributed.weight_channel import weights_to_send
+from rlharness.weights.delta import DeltaEncoder, WeightEncoding
 from rlharness.weights.transfer import WeightGroupMember, state_bytes
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,8 @@ class TrainWorkerActor:
         torch.set_num_threads(max(1, num_threads))
         self.backend: Any = None
         self.weight_member: WeightGroupMember | None = None  # rank 0, once a weight group is formed
+        # What weights become before they leave (the engine's dtype, delta syncs); set by the weight channel.
+        self.weight_encoder: DeltaEncoder = WeightEncoding().encoder()
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a free port (rank 0's become MASTER_ADDR/MASTER_PORT)."""
@@ -86,22 +90,35 @@ class TrainWorkerActor:
         self.weight_member = await asyncio.to_thread(WeightGroupMember, backend, host, port, rank, world_size,
                                                      timeout_s)
 
-    async def weight_group_send(self, version: int) -> int:
+    def set_weight_encoding(self, encoding: WeightEncoding) -> None:
+        self.weight_encoder = encoding.encoder()
+
+    async def weight_group_send(self, version: int, full: bool = False) -> int:
         """Every rank takes the weights (ZeRO-3 gathers collectively); the group member (rank 0)
-        broadcasts them. Returns the bytes sent (0 on the other ranks)."""
-        state = await self.call("get_weights")
+        broadcasts them, encoded (`full`: no differences). Returns the bytes sent (0 on the other ranks)."""
+        state = await weights_to_send(self.backend)  # this actor runs one call at a time: nothing trains meanwhile
         if self.weight_member is None:
             return 0
+        state = self.weight_encoder.encode(state, full)
         await asyncio.to_thread(self.weight_member.send, state, version)
         return state_bytes(state)
 
-    async def put_weights(self) -> list[Any]:
-        """`get_weights` into the object store (a state dict as `PackedWeights`: one copy); [ref], [] for none.
+    async def put_weights(self, full: bool = False) -> list[Any]:
+        """`get_weights`, encoded, into the object store (a state dict as `PackedWeights`: one copy); [ref],
+        [] for none.
 
-        A backend with `weights_to_copy_now` hands its live tensors: `ray.put` is that copy."""
-        live = getattr(self.backend, "weights_to_copy_now", None)
-        state = live() if live is not None else await self.call("get_weights")
-        return [] if state is None else [ray.put(for_object_store(state))]
+        From the live tensors where the backend offers them: `ray.put` (or the encoder's cast) is the copy."""
+        state = await weights_to_send(self.backend)
+        return [] if state is None else [ray.put(for_object_store(self.weight_encoder.encode(state, full)))]
+
+    def commit_weights(self, version: int) -> None:
+        """The last weights sent reached every engine as `version` (the base of the next difference)."""
+        self.weight_encoder.commit(version)
+
+    def put_version_weights(self, version: int) -> Any:
+        """Every tensor of `version` whole (the committed one, or the one in flight) into the object
+        store: for an engine that restarted with its initial weights."""
+        return ray.put(for_object_store(self.weight_encoder.version_state(version)))
 
 
 class RemoteBackend(TrainingBackend):
@@ -169,24 +186,39 @@ class RemoteBackend(TrainingBackend):
             return metrics
         return (await self._on_all("train_step", ref))[0]
 
-    async def weights_ref(self) -> Any:
-        """An ObjectRef of the current weights in the object store: the copy rank 0 made right after
-        the step, or a new one (every rank takes part: ZeRO-3 gathers collectively)."""
-        if self._prefetched is not None:
+    async def weights_ref(self, full: bool = False) -> Any:
+        """An ObjectRef of the current weights, encoded, in the object store: the copy rank 0 made right
+        after the step, or a new one (every rank takes part: ZeRO-3 gathers collectively). `full`: every
+        tensor whole (a copy made after the step may hold differences: it is not used)."""
+        if self._prefetched is not None and not full:
             ref, self._prefetched = self._prefetched, None
             return ref
-        results = await self._on_all_actors("put_weights")
+        self._prefetched = None
+        results = await self._on_all_actors("put_weights", full)
         if not results[0]:
             raise RuntimeError(f"training worker {self.names[0]} (rank 0) returned no weights")
         return results[0][0]
 
-    async def get_weights(self) -> RemoteWeights:
+    async def get_weights(self, full: bool = False) -> RemoteWeights:
         """The current weights as a mapping that lives in the object store (fetched where it is read)."""
-        return RemoteWeights(await self.weights_ref(), self.timeout_s)
+        return RemoteWeights(await self.weights_ref(full), self.timeout_s)
 
-    async def send_to_group(self, version: int) -> int:
+    async def send_to_group(self, version: int, full: bool = False) -> int:
         """Broadcast the current weights from rank 0 in the weight group it joined; bytes sent."""
-        return (await self._on_all_actors("weight_group_send", version))[0]
+        return (await self._on_all_actors("weight_group_send", version, full))[0]
+
+    # Rank 0 encodes what leaves it (rlharness/weights/delta.py); the weight channel drives it.
+    def set_weight_encoding(self, encoding: WeightEncoding) -> None:
+        """Blocking (called while the run is built, before any step)."""
+        wait_all([a.set_weight_encoding.remote(encoding) for a in self.actors], self.names, "weight encoding",
+                 self.timeout_s)
+
+    async def commit_weights(self, version: int) -> None:
+        await asyncio.wait_for(_await(self.actors[0].commit_weights.remote(version)), self.timeout_s)
+
+    async def version_weights_ref(self, version: int) -> Any:
+        """An ObjectRef of every tensor of `version`, whole (`TrainWorkerActor.put_version_weights`)."""
+        return await asyncio.wait_for(_await(self.actors[0].put_version_weights.remote(version)), self.timeout_s)
 
     async def save(self, directory: str) -> None:
         await self._on_all("save", directory)

@@ -18,6 +18,13 @@ Backends expose the state to send (`get_weights`; a Ray-hosted backend also `wei
 `send_to_group`), engines a way to receive (`load_weights`; engine proxies `push_ref` and, in a
 group, their actor's `weight_group_receive`). Every wait is bounded by `timeout_s`. Ray is
 imported only by the channels that use it: a colocated run without Ray never loads it.
+
+What leaves the sender is encoded where the trainer's weights are (`WeightEncoding`,
+rlharness/weights/delta.py): cast to the engine's dtype and, with delta syncs, only what changed
+since the last sync. Here (a backend in this process: `LocalSender`) or by training rank 0's actor
+(a `RemoteBackend`). A sync that completes commits its version as the base of the next difference;
+one that fails, and one after a resume (`sync(version, full=True)`), sends every tensor whole; an
+engine Ray restarts is sent its version whole (`version_weights_ref`), never a difference.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from rlharness.weights.delta import WeightEncoding
 from rlharness.weights.transfer import WeightGroupError, state_bytes
 
 log = logging.getLogger(__name__)
@@ -58,15 +66,63 @@ class WeightSyncTimeout(TimeoutError):
 
 @dataclass(frozen=True)
 class SyncStats:
-    bytes_sent: int  # what the sync moved (LoRA: only what changed; a broadcast: every bucket once)
+    # What the sync moved (LoRA: only the adapted tensors; delta syncs: only what changed; a broadcast:
+    # every bucket once).
+    bytes_sent: int
+
+
+class LocalSender:
+    """A backend in this process (colocated): what it hands over is encoded here. The same methods as a
+    `RemoteBackend`, whose training rank 0 encodes."""
+
+    def __init__(self, backend: Any, encoding: WeightEncoding) -> None:
+        self.backend, self.encoder = backend, encoding.encoder()
+
+    async def get_weights(self, full: bool = False) -> Any:
+        return self.encoder.encode(await weights_to_send(self.backend), full)
+
+    async def commit_weights(self, version: int) -> None:
+        self.encoder.commit(version)
+
+
+async def weights_to_send(backend: Any) -> Any:
+    """A local backend's weights for a sync: its live tensors where it offers them (`weights_to_copy_now`:
+    no snapshot; the encoder copies what it keeps, on the weights' device, and the sync is through before
+    the backend trains again), else `get_weights`."""
+    live = getattr(backend, "weights_to_copy_now", None)
+    return live() if live is not None else await backend.get_weights()
+
+
+def weight_sender(backend: Any, encoding: WeightEncoding) -> Any:
+    """What a channel takes each version from: a Ray-hosted backend itself (told how to encode),
+    else a `LocalSender` over the backend."""
+    if hasattr(backend, "set_weight_encoding"):
+        backend.set_weight_encoding(encoding)
+        return backend
+    return LocalSender(backend, encoding)
 
 
 class WeightChannel(abc.ABC):
     route: str
+    sender: Any  # the backend's side: `weight_sender`
+
+    _full_next = False  # the last sync failed: an engine may hold part of it
+
+    async def sync(self, version: int, full: bool = False) -> SyncStats:
+        """Every engine holds the backend's current weights as `version` when this returns. `full`:
+        every tensor whole, never a difference (after a resume: the engines hold another version)."""
+        try:
+            stats = await self._send(int(version), full or self._full_next)
+        except BaseException:
+            self._full_next = True
+            raise
+        self._full_next = False
+        await self.sender.commit_weights(int(version))
+        return stats
 
     @abc.abstractmethod
-    async def sync(self, version: int) -> SyncStats:
-        """Every engine holds the backend's current weights as `version` when this returns."""
+    async def _send(self, version: int, full: bool) -> SyncStats:
+        """Move this version to every engine."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         pass
@@ -77,11 +133,11 @@ class InProcessChannel(WeightChannel):
 
     route = IN_PROCESS
 
-    def __init__(self, backend: Any, engine: Any) -> None:
-        self.backend, self.engine = backend, engine
+    def __init__(self, sender: Any, engine: Any) -> None:
+        self.sender, self.engine = sender, engine
 
-    async def sync(self, version: int) -> SyncStats:
-        state = await self.backend.get_weights()
+    async def _send(self, version: int, full: bool) -> SyncStats:
+        state = await self.sender.get_weights(full)
         await self.engine.load_weights(state, version)
         # A `RemoteWeights` (a Ray training rank's object) knows its stored size.
         return SyncStats(state_bytes(state) if isinstance(state, dict) else int(getattr(state, "nbytes", 0)))
@@ -92,15 +148,18 @@ class ObjectStoreChannel(WeightChannel):
 
     route = OBJECT_STORE
 
-    def __init__(self, backend: Any, engines: list[Any], timeout_s: float) -> None:
-        self.backend, self.engines, self.timeout_s = backend, list(engines), timeout_s
+    def __init__(self, sender: Any, engines: list[Any], timeout_s: float, delta: bool = False) -> None:
+        self.sender, self.engines, self.timeout_s = sender, list(engines), timeout_s
+        if delta:  # the last object may be a difference: a restarted engine is sent its version whole
+            for e in self.engines:
+                e.whole_version_ref = sender.version_weights_ref
 
-    async def sync(self, version: int) -> SyncStats:
+    async def _send(self, version: int, full: bool) -> SyncStats:
         from rlharness.distributed.object_store_weights import stored_bytes
 
         for e in self.engines:
             e.check_forward(version)
-        ref = await self.backend.weights_ref()
+        ref = await self.sender.weights_ref(full)
         await asyncio.gather(*(e.push_ref(ref, version) for e in self.engines))
         return SyncStats(stored_bytes(ref, self.timeout_s))
 
@@ -117,25 +176,24 @@ class WeightGroup:
 class BroadcastChannel(WeightChannel):
     """By broadcast in the run's weight group: one transfer reaches every engine at once."""
 
-    def __init__(self, backend: Any, engines: list[Any], group: WeightGroup) -> None:
-        self.backend, self.engines, self.group = backend, list(engines), group
+    def __init__(self, sender: Any, engines: list[Any], group: WeightGroup) -> None:
+        self.sender, self.engines, self.group = sender, list(engines), group
         self.route = group.backend
 
-    async def sync(self, version: int) -> SyncStats:
-        version = int(version)
+    async def _send(self, version: int, full: bool) -> SyncStats:
         for e in self.engines:
             e.check_forward(version)
         async with contextlib.AsyncExitStack() as held:  # no request or other load meets a half-sent version
             for e in self.engines:
                 await held.enter_async_context(e.weights_lock())
-            sent, stats = await self._transfer(version)
+            sent, stats = await self._transfer(version, full)
             for e, st in zip(self.engines, stats):
                 e.loaded_from_group(version, st)
         return SyncStats(sent)
 
-    async def _transfer(self, version: int) -> tuple[int, list[dict[str, float]]]:
+    async def _transfer(self, version: int, full: bool) -> tuple[int, list[dict[str, float]]]:
         """Rank 0 sends (every training rank takes part: ZeRO-3 gathers), every engine receives."""
-        send = asyncio.ensure_future(self.backend.send_to_group(version))
+        send = asyncio.ensure_future(self.sender.send_to_group(version, full))
         receives = [asyncio.ensure_future(_await(a.weight_group_receive.remote(version)))
                     for a in self.group.engine_actors]
         members = [send, *receives]
@@ -193,15 +251,18 @@ def form_weight_group(backend: Any, engines: list[Any], group_backend: str, time
     return WeightGroup(engine_actors, group_backend, timeout_s)
 
 
-def build_weight_channel(backend: Any, engine: Any, route: str, timeout_s: float) -> WeightChannel:
+def build_weight_channel(backend: Any, engine: Any, route: str, timeout_s: float,
+                         encoding: WeightEncoding = WeightEncoding()) -> WeightChannel:
     """The run's channel: in process for a local engine, else the object store or a broadcast group
-    (formed here, once) to the engine actors behind `engine` (a `RemoteEngine` or `RayEngineRouter`)."""
+    (formed here, once) to the engine actors behind `engine` (a `RemoteEngine` or `RayEngineRouter`).
+    `encoding`: what versions become before they leave the sender (the engine's dtype, delta syncs)."""
+    sender = weight_sender(backend, encoding)
     if route == IN_PROCESS:
-        return InProcessChannel(backend, engine)
+        return InProcessChannel(sender, engine)
     engines = engine.engines
     if route == OBJECT_STORE:
-        return ObjectStoreChannel(backend, engines, timeout_s)
+        return ObjectStoreChannel(sender, engines, timeout_s, encoding.delta)
     if route in (NCCL, GLOO):
-        return BroadcastChannel(backend, engines, form_weight_group(backend, engines, route, timeout_s))
+        return BroadcastChannel(sender, engines, form_weight_group(backend, engines, route, timeout_s))
     raise ValueError(f"weight route {route!r} is not one of {IN_PROCESS}, {OBJECT_STORE}, {NCCL}, {GLOO}")
 

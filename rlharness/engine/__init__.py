@@ -15,8 +15,9 @@ def build_engine(conf: EngineConf, model_conf: ModelConf, seed: int, name: str |
                  **kw: Any) -> RolloutEngine:
     """One engine for `conf` (its module is imported now: vLLM and transformers are heavy).
 
+    The engine loads the model in its own dtype (`model.engine_dtype`, else `model.dtype`).
     `name` labels the engine where it names itself in errors. `kw` goes to the engine's
     constructor: for hf e.g. `model=`, `tokenizer=`; for sim `vocab_size=`, `eos_token_id=`,
     `decode=` (taken from model_conf's tokenizer when absent).
     """
-    return registry.build("engine", conf, model_conf, seed, name=name, **kw)
+    return registry.build("engine", conf, model_conf.for_engine(), seed, name=name, **kw)

@@ -30,6 +30,7 @@ from rlharness.config.schema import HFEngineConf, ModelConf
 from rlharness.engine import kv
 from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine, SamplingParams
 from rlharness.engine.sampling import RowParams, sample_next
+from rlharness.weights.delta import apply_payload_, check_payload
 from rlharness.weights.transfer import weight_checksums
 
 log = logging.getLogger(__name__)
@@ -212,13 +213,8 @@ class HFEngine(RolloutEngine):
         return await self._command(_Command("abort"))
 
     async def load_weights(self, state: dict[str, Any], version: int) -> None:
-        unknown = sorted(set(state) - set(self._params))
-        if unknown:
-            raise KeyError(f"load_weights: parameters not in the engine's model: {unknown[:5]}")
-        bad = [(k, tuple(v.shape), tuple(self._params[k].shape)) for k, v in state.items()
-               if tuple(v.shape) != tuple(self._params[k].shape)]
-        if bad:
-            raise ValueError(f"load_weights: shape mismatch (name, given, expected): {bad[:3]}")
+        """Whole tensors or a delta sync's differences (rlharness/weights/delta.py), patched in place."""
+        check_payload(state, {k: tuple(v.shape) for k, v in self._params.items()})
         await self._command(_Command("load", state=state, version=int(version)))
 
     async def close(self) -> None:
@@ -317,9 +313,7 @@ class HFEngine(RolloutEngine):
         return True
 
     def _load(self, state: dict[str, Any], version: int) -> None:
-        with torch.no_grad():
-            for name, value in state.items():
-                self._params[name].copy_(value)
+        apply_payload_(self._params, state)
         self._version = version
         log.debug("hf engine: weights version %d loaded (%d tensors)", version, len(state))
 

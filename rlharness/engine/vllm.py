@@ -22,7 +22,10 @@ this module never needs it. What this adapter adds:
   safetensors into a temporary folder and vLLM's `reload_weights` reads them.
   Every wait is bounded by `sync_timeout_s`; a failed sync raises `WeightSyncError`
   naming the engine. The prefix cache is reset after each load (its KV came from
-  the old weights).
+  the old weights). With delta syncs (`engine.weight_delta`, rlharness/weights/delta.py)
+  a version may hold only differences: each worker (`collective`) or this process
+  (`disk`) keeps every tensor of the version it holds (`WeightShadow`, in the model's
+  names), patches it, and hands vLLM's loader whole tensors.
 - Log-probs of the sampling distribution (`logprobs_mode="processed_logprobs"`): the
   temperature-scaled distribution the token was drawn from, as the trainer recomputes
   it (temperature 1 for greedy requests). With top-p/top-k truncation vLLM
@@ -57,6 +60,7 @@ from rlharness.engine.base import GenerateRequest, GenerateResult, RolloutEngine
 from rlharness.engine.vllm_worker import EXTENSION_PATH
 from rlharness.model.lora import engine_serves_adapter
 from rlharness.model.load import resolve_model_path
+from rlharness.weights.delta import WeightShadow
 from rlharness.weights.transfer import BUCKET_BYTES, WeightGroupMember, spec_rows, tensor_specs
 
 log = logging.getLogger(__name__)
@@ -155,6 +159,8 @@ class VLLMEngine(RolloutEngine):
         self._inflight: dict[str, _InFlight] = {}
         self._tokens_total = 0
         self._sender: Any = None  # our rank-0 member of a colocated weight group
+        self._deltas = conf.sends_deltas(model_conf)  # versions may hold only differences
+        self._shadow: WeightShadow | None = None  # the disk route's whole version (delta syncs)
         self._joined = False  # the workers are in a weight group
         self._asleep = False
         self._wake_lock: asyncio.Lock | None = None
@@ -254,7 +260,7 @@ class VLLMEngine(RolloutEngine):
         """Join a trainer's weight group (disaggregated): the workers take ranks rank..rank+tp-1."""
         await self._rpc("rlh_weight_group_join", f"joining the {backend} weight group at {host}:{port}",
                         backend, host, port, rank, world_size, timeout_s, BUCKET_BYTES, self.conf.cpu_linear,
-                        timeout_s=timeout_s)
+                        self._deltas, timeout_s=timeout_s)
         self._joined = True
 
     async def receive_weights(self, version: int) -> None:
@@ -294,7 +300,7 @@ class VLLMEngine(RolloutEngine):
         sender, _ = await self._together(
             asyncio.to_thread(WeightGroupMember, "gloo", host, port, 0, world, timeout_s, BUCKET_BYTES),
             self._rpc("rlh_weight_group_join", "joining the weight group", "gloo", host, port, 1, world,
-                      timeout_s, BUCKET_BYTES, self.conf.cpu_linear),
+                      timeout_s, BUCKET_BYTES, self.conf.cpu_linear, self._deltas),
             what=f"forming the gloo weight group at {host}:{port}")
         self._sender, self._joined = sender, True
 
@@ -305,6 +311,10 @@ class VLLMEngine(RolloutEngine):
 
     async def _load_from_folder(self, state: Mapping[str, Any], version: int) -> None:
         """The fallback route: safetensors in a temporary folder, read by vLLM's `reload_weights`."""
+        if self._deltas:  # vLLM reloads a folder of whole tensors
+            self._shadow = self._shadow or WeightShadow()
+            await asyncio.to_thread(self._shadow.receive, state.items())
+            state = self._shadow.tensors
         folder = tempfile.mkdtemp(prefix=f"rlharness-vllm-v{version}-")
         try:
             await asyncio.to_thread(_save_safetensors, state, folder)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from rlharness.weights.delta import WeightShadow
 from rlharness.weights.transfer import WeightGroupError, WeightGroupMember, specs_from_rows
 
 log = logging.getLogger(__name__)
@@ -31,11 +32,14 @@ class WeightSyncExtension:
     """Methods vLLM adds to its worker (`self` is the worker: `self.rank`, `self.model_runner`)."""
 
     def rlh_weight_group_join(self, backend: str, host: str, port: int, rank_offset: int, world_size: int,
-                              timeout_s: float, bucket_bytes: int, cpu_linear: str) -> int:
+                              timeout_s: float, bucket_bytes: int, cpu_linear: str, deltas: bool = False) -> int:
         """Join the weight group as rank `rank_offset + <this worker's rank>`; returns that rank.
-        `cpu_linear`: `engine.cpu_linear` (see `_rlh_torch_linear`)."""
+        `cpu_linear`: `engine.cpu_linear` (see `_rlh_torch_linear`). `deltas`: versions may hold only
+        differences (rlharness/weights/delta.py): this worker keeps every tensor of the version it holds,
+        under the model's names, and hands the loader whole tensors."""
         self.rlh_weight_group_leave()
         self._rlh_cpu_linear = cpu_linear
+        self._rlh_shadow = WeightShadow() if deltas else None
         rank = rank_offset + int(getattr(self, "rank", 0))
         self._rlh_member = WeightGroupMember(backend, host, port, rank, world_size, timeout_s, bucket_bytes)
         log.info("vllm worker joined the %s weight group as rank %d of %d (%s:%d)",
@@ -58,6 +62,10 @@ class WeightSyncExtension:
             raise WeightGroupError("rlh_receive_weights before rlh_weight_group_join")
         typed = None if specs is None else specs_from_rows(specs)
         incoming = member.receive_stream(int(version), typed)
+        shadow = getattr(self, "_rlh_shadow", None)
+        if shadow is not None:  # a difference needs the whole of what it patches: received first, then loaded
+            shadow.receive(incoming)
+            incoming = iter(shadow.tensors.items())
         # The specs and the first bucket arrive before vLLM's reload starts: a sync that never
         # starts (no sender, a timeout) raises here and leaves the model as it was.
         first = next(incoming, None)

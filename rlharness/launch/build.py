@@ -260,6 +260,7 @@ def build_components(conf: RunConf, remote=None) -> Components:
     """Build everything; the parts on Ray actors were started first (`remote`, a `RemoteParts`)."""
     from rlharness.backend import build_backend
     from rlharness.distributed.weight_channel import IN_PROCESS, build_weight_channel
+    from rlharness.weights.delta import WeightEncoding
     from rlharness.logging_utils.progress import phase
     from rlharness.producer.manager import AgentLoopManager
     from rlharness.producer.strategies import build_strategy
@@ -277,7 +278,8 @@ def build_components(conf: RunConf, remote=None) -> Components:
         with phase(f"loading {conf.model.path} into backend={conf.backend.name}"):
             backend = build_backend(conf.backend, conf.model, conf.algo, conf.total_steps, conf.seed)
     weights = build_weight_channel(backend, engine, remote.weight_route if remote is not None else IN_PROCESS,
-                                   conf.timeout_s)
+                                   conf.timeout_s, WeightEncoding(conf.model.engine_weights_dtype,
+                                                                  conf.engine.sends_deltas(conf.model)))  # resolved
 
     staleness = staleness_policy(conf)
     replay_buffer = ReplayBuffer(staleness)

@@ -257,7 +257,8 @@ METRICS: tuple[Metric, ...] = (
     _M("perf/train_s", "s", EVERY_STEP, "Time of the training call."),
     _M("perf/weight_sync_s", "s", EVERY_STEP, "Time of the weight sync to the engines (0 without one)."),
     _M("perf/weight_sync_bytes",
-       "bytes", EVERY_STEP, "Bytes the weight sync sent (LoRA `adapter`: the adapters only)."),
+       "bytes", EVERY_STEP, "Bytes the weight sync sent, in the engine's dtype (LoRA `adapter`: the adapters "
+       "only; delta syncs, `engine.weight_delta`: the changed values and their indices)."),
     _M("perf/eval_s", "s", EVAL, "Wall time of the evaluation."),
     _M("perf/produce_s", "s", EVERY_STEP, "Time the producer's strategies ran since the last batch."),
     _M("perf/tokens_per_s", "tokens/s", EVERY_STEP, "Trained response tokens per second of the step."),
@@ -266,6 +267,9 @@ METRICS: tuple[Metric, ...] = (
        "(`mode=disagg`: production fell behind)."),
     _M("perf/train_worker_s", "s", "every step, `mode=disagg` or `backend=deepspeed`", "Time inside the training "
        "actor's call (the rest of `perf/train_s` is shipping the batch and the call's round trip)."),
+    _M("perf/padding_frac", "fraction", "every step (backends torch, deepspeed, fsdp2)", "Share of the tokens "
+       "the policy's training forwards computed that were padding (`backend.packing`: only each packed row's "
+       "end; padded rows: each row up to its micro-batch's longest)."),
     _M("perf/rank_token_imbalance", "-", "every step, `backend=deepspeed`", "Max over mean tokens per rank "
        "(`backend.balance_ranks`; 1 = balanced)."),
     # ------------------------------------------------------------------ perf: the engines' counters

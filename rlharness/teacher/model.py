@@ -15,6 +15,8 @@ import logging
 
 import torch
 
+from rlharness.backend.packing import PackedRows, honours_packing
+
 from rlharness.backend.token_scores import head_reproduces_logits, response_token_scores
 from rlharness.backend.torch_runner import TorchRunner
 from rlharness.config.schema import TeacherConf
@@ -37,6 +39,8 @@ class TeacherModel:
         self.vocab_size = int(self.model.config.get_text_config().vocab_size)
         self.runner = TorchRunner(self.model)  # frozen (no optimizer): the trainer's forward and scoring paths
         self.head_split = head_reproduces_logits(self.runner)
+        # Packed rows (rlharness/backend/packing.py) where the teacher's attention keeps samples apart.
+        self.packing = honours_packing(self.runner.forward, self.vocab_size, self.device)
         self.forward_passes = 0
 
     def ready(self) -> bool:
@@ -67,8 +71,10 @@ class TeacherModel:
             response[b, prompt_len: len(seq)] = 1.0
         ids, attn, response = ids.to(self.device), attn.to(self.device), response.to(self.device)
 
+        packed = PackedRows.pack(ids, attn) if self.packing else None
+
         def rows_fn(positions: torch.Tensor):
-            return self.runner.response_rows(ids, attn, positions, self.head_split)
+            return self.runner.response_rows(ids, attn, positions, self.head_split, packed)
 
         lp, _ = response_token_scores(rows_fn, ids, response, temperature=temperature, entropy="none",
                                       chunk_tokens=self.conf.logprob_chunk_tokens)

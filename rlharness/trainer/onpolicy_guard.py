@@ -15,8 +15,9 @@ A warned step's batch (tokens, the engine's log-probs) and both sides' checksums
 directory (`diagnostics/onpolicy_step_XXXXXXXX.pt`): rescored offline with the checkpoint before the
 step, they say which tokens went wrong and by how much.
 
-Float32 runs only: in bfloat16/float16 the engine's and the trainer's kernels round apart by
-1e-2 to 4e-2 per token on ordinary steps (SmolLM2: vLLM, or the hf engine left-padding a
+Float32 runs only (trainer and engine both: a float32 trainer feeding a bfloat16 engine,
+`model.engine_dtype`, is not one): in bfloat16/float16 the engine's and the trainer's kernels
+round apart by 1e-2 to 4e-2 per token on ordinary steps (SmolLM2: vLLM, or the hf engine left-padding a
 prompt by an odd count; docs/benchmarks.md "Real-model paths"), which hides a
 perturbation of the defect's size, so a threshold there would only raise false alarms.
 """
@@ -98,7 +99,8 @@ def onpolicy_gap_warning(step: int, groups: list[Group], row_gaps: list[float] |
 
     `row_gaps`: mean |engine - trainer| log-prob per batch row, rows in the order of `groups`'
     members (None: the backend does not report them). Groups whose mean gap exceeds the threshold
-    are named by task, prompt and id. `dtype`: the run's `model.dtype` (the guard checks float32 only).
+    are named by task, prompt and id. `dtype`: the less precise of the trainer's and the engine's dtypes
+    (`ModelConf.narrowest_dtype`; the guard checks float32 only).
     """
     if not guard_on(threshold, dtype) or step_gap <= threshold:
         return None

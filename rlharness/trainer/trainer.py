@@ -218,7 +218,7 @@ class Trainer:
         on_policy = all_tokens_on_policy(batch.model_steps, batch.response_mask, step)
         # The weights about to be trained, for the guard: it can then say whether the engine held them.
         trained_sums = (c.backend.weight_checksums() if on_policy and guard_on(
-            conf.algo.onpolicy_logprob_gap_warn, conf.model.dtype) else None)
+            conf.algo.onpolicy_logprob_gap_warn, conf.model.narrowest_dtype) else None)
         train_metrics = await c.backend.train_step(batch) if problem is None else {}
         problem = problem or step_problem(train_metrics)
         train_metrics.update(self.nonfinite.record(step, problem, train_metrics, batch_metrics))
@@ -281,7 +281,7 @@ class Trainer:
             return
         row_gaps = getattr(self.c.backend, "last_row_gaps", None)
         warning = onpolicy_gap_warning(step, groups, row_gaps, gap, self.conf.algo.onpolicy_logprob_gap_warn,
-                                       self.conf.model.dtype)
+                                       self.conf.model.narrowest_dtype)
         if warning:
             # The engine still holds the step's weights (the sync comes after): which ones did it compute with?
             engine_sums = self.c.engine.weight_checksums()
@@ -432,7 +432,7 @@ class Trainer:
             self.c.manager.load_state_dict(state["producer"])
         except (ValueError, KeyError, TypeError) as exc:  # other tasks, another batch size, another format: named
             raise CheckpointError(f"checkpoint {path}: {exc}") from exc
-        await self.c.weights.sync(self.model_version)
+        await self.c.weights.sync(self.model_version, full=True)  # the engines hold no base for a difference
         self.c.manager.set_model_step(self.model_version)
         log.info("resumed from %s (step %d, weight version %d)", path, self.step, self.model_version)
 

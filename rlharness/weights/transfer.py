@@ -85,7 +85,7 @@ def tied_once(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tens
 
 
 # Integer views of a float's bits, by element size: a checksum that any changed bit changes.
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+BITS_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 # Elements per checksum block: 4 KiB of float32, a memory page, so a verdict can tell one stale page
@@ -100,7 +100,7 @@ def weight_checksums(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tenso
     out = {}
     for name, t in tied_once(state.items()).items():
         flat = t.detach().contiguous().view(-1)
-        bits = flat.view(_BITS[flat.element_size()])
+        bits = flat.view(BITS_OF_SIZE[flat.element_size()])
         whole = bits.numel() // CHECKSUM_BLOCK * CHECKSUM_BLOCK
         sums = [bits[:whole].view(-1, CHECKSUM_BLOCK).sum(1, dtype=torch.int64)]
         if whole < bits.numel():
@@ -251,9 +251,9 @@ class WeightGroupMember:
                 only = tensors[bucket[0]].detach()
                 if len(bucket) == 1 and only.is_contiguous() and only.device == self.device:
                     flat = only.reshape(-1)  # a bucket of one tensor goes as it is: no copy (e.g. the embedding)
-                else:
+                else:  # (tensors elsewhere, e.g. a trainer's on a GPU into a gloo group, are copied here)
                     flat = self._bucket_buffer(k, specs, bucket)  # bucket k - 2 is through: its buffer is free
-                    torch.cat([tensors[i].detach().reshape(-1) for i in bucket], out=flat)
+                    torch.cat([tensors[i].detach().reshape(-1).to(self.device) for i in bucket], out=flat)
                 if in_flight is not None:
                     self._finish(in_flight[0])
                 in_flight = (self._start_broadcast(flat), flat)

@@ -128,7 +128,7 @@ def test_gloo_broadcast_group_delivers_the_trainers_exact_weights(ray_session, t
             # Nobody sends: the receivers' own timeout (2 s for this version) ends the transfer with an
             # error naming a member.
             class NeverSends:
-                async def send_to_group(self, version):
+                async def send_to_group(self, version, full=False):
                     await asyncio.Event().wait()
 
             for e in engine.engines:

@@ -31,6 +31,7 @@ def reference(temperature: float) -> list[list[float]]:
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_scores_equal_a_full_log_softmax(chunk, rows, temperature):
     model = TeacherModel(TeacherConf(path=TEACHER, logprob_chunk_tokens=chunk, batch_rows=rows))
+    assert model.packing  # several rows score as packed rows, each equal to its own forward
     got = model.logprobs(ROWS, temperature)
     want = reference(temperature)
     assert [len(g) for g in got] == [len(ids) - p for ids, p in ROWS]

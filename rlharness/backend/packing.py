@@ -1,0 +1,129 @@
+"""Packed rows (`backend.packing`): a micro-batch's samples end to end, no padding between them and no
+attention across them.
+
+A micro-batch of right-padded rows computes every row to its longest: with RL's long-tailed response
+lengths much of that is padding (token-budget micro-batches group rows of similar length, which
+helps, but a group still pads to its first row). Packed, the micro-batch's samples are laid end to
+end in rows of `width` tokens (the longest sample's length, so attention costs rows x width^2, not
+(all tokens)^2), filled first-fit decreasing; only the end of each row is padding. Each sample's
+position ids start at 0 as they do in its own row, and transformers' mask builders take a position
+id that does not follow its predecessor for the start of a new sequence (`masking_utils.
+find_packed_sequence_indices`: eager and sdpa get a block-diagonal causal mask, flash-attention its
+variable-length path), so no token attends across samples; `honours_packing` checks that a model
+does, with its attention implementation, before a run relies on it.
+
+The forward's outputs go back to the padded [B, T] layout the losses take (`PackedRows.rows_at`,
+`PackedRows.unpack`), so log-probs, entropy, values, the loss and its gradient are the unpacked
+computation's (up to float summation order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+
+def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Indices of `lengths` in bins of at most `capacity` (an item longer goes alone): longest first, each
+    into the first bin it fits. Within a bin, in the order placed."""
+    bins: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda k: (-lengths[k], k)):
+        n = lengths[i]
+        for b, room in enumerate(free):
+            if n <= room:
+                bins[b].append(i)
+                free[b] -= n
+                break
+        else:
+            bins.append([i])
+            free.append(capacity - n)
+    return bins
+
+
+def packed_budget_slices(rows: torch.Tensor, lengths: torch.Tensor, budget: int) -> tuple[list[torch.Tensor], int]:
+    """Micro-batches of `rows` whose samples hold at most `budget` tokens together (packed: no padding
+    between them), first-fit decreasing. A row longer than the budget goes alone. Returns the groups and
+    the number of rows longer than the budget (as `micro_batches.token_budget_slices`)."""
+    if budget < 1:
+        raise ValueError(f"micro-batch token budget {budget} must be >= 1")
+    sizes = [int(n) for n in lengths]
+    groups = first_fit_decreasing(sizes, budget)
+    return [rows[torch.tensor(g, dtype=torch.long)] for g in groups], sum(n > budget for n in sizes)
+
+
+@dataclass
+class PackedRows:
+    """A micro-batch's right-padded rows [B, T] laid out packed: `input_ids` and `position_ids` [R, W], and
+    where each token of the padded layout went (`index` [B, T], a position in the flattened [R * W]; -1
+    for padding)."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    index: torch.Tensor
+
+    @classmethod
+    def pack(cls, ids: torch.Tensor, attention_mask: torch.Tensor, width: int | None = None) -> "PackedRows":
+        """Pack right-padded rows (each row's tokens first, then padding) into rows of `width` tokens
+        (default: the longest row's length)."""
+        lengths = [int(n) for n in attention_mask.sum(-1)]
+        width = max(max(lengths, default=1), 1) if width is None else width
+        bins = first_fit_decreasing(lengths, width)
+        device = ids.device
+        packed = torch.zeros(len(bins), width, dtype=ids.dtype, device=device)
+        # A row's unfilled end counts as a sequence of its own (positions from 0): nothing attends to it.
+        positions = torch.zeros(len(bins), width, dtype=torch.long, device=device)
+        index = torch.full(ids.shape, -1, dtype=torch.long, device=device)
+        for r, samples in enumerate(bins):
+            start = 0
+            for b in samples:
+                n = lengths[b]
+                packed[r, start:start + n] = ids[b, :n]
+                positions[r, start:start + n] = torch.arange(n, device=device)
+                index[b, :n] = r * width + start + torch.arange(n, device=device)
+                start += n
+            positions[r, start:] = torch.arange(width - start, device=device)
+        return cls(packed, positions, index)
+
+    @property
+    def padding(self) -> int:
+        """Pad tokens in the packed rows."""
+        return self.input_ids.numel() - int((self.index >= 0).sum())
+
+    def forward_inputs(self) -> dict[str, Any]:
+        """The model's inputs: packed ids and their position ids, no attention mask and no KV cache (the
+        positions mark the samples' bounds; a 2-D mask, or a cache, switches transformers' packed-sequence
+        detection off and every token would attend to the whole row before it)."""
+        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "attention_mask": None,
+                "use_cache": False}
+
+    def rows_at(self, out: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """[N, ...]: the packed forward's outputs (`out` [R, W, ...]) at the padded layout's `positions`
+        ([B, T - 1] bool: the tokens whose successor is scored), in the order `x[:, :-1][positions]` gives."""
+        return out.reshape(-1, *out.shape[2:])[self.index[:, :-1][positions]]
+
+    def unpack(self, out: torch.Tensor) -> torch.Tensor:
+        """[B, T, ...]: the packed forward's outputs in the padded layout (zeros at padding)."""
+        flat = out.reshape(-1, *out.shape[2:])
+        full = flat.new_zeros(*self.index.shape, *out.shape[2:])
+        real = self.index >= 0
+        full[real] = flat[self.index[real]]
+        return full
+
+
+def honours_packing(forward: Callable[..., Any], vocab_size: int, device: torch.device | str) -> bool:
+    """Whether a model (its `forward`, with its attention implementation) keeps packed samples apart: the
+    second of two packed samples gets the same logits whatever the first one is."""
+    g = torch.Generator().manual_seed(0)
+    second = torch.randint(0, vocab_size, (5,), generator=g)
+    mask = torch.ones(2, 7, dtype=torch.long, device=device)
+    mask[1, 5:] = 0
+    outs = []
+    for _ in range(2):  # the first sample (the longer: packed first) differs between the passes
+        ids = torch.stack([torch.randint(0, vocab_size, (7,), generator=g), torch.cat([second, second[:2]])])
+        packed = PackedRows.pack(ids.to(device), mask, width=12)
+        with torch.no_grad():
+            outs.append(packed.unpack(forward(**packed.forward_inputs()).logits)[1, :5].float())
+    return torch.allclose(outs[0], outs[1], rtol=1e-4, atol=1e-5 * float(outs[0].abs().max()))
