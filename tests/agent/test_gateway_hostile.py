@@ -62,9 +62,10 @@ def test_a_program_that_ends_its_process_or_never_calls_fails_its_sample(model, 
 
 
 def test_a_blocking_program_is_killed_at_its_timeout_after_its_call_is_recorded(model):
-    _, (g,) = run_groups(model, gateway(AGENTS + "blocks", timeout_s=2.0), [group_asking("what is 2 * 3?", 2)])
+    # 10 s: the timeout must land after the program's one 4-token call, which a loaded machine can slow.
+    _, (g,) = run_groups(model, gateway(AGENTS + "blocks", timeout_s=10.0), [group_asking("what is 2 * 3?", 2)])
     for s in g:
-        assert "did not finish within agent.timeout_s=2" in s.extra["infra_failure"] and 0 < len(s.response_ids) <= 4
+        assert "did not finish within agent.timeout_s=10" in s.extra["infra_failure"] and 0 < len(s.response_ids) <= 4
 
 
 @pytest.mark.parametrize("reward, ok", [("nan", False), ("1e39", False), ("-inf", False), ("0.5", True)])
