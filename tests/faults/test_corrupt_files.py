@@ -107,7 +107,7 @@ def _trainer_state(change):
     (_trainer_state(lambda s: s.update(step="x")), ["trainer.pt: 'step' is 'x' (str), expected int"]),
     (_trainer_state(lambda s: s["rng"].pop("torch")), ["trainer.pt lacks 'torch'"]),
     (lambda ckpt: (ckpt / "backend" / "critic" / "critic.safetensors").unlink(),
-     ["critic.safetensors missing"]),
+     ["critic.safetensors is missing"]),
     (lambda ckpt: (ckpt / "backend" / "critic" / "critic.safetensors").write_bytes(b"\x00" * 10),
      ["critic/critic.safetensors is not a readable safetensors file"]),
 ])
