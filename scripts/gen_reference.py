@@ -92,12 +92,17 @@ def _collect_checks(node: ast.AST, bindings: dict[str, str], found: dict[str, st
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.startswith("check_")
             and inspect.isfunction(getattr(schema, node.func.id, None))):  # a shared rule, e.g. check_prompt_repeat_k
         _collect_checks(ast.parse(textwrap.dedent(inspect.getsource(getattr(schema, node.func.id)))), {}, found)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("_check", "_one_of"):
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "_check_key":
+        key_arg, what = node.args[1], node.args[2]  # a health monitor's `self._check_key(ok, key, allowed)`
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("_check", "_one_of"):
         key_arg, what = (node.args[1], node.args[3]) if node.func.id == "_check" else (node.args[0], node.args[2])
+    else:
+        key_arg = None
+    if key_arg is not None:
         key = _text(key_arg, bindings)
         if key is not None:
             name = key.rsplit(".", 1)[-1].removesuffix("[]")
-            text = _text(what, bindings) if node.func.id == "_check" else _options(what)
+            text = _options(what) if getattr(node.func, "id", "") == "_one_of" else _text(what, bindings)
             if text and name not in found:
                 found[name] = text
     for child in ast.iter_child_nodes(node):
@@ -108,6 +113,8 @@ def _text(node: ast.AST, bindings: dict[str, str]) -> str | None:
     """A string argument as a reader should see it: `{self.x}` as the key's name, constants filled in."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
+    if isinstance(node, ast.Name) and node.id in bindings:  # a loop's key: `for key in (...)`
+        return bindings[node.id]
     if isinstance(node, ast.JoinedStr):
         parts = []
         for value in node.values:

@@ -1558,9 +1558,13 @@ class MonitorConf:
     # What the run does when this monitor fires: warn | stop | null (health.on_alarm, the run's).
     on_alarm: Optional[str] = None
 
+    def _check_key(self, ok: bool, key: str, allowed: str) -> None:
+        """`_check` of this section's `key` (the message names health.<section>.<key> and its value)."""
+        _check(ok, f"health.{self.section}.{key}", getattr(self, key), allowed)
+
     def __post_init__(self) -> None:
-        _check(self.on_alarm is None or self.on_alarm in ON_ALARM, f"health.{self.section}.on_alarm", self.on_alarm,
-               "null (health.on_alarm), warn or stop")
+        self._check_key(self.on_alarm is None or self.on_alarm in ON_ALARM, "on_alarm",
+                        "null (health.on_alarm), warn or stop")
 
 
 def _steps(value: Any, least: int) -> bool:
@@ -1588,11 +1592,11 @@ class RewardHackingConf(MonitorConf):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.drop_z > 0, "health.reward_hacking.drop_z", self.drop_z, "> 0")
-        _check(self.min_drop >= 0, "health.reward_hacking.min_drop", self.min_drop, ">= 0")
-        _check(self.rise_t > 0, "health.reward_hacking.rise_t", self.rise_t, "> 0")
-        _check(self.part_t > 0, "health.reward_hacking.part_t", self.part_t, "> 0")
-        _check(_steps(self.window_steps, 3), "health.reward_hacking.window_steps", self.window_steps, "an integer >= 3")
+        self._check_key(self.drop_z > 0, "drop_z", "> 0")
+        self._check_key(self.min_drop >= 0, "min_drop", ">= 0")
+        self._check_key(self.rise_t > 0, "rise_t", "> 0")
+        self._check_key(self.part_t > 0, "part_t", "> 0")
+        self._check_key(_steps(self.window_steps, 3), "window_steps", "an integer >= 3")
 
 
 @dataclass
@@ -1610,10 +1614,9 @@ class EntropyCollapseConf(MonitorConf):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(0 < self.min_ratio < 1, "health.entropy_collapse.min_ratio", self.min_ratio, "0 < ratio < 1")
-        _check(self.min_reward_gain >= 0, "health.entropy_collapse.min_reward_gain", self.min_reward_gain, ">= 0")
-        _check(_steps(self.window_steps, 1), "health.entropy_collapse.window_steps", self.window_steps,
-               "an integer >= 1")
+        self._check_key(0 < self.min_ratio < 1, "min_ratio", "0 < ratio < 1")
+        self._check_key(self.min_reward_gain >= 0, "min_reward_gain", ">= 0")
+        self._check_key(_steps(self.window_steps, 1), "window_steps", "an integer >= 1")
 
 
 @dataclass
@@ -1635,12 +1638,11 @@ class KLAccelerationConf(MonitorConf):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.ratio > 1, "health.kl_acceleration.ratio", self.ratio, "> 1")
+        self._check_key(self.ratio > 1, "ratio", "> 1")
         for key in ("min_growth", "min_kl"):
-            _check(getattr(self, key) >= 0, f"health.kl_acceleration.{key}", getattr(self, key), ">= 0")
-        _check(self.rise_t > 0, "health.kl_acceleration.rise_t", self.rise_t, "> 0")
-        _check(_steps(self.window_steps, 2), "health.kl_acceleration.window_steps", self.window_steps,
-               "an integer >= 2")
+            self._check_key(getattr(self, key) >= 0, key, ">= 0")
+        self._check_key(self.rise_t > 0, "rise_t", "> 0")
+        self._check_key(_steps(self.window_steps, 2), "window_steps", "an integer >= 2")
 
 
 @dataclass
@@ -1665,11 +1667,10 @@ class DegenerateOutputsConf(MonitorConf):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(_steps(self.ngram, 1), "health.degenerate_outputs.ngram", self.ngram, "an integer >= 1")
+        self._check_key(_steps(self.ngram, 1), "ngram", "an integer >= 1")
         for key in ("repeat_share", "max_frac", "min_rise", "truncated_rise"):
-            _check(0 < getattr(self, key) <= 1, f"health.degenerate_outputs.{key}", getattr(self, key), "0 < x <= 1")
-        _check(_steps(self.window_steps, 1), "health.degenerate_outputs.window_steps", self.window_steps,
-               "an integer >= 1")
+            self._check_key(0 < getattr(self, key) <= 1, key, "0 < x <= 1")
+        self._check_key(_steps(self.window_steps, 1), "window_steps", "an integer >= 1")
 
 
 @dataclass
@@ -1682,7 +1683,7 @@ class ZeroSignalConf(MonitorConf):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(_steps(self.steps, 1), "health.zero_signal.steps", self.steps, "an integer >= 1")
+        self._check_key(_steps(self.steps, 1), "steps", "an integer >= 1")
 
 
 @dataclass
@@ -1698,9 +1699,8 @@ class RewardFrozenConf(MonitorConf):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.max_ratio > 0, "health.reward_frozen.max_ratio", self.max_ratio, "> 0")
-        _check(_steps(self.window_steps, 3), "health.reward_frozen.window_steps", self.window_steps,
-               "an integer >= 3")
+        self._check_key(self.max_ratio > 0, "max_ratio", "> 0")
+        self._check_key(_steps(self.window_steps, 3), "window_steps", "an integer >= 3")
 
 
 @dataclass
@@ -1721,10 +1721,10 @@ class HostMemoryConf(MonitorConf):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.max_mb_per_step > 0, "health.host_memory.max_mb_per_step", self.max_mb_per_step, "> 0")
-        _check(self.rise_t > 0, "health.host_memory.rise_t", self.rise_t, "> 0")
-        _check(_steps(self.warmup_steps, 0), "health.host_memory.warmup_steps", self.warmup_steps, "an integer >= 0")
-        _check(_steps(self.window_steps, 3), "health.host_memory.window_steps", self.window_steps, "an integer >= 3")
+        self._check_key(self.max_mb_per_step > 0, "max_mb_per_step", "> 0")
+        self._check_key(self.rise_t > 0, "rise_t", "> 0")
+        self._check_key(_steps(self.warmup_steps, 0), "warmup_steps", "an integer >= 0")
+        self._check_key(_steps(self.window_steps, 3), "window_steps", "an integer >= 3")
 
 
 HEALTH_MONITORS = ("reward_hacking", "entropy_collapse", "kl_acceleration", "degenerate_outputs", "zero_signal",
