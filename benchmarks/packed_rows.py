@@ -7,7 +7,8 @@ each, the two configurations' steps interleaved so that the shared machine's loa
 - `padded`: `backend.micro_batch_tokens=B, backend.packing=false`: rows grouped longest first,
   each micro-batch right-padded to its longest row (rows x longest <= B);
 - `packed`: `backend.micro_batch_tokens=B, backend.packing=null` (the default; on for SmolLM2):
-  rows grouped first-fit decreasing into micro-batches of at most B tokens, each laid out packed.
+  the batch's samples bin-packed first-fit decreasing into rows as wide as the longest sample, then
+  B // width rows per micro-batch.
 
 Reported per configuration: training tokens (non-padding) per CPU second of this process (all its
 threads: `time.process_time`) and per wall second, the padding fraction of the tokens the model
@@ -83,8 +84,7 @@ def ledger_sizes(folder: Path, rows: int) -> list[tuple[int, int]]:
 def computed_tokens(b: Learner, mask: torch.Tensor) -> int:
     """Tokens the model computes for one pass over the batch (padding included)."""
     total = 0
-    for idx in b._micro_slices(torch.arange(mask.shape[0]), mask):
-        mb = b._rows({"input_ids": mask, "attention_mask": mask}, idx)
+    for _, mb in b._micro_batches({"input_ids": mask, "attention_mask": mask}, torch.arange(mask.shape[0])):
         total += mb["packed"].input_ids.numel() if "packed" in mb else mb["input_ids"].numel()
     return total
 

@@ -46,7 +46,7 @@ import logging
 import math
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -58,11 +58,11 @@ from rlharness.backend import critic as critic_files
 from rlharness.backend.base import TrainingBackend
 from rlharness.backend.critic import value_model
 from rlharness.backend.lr_plan import LRPlan, apply_optimizer_settings, planned, replan
-from rlharness.backend.micro_batches import token_budget_slices
-from rlharness.backend.packing import PackedRows, honours_packing, packed_budget_slices
+from rlharness.backend.packing import PackedRows, honours_packing
 from rlharness.backend.probe import probe_micro_batch
 from rlharness.backend.policy_files import read_policy, write_policy
-from rlharness.backend.rank_balance import imbalance, pad_plan, pad_rows, rank_micro_slices, rank_shares
+from rlharness.backend.rank_balance import (imbalance, micro_slices, pad_plan, pad_rows, rank_micro_slices,
+                                            rank_shares)
 from rlharness.backend.runner import ModelRunner, Runners, adamw
 from rlharness.backend.token_scores import head_reproduces_logits, response_token_scores
 from rlharness.config.schema import AlgoConf, ConfigError, ModelConf, TorchBackendConf
@@ -226,14 +226,28 @@ class Learner(TrainingBackend):
         with lora.reference(self.peft_model):
             return self._token_scores(self.policy, mb, temperature, "none")[0]
 
-    def _rows(self, batch: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, Any]:
+    def _rows(self, batch: dict[str, torch.Tensor], idx: torch.Tensor, packed_width: int | None = None) -> dict[str, Any]:
         """Select rows and trim the right padding they all share (less compute per micro-batch); with
-        packing, also their packed layout (`packed`), which the models run on."""
+        packing, also their packed layout (`packed`), which the models run on: rows of `packed_width`
+        tokens filled in `idx`'s order (as `_micro_slices` planned them), or by default first-fit
+        decreasing into rows of the longest sample's width."""
         width = int(batch["attention_mask"][idx].sum(-1).max().item())
         mb: dict[str, Any] = {k: v[idx, :max(width, 1)] for k, v in batch.items()}
         if self.packing:
-            mb["packed"] = PackedRows.pack(mb["input_ids"], mb["attention_mask"])
+            mb["packed"] = PackedRows.pack(mb["input_ids"], mb["attention_mask"], packed_width,
+                                           in_order=packed_width is not None)
         return mb
+
+    def _micro_batches(self, batch: dict[str, torch.Tensor],
+                       rows: torch.Tensor) -> Iterator[tuple[torch.Tensor, dict[str, Any]]]:
+        """This rank's micro-batches of `rows` (`_micro_slices`): their indices and their rows (`_rows`)."""
+        width = self._packed_width(rows, batch["attention_mask"])
+        for idx in self._micro_slices(rows, batch["attention_mask"]):
+            yield idx, self._rows(batch, idx, width)
+
+    def _packed_width(self, rows: torch.Tensor, attention_mask: torch.Tensor) -> int | None:
+        """Packed rows' width for a mini-batch: its longest sample (None: no packing)."""
+        return int(attention_mask[rows].sum(-1).max()) if self.packing and len(rows) else None
 
     @torch.no_grad()
     def _per_token_no_grad(self, batch: dict[str, torch.Tensor], fn) -> torch.Tensor:
@@ -241,8 +255,7 @@ class Learner(TrainingBackend):
         With several ranks each scores its share (zeros elsewhere; a mini-batch's balanced shares are not
         the whole batch's) and the ranks' parts are summed."""
         out = torch.zeros_like(batch["response_mask"])
-        for idx in self._micro_slices(torch.arange(batch["input_ids"].shape[0]), batch["attention_mask"]):
-            mb = self._rows(batch, idx)
+        for idx, mb in self._micro_batches(batch, torch.arange(batch["input_ids"].shape[0])):
             out[idx, : mb["input_ids"].shape[1]] = fn(mb)
         self.ranks.sum_(out)
         return out
@@ -255,17 +268,16 @@ class Learner(TrainingBackend):
         """This rank's micro-batches of `rows`: `algo.micro_batch_size` rows, or `backend.micro_batch_tokens`;
         with several ranks, its balanced share (`rows`: a multiple of the ranks), as many as every rank's."""
         budget = self.conf.micro_batch_tokens
-        if self.ranks.world_size == 1 and budget is None:
-            return list(torch.split(rows, self.algo.micro_batch_size))
         lengths = attention_mask[rows].sum(-1)
+        width = self._packed_width(rows, attention_mask)
         if self.ranks.world_size > 1:
             per_rank, oversized = rank_micro_slices(rows, lengths, self.ranks.world_size,
                                                     balance=self.conf.balance_ranks,
                                                     micro_batch_size=self.algo.micro_batch_size, budget=budget,
-                                                    packed=self.packing)
+                                                    packed_width=width)
             slices = per_rank[self.ranks.rank]
-        else:  # packed rows hold a budget's tokens with no padding between samples
-            slices, oversized = (packed_budget_slices if self.packing else token_budget_slices)(rows, lengths, budget)
+        else:
+            slices, oversized = micro_slices(rows, lengths, self.algo.micro_batch_size, budget, width)
         if oversized and not self._warned_oversized:
             self._warned_oversized = True  # once per run: the row still trains, alone in its micro-batch
             log.warning("backend.micro_batch_tokens=%d is below the longest row (%d tokens): such rows train "
@@ -361,8 +373,8 @@ class Learner(TrainingBackend):
         den = loss_denominator(tensors["response_mask"][mini], self.algo.loss_agg)
         self.policy.zero_grad()
         step_loss = step_pg = 0.0
-        for idx in self._micro_slices(mini, tensors["attention_mask"]):
-            mb = {**self._rows(tensors, idx), "rows": idx}
+        for idx, mb in self._micro_batches(tensors, mini):
+            mb["rows"] = idx
             loss, pg = self._micro_step(mb, batch.temperature, den, max_len, sums, first_epoch=epoch == 0,
                                         train_step=batch.train_step, updates=updates)
             computed = mb["packed"].input_ids if self.packing else mb["input_ids"]
@@ -492,8 +504,7 @@ class Learner(TrainingBackend):
         if den == 0:
             return
         self.critic.zero_grad()
-        for idx in self._micro_slices(mini, tensors["attention_mask"]):
-            mb = self._rows(tensors, idx)
+        for _, mb in self._micro_batches(tensors, mini):
             mask = mb["response_mask"]
             loss_tok, clipped = clipped_value_loss(self._values(mb), mb["old_values"], mb["returns"],
                                                    self.algo.critic.cliprange_value)

@@ -3,14 +3,17 @@ attention across them.
 
 A micro-batch of right-padded rows computes every row to its longest: with RL's long-tailed response
 lengths much of that is padding (token-budget micro-batches group rows of similar length, which
-helps, but a group still pads to its first row). Packed, the micro-batch's samples are laid end to
-end in rows of `width` tokens (the longest sample's length, so attention costs rows x width^2, not
-(all tokens)^2), filled first-fit decreasing; only the end of each row is padding. Each sample's
-position ids start at 0 as they do in its own row, and transformers' mask builders take a position
-id that does not follow its predecessor for the start of a new sequence (`masking_utils.
-find_packed_sequence_indices`: eager and sdpa get a block-diagonal causal mask, flash-attention its
-variable-length path), so no token attends across samples; `honours_packing` checks that a model
-does, with its attention implementation, before a run relies on it.
+helps, but a group still pads to its first row). Packed, a mini-batch's samples are laid end to end
+in rows of one width (its longest sample's length, so attention costs rows x width^2, not
+(all tokens)^2), filled first-fit decreasing over the whole mini-batch, so only the ends of a few
+rows are padding; then whole rows make the micro-batches: as many as the token budget holds
+(`packed_budget_slices`: rows x width <= budget, which also bounds memory), or `algo.micro_batch_size`
+samples' rows. A micro-batch lists its samples row by row and `next_fit` lays them out again in that
+order. Each sample's position ids start at 0 as they do in its own row, and transformers' mask
+builders take a position id that does not follow its predecessor for the start of a new sequence
+(`masking_utils.find_packed_sequence_indices`: eager and sdpa get a block-diagonal causal mask,
+flash-attention its variable-length path), so no token attends across samples; `honours_packing`
+checks that a model does, with its attention implementation, before a run relies on it.
 
 The forward's outputs go back to the padded [B, T] layout the losses take (`PackedRows.rows_at`,
 `PackedRows.unpack`), so log-probs, entropy, values, the loss and its gradient are the unpacked
@@ -43,15 +46,47 @@ def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-def packed_budget_slices(rows: torch.Tensor, lengths: torch.Tensor, budget: int) -> tuple[list[torch.Tensor], int]:
-    """Micro-batches of `rows` whose samples hold at most `budget` tokens together (packed: no padding
-    between them), first-fit decreasing. A row longer than the budget goes alone. Returns the groups and
-    the number of rows longer than the budget (as `micro_batches.token_budget_slices`)."""
+def next_fit(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Indices of `lengths` in bins of at most `capacity`, in the given order: a new bin when the next item
+    does not fit in the last one. On the concatenated bins of `first_fit_decreasing` it gives those bins
+    back (an item opened a new bin because it did not fit the earlier ones, which only got fuller)."""
+    bins: list[list[int]] = []
+    room = 0
+    for i, n in enumerate(lengths):
+        if not bins or n > room:
+            bins.append([])
+            room = capacity
+        bins[-1].append(i)
+        room -= n
+    return bins
+
+
+def packed_rows_order(rows: torch.Tensor, lengths: torch.Tensor, width: int) -> list[torch.Tensor]:
+    """`rows` bin-packed first-fit decreasing by `lengths` into packed rows of `width` tokens: each packed
+    row's samples."""
+    return [rows[torch.tensor(b, dtype=torch.long)] for b in first_fit_decreasing([int(n) for n in lengths], width)]
+
+
+def packed_budget_slices(rows: torch.Tensor, lengths: torch.Tensor, budget: int,
+                         width: int) -> tuple[list[torch.Tensor], int]:
+    """Micro-batches of packed rows of `width` tokens: all of `rows` bin-packed into such rows, then
+    max(1, budget // width) consecutive rows per micro-batch (a micro-batch computes at most max(budget,
+    width) tokens). Each micro-batch lists its samples row by row (`next_fit` lays them out again).
+    Returns the micro-batches and the number of samples longer than the budget (as
+    `micro_batches.token_budget_slices`)."""
     if budget < 1:
         raise ValueError(f"micro-batch token budget {budget} must be >= 1")
-    sizes = [int(n) for n in lengths]
-    groups = first_fit_decreasing(sizes, budget)
-    return [rows[torch.tensor(g, dtype=torch.long)] for g in groups], sum(n > budget for n in sizes)
+    packed = packed_rows_order(rows, lengths, width)
+    per = max(1, budget // width)
+    return ([torch.cat(packed[i:i + per]) for i in range(0, len(packed), per)],
+            sum(int(n) > budget for n in lengths))
+
+
+def packed_size_slices(rows: torch.Tensor, lengths: torch.Tensor, size: int, width: int) -> list[torch.Tensor]:
+    """Micro-batches of `size` samples (`algo.micro_batch_size`), each listing its samples row by row as
+    packed into rows of `width` tokens."""
+    return [torch.cat(packed_rows_order(r, n, width)) for r, n in zip(torch.split(rows, size),
+                                                                     torch.split(lengths, size))]
 
 
 @dataclass
@@ -65,12 +100,14 @@ class PackedRows:
     index: torch.Tensor
 
     @classmethod
-    def pack(cls, ids: torch.Tensor, attention_mask: torch.Tensor, width: int | None = None) -> "PackedRows":
+    def pack(cls, ids: torch.Tensor, attention_mask: torch.Tensor, width: int | None = None,
+             in_order: bool = False) -> "PackedRows":
         """Pack right-padded rows (each row's tokens first, then padding) into rows of `width` tokens
-        (default: the longest row's length)."""
+        (default: the longest row's length): first-fit decreasing, or with `in_order` in the given order
+        (`next_fit`: the order of a planned micro-batch)."""
         lengths = [int(n) for n in attention_mask.sum(-1)]
         width = max(max(lengths, default=1), 1) if width is None else width
-        bins = first_fit_decreasing(lengths, width)
+        bins = (next_fit if in_order else first_fit_decreasing)(lengths, width)
         device = ids.device
         packed = torch.zeros(len(bins), width, dtype=ids.dtype, device=device)
         # A row's unfilled end counts as a sequence of its own (positions from 0): nothing attends to it.

@@ -31,7 +31,7 @@ import math
 import torch
 
 from rlharness.backend.micro_batches import token_budget_slices
-from rlharness.backend.packing import packed_budget_slices
+from rlharness.backend.packing import packed_budget_slices, packed_size_slices
 from rlharness.core.types import TrainBatch
 
 
@@ -112,24 +112,35 @@ def _split_to(groups: list[torch.Tensor], lengths: dict[int, int], count: int) -
 
 def rank_micro_slices(rows: torch.Tensor, lengths: torch.Tensor, world_size: int, *, balance: bool,
                       micro_batch_size: int, budget: int | None,
-                      packed: bool = False) -> tuple[list[list[torch.Tensor]], int]:
+                      packed_width: int | None = None) -> tuple[list[list[torch.Tensor]], int]:
     """Every rank's micro-batches (row indices from `rows`), the same number on every rank.
 
     `lengths[i]` is row `rows[i]`'s length; `rows` holds a multiple of `world_size` rows.
-    `packed`: a budget counts the samples' tokens (packed rows: `packing.packed_budget_slices`), not rows x
-    the longest. Returns the per-rank lists and how many rows are longer than `budget` (trained alone)."""
-    shares = [rows[s] for s in rank_shares(lengths, world_size, balance)]
-    if budget is None:
-        return [list(torch.split(s, micro_batch_size)) for s in shares], 0
-    length_of = {int(r): int(n) for r, n in zip(rows, lengths)}
+    `packed_width`: micro-batches of packed rows that wide (`packing.packed_budget_slices`, each rank's
+    share bin-packed on its own), not of padded rows. Returns the per-rank lists and how many rows are
+    longer than `budget` (trained alone)."""
     per_rank, oversized = [], 0
-    for share in shares:
-        groups, over = (packed_budget_slices if packed else token_budget_slices)(
-            share, torch.tensor([length_of[int(r)] for r in share]), budget)
+    for share in rank_shares(lengths, world_size, balance):
+        groups, over = micro_slices(rows[share], lengths[share], micro_batch_size, budget, packed_width)
         per_rank.append(groups)
         oversized += over
     count = max(len(g) for g in per_rank)
+    length_of = {int(r): int(n) for r, n in zip(rows, lengths)}
     return [_split_to(g, length_of, count) for g in per_rank], oversized
+
+
+def micro_slices(rows: torch.Tensor, lengths: torch.Tensor, micro_batch_size: int, budget: int | None,
+                 packed_width: int | None) -> tuple[list[torch.Tensor], int]:
+    """One rank's micro-batches of `rows` (`lengths`: theirs): `micro_batch_size` rows each, or the token
+    `budget`'s groups; of padded rows, or of packed rows `packed_width` wide. Also returns how many rows are
+    longer than `budget`."""
+    if budget is None:
+        if packed_width is None:
+            return list(torch.split(rows, micro_batch_size)), 0
+        return packed_size_slices(rows, lengths, micro_batch_size, packed_width), 0
+    if packed_width is None:
+        return token_budget_slices(rows, lengths, budget)
+    return packed_budget_slices(rows, lengths, budget, packed_width)
 
 
 def pad_plan(rows: int, world_size: int, mini_batches: int,

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from rlharness.backend.learner import Learner
-from rlharness.backend.packing import PackedRows, first_fit_decreasing, honours_packing, packed_budget_slices
+from rlharness.backend.packing import (PackedRows, first_fit_decreasing, honours_packing, next_fit,
+                                       packed_budget_slices)
 from rlharness.config.schema import AlgoConf, ConfigError, CriticConf, ModelConf, TorchBackendConf
 
 SMOLLM2 = "assets/smollm2-135m-instruct"
@@ -40,13 +41,40 @@ def test_first_fit_decreasing_fills_bins_and_keeps_every_item_once():
     assert first_fit_decreasing([9, 1], 8) == [[0], [1]]  # too long: alone
 
 
-def test_packed_budget_slices_hold_at_most_the_budget():
+def test_packed_budget_slices_group_whole_rows_of_one_width():
     rows, lengths = torch.arange(10, 20), torch.tensor([50, 10, 40, 30, 20, 5, 60, 15, 25, 45])
-    groups, oversized = packed_budget_slices(rows, lengths, 100)
+    groups, oversized = packed_budget_slices(rows, lengths, 120, width=60)
     assert sorted(torch.cat(groups).tolist()) == rows.tolist() and oversized == 0
-    assert all(int(lengths[g - 10].sum()) <= 100 for g in groups)
-    assert len(groups) == 3  # 300 tokens
-    assert packed_budget_slices(rows[:1], torch.tensor([120]), 100)[1] == 1
+    # 300 tokens in rows of 60: 60 | 50 10 | 45 15 | 40 20 | 30 25 5, two rows (120 tokens) per micro-batch
+    packed = [next_fit([int(lengths[i - 10]) for i in g], 60) for g in groups]
+    assert [len(p) for p in packed] == [2, 2, 1]
+    assert packed_budget_slices(rows[:1], torch.tensor([120]), 100, width=120)[1] == 1
+
+
+def test_next_fit_gives_first_fit_decreasing_bins_back():
+    lengths = _lengths(3, rows=40)
+    bins = first_fit_decreasing(lengths, max(lengths))
+    order = [i for b in bins for i in b]
+    assert [[order[i] for i in b] for b in next_fit([lengths[i] for i in order], max(lengths))] == bins
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_mini_batch_is_bin_packed_with_less_padding_than_per_micro_batch_rows(seed):
+    """Rows of one width over the whole mini-batch leave less padding than packing each token-budget
+    micro-batch into rows as wide as its own longest sample; every sample placed once, no row too wide."""
+    lengths = _lengths(seed, rows=64)
+    ids, mask = _padded(lengths, 50, seed)
+    rows, width, budget = torch.arange(len(lengths)), max(lengths), 4 * max(lengths)
+    per_micro_batch = [PackedRows.pack(ids[torch.tensor(g)], mask[torch.tensor(g)])
+                       for g in first_fit_decreasing(lengths, budget)]  # the layout before
+    groups, _ = packed_budget_slices(rows, torch.tensor(lengths), budget, width)
+    whole = [PackedRows.pack(ids[g], mask[g], width, in_order=True) for g in groups]
+    assert sorted(torch.cat(groups).tolist()) == rows.tolist()
+    assert all(p.input_ids.shape[1] == width and p.input_ids.numel() <= budget for p in whole)
+    for g, p in zip(groups, whole):  # each sample's tokens exactly once, in its own place
+        assert torch.equal(p.unpack(p.input_ids[..., None])[..., 0] * mask[g], ids[g])
+    assert sum(p.padding for p in whole) < sum(p.padding for p in per_micro_batch)
+    assert len(first_fit_decreasing(lengths, width)) == sum(p.input_ids.shape[0] for p in whole)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
