@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlharness.weights.delta import (BLOCKS, VALUES, DeltaEncoder, WeightShadow, apply_payload_, check_payload,
-                                     payload_names)
+from rlharness.weights.delta import (BLOCKS, VALUES, DeltaEncoder, WeightShadow, apply_payload_, changed_blocks,
+                                     check_payload, payload_names)
 from rlharness.weights.transfer import state_bytes, weight_checksums
 
 
@@ -164,3 +164,24 @@ def test_check_payload_names_what_does_not_fit():
         check_payload({"odd": torch.zeros(36)}, shapes)
     with pytest.raises(ValueError, match="difference for odd"):
         check_payload({"odd" + BLOCKS: torch.tensor([37], dtype=torch.int32), "odd" + VALUES: torch.zeros(1)}, shapes)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("offset, numel", [(0, 4096), (0, 4093), (1, 4096), (3, 4092)])
+def test_changed_elements_are_found_word_by_word_as_element_by_element(dtype, offset, numel):
+    """The 8-byte word pass finds every changed element (each lane of a word, the sign bit included), in
+    order; a tensor whose length or storage does not fit whole words gets the element pass."""
+    g = torch.Generator().manual_seed(numel + offset)
+    old = torch.randn(offset + numel, generator=g).to(dtype)[offset:]
+    new = old.clone()
+    where = torch.randperm(numel, generator=g)[:50]
+    new[where] = -new[where]  # a sign bit: the top bit of its lane
+    new[:4] = torch.tensor([1.0, -2.0, 3.0, -4.0]).to(dtype)  # every lane of the first word
+    want = (old.view(BITS[dtype]) != new.view(BITS[dtype])).nonzero().flatten()
+    got = changed_blocks(old, new, 1)
+    assert got.dtype == torch.int32 and torch.equal(got.long(), want)
+    assert changed_blocks(old, new, 1, most=int(want.numel()) - 1) is None
+    assert changed_blocks(old, new, 1, most=int(want.numel())) is not None
+
+
+BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
