@@ -226,7 +226,8 @@ class Learner(TrainingBackend):
         with lora.reference(self.peft_model):
             return self._token_scores(self.policy, mb, temperature, "none")[0]
 
-    def _rows(self, batch: dict[str, torch.Tensor], idx: torch.Tensor, packed_width: int | None = None) -> dict[str, Any]:
+    def _rows(self, batch: dict[str, torch.Tensor], idx: torch.Tensor,
+              packed_width: int | None = None) -> dict[str, Any]:
         """Select rows and trim the right padding they all share (less compute per micro-batch); with
         packing, also their packed layout (`packed`), which the models run on: rows of `packed_width`
         tokens filled in `idx`'s order (as `_micro_slices` planned them), or by default first-fit
