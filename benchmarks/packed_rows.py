@@ -20,6 +20,7 @@ or with `--rollouts DIR` the real prompt and response lengths of a run's rollout
 
     .venv/bin/python benchmarks/packed_rows.py                      # lognormal, mean 96, CV 1
     .venv/bin/python benchmarks/packed_rows.py --rollouts outputs/RUN/rollouts
+    .venv/bin/python benchmarks/packed_rows.py --attn sdpa          # -> results/packed_rows_sdpa.json
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ def main() -> None:
     p.add_argument("--rollouts", type=Path, help="take (prompt, response) lengths from this rollout ledger")
     p.add_argument("--steps", type=int, default=2, help="training steps per configuration (median)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--attn", default="eager", help="model.attn_implementation (eager, sdpa)")
     args = p.parse_args()
     sizes = (ledger_sizes(args.rollouts, args.rows) if args.rollouts else
              [(PROMPT_LEN, n) for n in lengths_for(args.rows, args.mean_len, args.max_len, args.seed)])
@@ -106,7 +108,8 @@ def main() -> None:
     budget = args.budget or GROUP * max(p + n for p, n in sizes)
     tokens = int(batch.attention_mask.sum())
     load_before = os.getloadavg()[0]
-    b = Learner(TorchBackendConf(micro_batch_tokens=budget), ModelConf(path=MODEL), algo, 10, 0)
+    b = Learner(TorchBackendConf(micro_batch_tokens=budget), ModelConf(path=MODEL, attn_implementation=args.attn),
+                algo, 10, 0)
     assert b.packing, "SmolLM2's attention should honour packed rows"
     configs = {"padded": False, "packed": True}
     for packing in configs.values():  # warm-up (first-call allocations, kernels' set-up): not measured
@@ -131,7 +134,7 @@ def main() -> None:
     result = {"date": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "cpus": os.cpu_count(),
               "load_before_after": [load_before, os.getloadavg()[0]], "rows": args.rows, "budget": budget,
               "lengths": "rollouts " + str(args.rollouts) if args.rollouts else f"lognormal mean {args.mean_len} CV 1",
-              "tokens": tokens, "configs": {}}
+              "attn": args.attn, "tokens": tokens, "configs": {}}
     for name, r in runs.items():
         cpu_s, wall_s = statistics.median(r.pop("cpu_s")), statistics.median(r.pop("wall_s"))
         result["configs"][name] = {**r, "cpu_s": cpu_s, "wall_s": wall_s, "tokens_per_cpu_s": tokens / cpu_s,
@@ -139,7 +142,8 @@ def main() -> None:
     pad, pack = result["configs"]["padded"], result["configs"]["packed"]
     result["speedup_per_cpu_s"] = pack["tokens_per_cpu_s"] / pad["tokens_per_cpu_s"]
     result["loss_rel_diff"] = abs(pack["loss"] - pad["loss"]) / max(abs(pad["loss"]), 1e-12)
-    name = "packed_rows_rollouts.json" if args.rollouts else "packed_rows.json"
+    attn = "" if args.attn == "eager" else f"_{args.attn}"
+    name = f"packed_rows{'_rollouts' if args.rollouts else ''}{attn}.json"
     (Path(__file__).resolve().parent / "results" / name).write_text(json.dumps(result, indent=1))
     print(f"{result['date']}, {result['cpus']} CPUs, load {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; "
           f"{args.rows} samples ({result['lengths']}), {tokens} tokens, budget {budget}")
