@@ -57,3 +57,4 @@ def test_a_raising_and_a_timing_out_teacher_fail_their_groups_and_lose_nothing(t
     assert all(isinstance(r["reverse_kl"], float) for r in trained)  # every trained sample was scored
     rows = [json.loads(line) for line in run.metrics.read_text().splitlines()]
     assert [r["step"] for r in rows if "distill/reverse_kl" in r] == [1, 2]
+    assert sum(r.get("rollout/groups_failed", 0) for r in rows) == len(reasons)  # each failed group counted
