@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +13,15 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """RLH_JUNIT_DIR (set by benchmarks/ci_fresh_clone.sh): each pytest run of `.ci/run` writes its
+    JUnit XML there, named after its venv, for scripts/test_durations.py (tests/durations.json)."""
+    folder = os.environ.get("RLH_JUNIT_DIR")
+    if folder and not config.option.xmlpath:
+        config.option.xmlpath = os.path.join(folder, f"junit-{Path(sys.prefix).name}.xml")
 
 
 @pytest.fixture(scope="session")

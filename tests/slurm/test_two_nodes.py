@@ -168,7 +168,9 @@ def _kill_node_mid_run(sweep: Path, seed: int, node_rank: int) -> tuple[str, str
     """Start a long two-node run, SIGKILL every Ray process of node `node_rank` once step 2 is
     saved, and wait for the run to fail and its job to end: (the submitter's output, job id)."""
     run_dir = sweep / "0"
-    proc = _train(sweep, "total_steps=2000", f"seed={seed}")  # far more than it gets to: the node dies first
+    # total_steps: far more than it gets to (the node dies first). requeue_grace_s=0: no requeue here, so
+    # the submitter takes the job's first FAILED state as final (node 0 dies without a result file).
+    proc = _train(sweep, "total_steps=2000", f"seed={seed}", "cluster.requeue_grace_s=0")
     try:
         wait_until(lambda: (RunDir(run_dir).checkpoint(2) / DONE).exists(), "a checkpoint at step 2", START_TIMEOUT_S)
         job_id = wait_job_id(run_dir)
