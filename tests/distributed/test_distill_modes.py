@@ -53,6 +53,8 @@ def test_disagg_async_lora_student_with_the_teacher_on_its_own_actor(ray_session
                              "model.lora.rank=4", "algo.lr=3e-3"])
     trained = check_distilled(run_dir, 2)
     assert f"loading the teacher {TEACHER} (float32, Ray actor): done" in caplog.text  # the teacher on an actor of its own
+    # Structural, not a race: async keeps batch + ceil(0.25 * batch) = 5 groups in flight from the start, all
+    # begun on version 0, and step 1 takes 4: the fifth is trained at step 2, a version old (max_staleness=1).
     stale = [r for r in trained if r["train_step"] - r["min_policy_version"] - 1 >= 1]
     assert stale, "no sample a version old was trained"  # and each was scored (check_distilled)
     ckpt = RunDir(run_dir).checkpoint(2) / "backend"
