@@ -117,10 +117,8 @@ def check_model_weights(conf: RunConf) -> None:
             raise ConfigError(f"{key}.path={path!r}: {exc}") from None
 
 
-def load_tasks(conf: RunConf, check_data: Callable[[RunConf, dict[str, Any]], None]):
-    """(tokenizer, task data, judgers) of every task: data fitted, then `check_data`, then each
-    judger checked against its task's rows. What training and `evaluate.py` both start from."""
-    from rlharness.judger import build_judger
+def load_task_data(conf: RunConf, check_data: Callable[[RunConf, dict[str, Any]], None]):
+    """(tokenizer, task data) of every task: data fitted, then `check_data`, then the prompts' token ids."""
     from rlharness.model.load import check_token_ids, load_tokenizer
 
     tokenizer = load_tokenizer(conf.model)
@@ -133,6 +131,16 @@ def load_tasks(conf: RunConf, check_data: Callable[[RunConf, dict[str, Any]], No
     check_token_ids(conf.model, tokenizer, {
         f"tasks.{name}" if conf.tasks else f"task={conf.task.name}": [r.prompt_text for r in (*d.train, *d.eval)]
         for name, d in task_data.items()}, encode)
+    return tokenizer, task_data
+
+
+def load_tasks(conf: RunConf, check_data: Callable[[RunConf, dict[str, Any]], None], loaded=None):
+    """(tokenizer, task data, judgers) of every task: the data (`loaded`, or `load_task_data`), then each
+    judger checked against its task's rows. What training and `evaluate.py` both start from."""
+    from rlharness.judger import build_judger
+
+    tokenizer, task_data = loaded or load_task_data(conf, check_data)
+    entries = conf.task_entries()
     judgers = {}
     try:
         for name, entry in entries.items():
@@ -213,19 +221,12 @@ def build_evaluator(conf: RunConf, task_data: dict[str, Any], encode, agent_loop
 TEACHER_CHECK_PROMPTS = 2000
 
 
-def build_teachers(conf: RunConf, tokenizer, task_data: dict[str, Any]) -> dict[str, Any]:
-    """task name -> the distillation teacher that scores its groups (tasks without one are not named):
-    one `Teacher` per distinct teacher configuration, checked first (folder, causal LM, the student's
-    token ids on the task's prompts: rlharness/teacher/checks.py). Colocated it runs in this process,
-    with mode=disagg as a Ray actor of its own."""
-    from dataclasses import replace
-
-    from rlharness.logging_utils.progress import phase
-    from rlharness.teacher import Teacher
+def check_teachers_fit(conf: RunConf, tokenizer, task_data: dict[str, Any]) -> None:
+    """Each task's distillation teacher (rlharness/teacher/checks.py): its folder, a causal LM, the student's
+    vocabulary, and the student's token ids on the task's prompts. Before anything starts (the Ray actors
+    of mode=disagg too): a teacher refused here costs no start-up."""
     from rlharness.teacher.checks import check_teacher_encodes_alike, check_teacher_folder, check_teacher_vocabulary
 
-    built: dict[str, Any] = {}  # one per distinct configuration (its coef aside: that weighs the advantage)
-    out = {}
     for name, entry in conf.task_entries().items():
         teacher = conf.teacher_for(entry)
         if teacher is None:
@@ -236,6 +237,31 @@ def build_teachers(conf: RunConf, tokenizer, task_data: dict[str, Any]) -> dict[
         label = f"tasks.{name}" if conf.tasks else f"task={conf.task.name}"
         rows = [*task_data[name].train, *task_data[name].eval][:TEACHER_CHECK_PROMPTS]
         check_teacher_encodes_alike(teacher, key, tokenizer, {label: [r.prompt_text for r in rows]})
+
+
+def load_checked_data(conf: RunConf):
+    """(tokenizer, task data) a run trains on, checked with what reads it (the teachers): the launcher
+    calls it before Ray and its actors start, and hands the result to `build_components`."""
+    loaded = load_task_data(conf, validate_data)
+    check_teachers_fit(conf, *loaded)
+    return loaded
+
+
+def build_teachers(conf: RunConf) -> dict[str, Any]:
+    """task name -> the distillation teacher that scores its groups (tasks without one are not named):
+    one `Teacher` per distinct teacher configuration (checked by `check_teachers_fit`). Colocated it runs
+    in this process, with mode=disagg as a Ray actor of its own."""
+    from dataclasses import replace
+
+    from rlharness.logging_utils.progress import phase
+    from rlharness.teacher import Teacher
+
+    built: dict[str, Any] = {}  # one per distinct configuration (its coef aside: that weighs the advantage)
+    out = {}
+    for name, entry in conf.task_entries().items():
+        teacher = conf.teacher_for(entry)
+        if teacher is None:
+            continue
         same = repr(replace(teacher, coef=0.0))
         if same not in built:
             with phase(f"loading the teacher {teacher.path} ({teacher.dtype}, "
@@ -256,8 +282,9 @@ def staleness_policy(conf: RunConf):
                                         if e.max_staleness is not None})
 
 
-def build_components(conf: RunConf, remote=None) -> Components:
-    """Build everything; the parts on Ray actors were started first (`remote`, a `RemoteParts`)."""
+def build_components(conf: RunConf, remote=None, loaded=None) -> Components:
+    """Build everything; the parts on Ray actors were started first (`remote`, a `RemoteParts`), the
+    data loaded and checked before them (`loaded`, from `load_checked_data`; loaded here without it)."""
     from rlharness.backend import build_backend
     from rlharness.distributed.weight_channel import IN_PROCESS, build_weight_channel
     from rlharness.weights.delta import WeightEncoding
@@ -267,8 +294,8 @@ def build_components(conf: RunConf, remote=None) -> Components:
     from rlharness.producer.replay_buffer import ReplayBuffer
     from rlharness.producer.sampler import Sampler
 
-    tokenizer, task_data, judgers = load_tasks(conf, validate_data)
-    teachers = build_teachers(conf, tokenizer, task_data)  # refused before the engines and trainer load
+    tokenizer, task_data, judgers = load_tasks(conf, validate_data, loaded or load_checked_data(conf))
+    teachers = build_teachers(conf)
     encode, decode = text_codec(tokenizer)
     entries = conf.task_entries()
     engine, backend = (remote.engine, remote.backend) if remote is not None else (None, None)

@@ -120,7 +120,7 @@ def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
 
 
 def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, stop):
-    from rlharness.launch.build import build_components
+    from rlharness.launch.build import build_components, load_checked_data
     from rlharness.core.gc_tuning import tune_gc, untune_gc
     from rlharness.trainer.trainer import Trainer, seed_everything
 
@@ -135,6 +135,7 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
     seed_everything(conf.seed)
     remote = components = trainer = None
     try:
+        loaded = load_checked_data(conf)  # bad data or a teacher that cannot read it: refused before Ray starts
         if uses_ray(conf):
             from rlharness.distributed.remote_parts import start_remote_parts
             from rlharness.logging_utils.progress import phase
@@ -142,7 +143,7 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
             with phase("starting Ray and its actors (engines, training workers)"):
                 remote = start_remote_parts(conf)
             stop.install()  # ray.init installed its own SIGTERM handler (abort with a C++ stack)
-        components = build_components(conf, remote)
+        components = build_components(conf, remote, loaded)
         if stop.requested:
             return {}, None
         trainer = Trainer(conf, components, run_dir, config_dict, stop=stop)

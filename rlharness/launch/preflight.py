@@ -482,7 +482,8 @@ def check_model(conf, checked: set[tuple] | None = None) -> None:
 def check_teachers(conf) -> None:
     """Each task's distillation teacher folder (rlharness/teacher/checks.py): there, no GGUF file, no code of
     its own without trust_remote_code, a causal LM, the student's vocabulary. Its encoding of the task's text
-    is compared with the student's when the run is built (the data is loaded there)."""
+    is compared with the student's once the job has loaded the data, before anything starts
+    (rlharness/launch/build.py: load_checked_data)."""
     from rlharness.teacher.checks import check_teacher_folder, check_teacher_vocabulary
 
     for name, entry in conf.task_entries().items():

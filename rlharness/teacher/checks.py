@@ -3,8 +3,9 @@
 `check_teacher_folder` (train.py's preflight, before the run directory exists; again when the run is
 built): the folder exists, is no GGUF file, needs no code of its own without
 `<key>.trust_remote_code=true`, and is a causal LM (config.json); `check_teacher_vocabulary` (preflight):
-its vocabulary, special tokens and embedding fit the student's ids; `check_teacher_encodes_alike` (when
-the run is built, where the task's text is loaded): it encodes the task's prompts to the student's ids.
+its vocabulary, special tokens and embedding fit the student's ids; `check_teacher_encodes_alike` (once the
+job has loaded the task's text, before engines, trainer or Ray start): it encodes the task's prompts to the
+student's ids.
 """
 
 from __future__ import annotations
@@ -70,8 +71,7 @@ def check_teacher_vocabulary(conf: TeacherConf, key: str, student: ModelConf) ->
 
 def check_teacher_encodes_alike(conf: TeacherConf, key: str, student_tokenizer, texts: dict[str, list[str]]) -> None:
     """The teacher's tokenizer gives the student's ids for `texts` (label -> a task's prompts): one vocabulary
-    can still be encoded differently (normalisers, merges, added tokens). When the run is built (the data
-    is loaded there), before engines or trainer load."""
+    can still be encoded differently (normalisers, merges, added tokens)."""
     from rlharness.model.load import load_tokenizer, text_codec
 
     encode_student, encode_teacher = text_codec(student_tokenizer)[0], text_codec(load_tokenizer(conf.model_conf()))[0]

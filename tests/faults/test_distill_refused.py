@@ -73,19 +73,25 @@ def test_refused_on_the_command_line_with_exit_2_and_no_directory(tmp_path, case
     assert not (work / "outputs").exists()
 
 
-def test_a_teacher_encoding_the_task_otherwise_is_refused_when_the_run_is_built(tmp_path):
-    """Same vocabulary and special tokens (preflight passes), but the tokenizer maps a digit to another id
-    (its merges/normaliser differ): refused once the task's prompts are read, before engines load."""
-    folder = tmp_path / "swapped"
+@pytest.mark.parametrize("mode", [[], ["mode=disagg", "cluster=local_ray"]], ids=["colocated", "disagg"])
+def test_a_teacher_encoding_the_task_otherwise_is_refused_before_anything_starts(tmp_path, mode):
+    """The same vocabulary at the same ids and the same special tokens (preflight passes), but the teacher's
+    normaliser reads every 1 as a 2: refused once the task's prompts are read, before the engines, the
+    trainer, the teacher or (mode=disagg) Ray and its actors start, and the run directory is taken back."""
+    folder = tmp_path / "renormalised"
     shutil.copytree(TEACHER, folder)
     tok = json.loads((folder / "tokenizer.json").read_text())
-    vocab = tok["model"]["vocab"]
-    vocab["1"], vocab["2"] = vocab["2"], vocab["1"]  # the same tokens, two ids exchanged
+    tok["normalizer"] = {"type": "Replace", "pattern": {"String": "1"}, "content": "2"}
     (folder / "tokenizer.json").write_text(json.dumps(tok))
     work = tmp_path / "work"
     work.mkdir()
-    line = refused(["logger.mode=disabled", "algo=opd", f"algo.teacher.path={folder}"], work, ["algo.teacher.path"])
-    assert "tokenizer" in line
+    proc = run_cli(["logger.mode=disabled", *mode, "algo=opd", f"algo.teacher.path={folder}"], cwd=work, check=False)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and lines[-1].startswith("error: algo.teacher.path="), proc.stderr[-3000:]
+    assert "tokenizer encodes" in lines[-1] and "Traceback" not in proc.stderr
+    said = proc.stdout + proc.stderr  # the log lines: nothing was started
+    assert "starting Ray" not in said and "loading" not in said, said[-3000:]
+    assert list(work.iterdir()) == []  # no run directory left
 
 
 def test_resume_with_another_teacher_is_refused_and_with_its_own_goes_on(tmp_path):

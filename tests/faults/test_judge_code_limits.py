@@ -36,8 +36,11 @@ def answers(hang_every: int = 4) -> list[str]:
     return ["HANG" if i % hang_every == hang_every - 1 else str(i + i % 7) for i in range(16)]
 
 
-def task(tmp_path, hang_every: int = 4) -> list[str]:
-    return [o for o in write_task(tmp_path / "data", answers(hang_every)) if o != "save_every=0"]
+def task(tmp_path, hang_every: int = 4, eval_prompts: int = 8) -> list[str]:
+    """The run's task; `eval_prompts=1` where every judgement spins to its timeout (the evaluations at the
+    first and last step judge too)."""
+    return [o.replace("eval.num_prompts=8", f"eval.num_prompts={eval_prompts}")
+            for o in write_task(tmp_path / "data", answers(hang_every)) if o != "save_every=0"]
 
 
 def template(body: str) -> str:
@@ -47,7 +50,7 @@ def template(body: str) -> str:
 def test_a_template_that_hangs_on_some_rows_fails_those_groups_at_the_timeout(tmp_path):
     run_dir = tmp_path / "run"
     hang = template('{% if label.answer == "HANG" %}' + LOOPS + "{% endif %}{{ response }}+000=")
-    run_cli([*task(tmp_path), *JUDGE, hang, "agent.judge_timeout_s=3", "total_steps=2",
+    run_cli([*task(tmp_path, eval_prompts=1), *JUDGE, hang, "agent.judge_timeout_s=3", "total_steps=2",
              f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     metrics = read_metrics(run_dir / "metrics.jsonl")
     trained, dropped = read_ledger(run_dir)
@@ -59,7 +62,7 @@ def test_a_template_that_hangs_on_some_rows_fails_those_groups_at_the_timeout(tm
 
 def test_a_catastrophic_score_pattern_costs_its_timeout_and_the_run_goes_on(tmp_path):
     run_dir = tmp_path / "run"
-    run_cli([*task(tmp_path, 99), *JUDGE, "judger.on_timeout=zero",
+    run_cli([*task(tmp_path, 99, eval_prompts=1), *JUDGE, "judger.on_timeout=zero",
              f"judger.score_pattern='{CATASTROPHIC}'", "agent.judge_timeout_s=5", "total_steps=1",
              f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     metrics = read_metrics(run_dir / "metrics.jsonl")
@@ -70,7 +73,7 @@ def test_a_catastrophic_score_pattern_costs_its_timeout_and_the_run_goes_on(tmp_
 
 def test_a_format_pattern_that_backtracks_forever_does_not_stall_the_event_loop(tmp_path):
     run_dir = tmp_path / "run"
-    run_cli([*task(tmp_path, 99), "judger=format",
+    run_cli([*task(tmp_path, 99, eval_prompts=1), "judger=format",
              f"judger.pattern='{CATASTROPHIC}'", "judger.on_timeout=zero", "judger.num_workers=2",
              "agent.judge_timeout_s=1", "sampler.prompt_repeat_k=2", "total_steps=1", f"hydra.run.dir={run_dir}"],
             cwd=tmp_path)
@@ -83,12 +86,16 @@ def test_sigterm_stops_a_run_whose_judge_is_stuck_in_a_template(tmp_path):
     not when stop_timeout_s's watchdog gives up (and not never: `re` and Jinja held the interpreter)."""
     run_dir = tmp_path / "run"
     hang = template('{% if label.answer == "HANG" %}' + LOOPS + "{% endif %}{{ response }}+000=")
-    proc = start_cli([*task(tmp_path), *JUDGE, hang, "judger.num_workers=4",  # renders that finish find a process
+    # At most 5 groups in flight (batch 4 + over-sampling's 1), 2 members each: with 11 judging processes a
+    # render that finishes always finds one, so a group lands (SIGTERM) while the HANG rows' renders spin.
+    proc = start_cli([*task(tmp_path), *JUDGE, hang, "judger.num_workers=11",
                       "agent.judge_timeout_s=120", "total_steps=3", "save_every=1", f"hydra.run.dir={run_dir}"],
                      cwd=tmp_path, env=signal_at(signal.SIGTERM, "group_put", 1))
     assert proc.wait(300) == 128 + signal.SIGTERM, proc.stderr_text()[-3000:]
     err = proc.stderr_text()
     assert "stopped by SIGTERM at step" in err and "passed while stopping" not in err, err[-3000:]
+    log = (run_dir / "train.log").read_text()
+    assert "still in flight after pause_timeout_s" in log, log[-3000:]  # the HANG rows' groups, cancelled
 
 
 @pytest.mark.parametrize("body, expect", [
