@@ -10,7 +10,9 @@ run (`python train.py`, 400 GRPO steps), exported with `python -m rlharness.expo
 untrained embedded model (`assets/tiny-arith`, 17.5%). `--model smollm2`: the teacher is
 SmolLM2-135M-Instruct after `experiment=smollm2_arith`, exported into outputs/distill/smollm2-teacher;
 the student SmolLM2-135M-Instruct (`bash scripts/fetch_smollm2.sh` first). A missing teacher is made
-first (`--make-teacher` makes it again): the tiny one takes about half an hour on a 2-core CPU.
+first (`--make-teacher` makes it again): the tiny one takes about half an hour on a 2-core CPU. The
+teacher's run is GRPO from the student's start, so when it is made in the same call with the same steps
+and eval interval it is the GRPO arm (not run twice).
 
 Each arm is `python train.py` in a process of its own; its CPU seconds (process and children, user +
 system) are sampled whenever metrics.jsonl grows, so each step has the CPU time spent up to it.
@@ -30,6 +32,7 @@ import time
 from pathlib import Path
 
 import psutil
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 # model -> (the teacher's folder, the run that makes it, the overrides of every run)
@@ -48,15 +51,14 @@ def arm_overrides(name: str) -> list[str]:
     return [*BASE, *(["algo=opd", f"algo.teacher.path={TEACHER}"] if name == "opd" else [])]
 
 
-def make_teacher() -> None:
-    """The default run (400 GRPO steps), exported as a Hugging Face folder into assets/tiny-arith-teacher."""
-    if TEACHER_RUN.exists():
-        shutil.rmtree(TEACHER_RUN)
-    subprocess.run([sys.executable, "train.py", *BASE, "logger=none", f"hydra.run.dir={TEACHER_RUN}"], cwd=ROOT,
-                   check=True)
+def make_teacher() -> list[dict]:
+    """The preset's own run (GRPO, its configured steps), exported as a Hugging Face folder into TEACHER.
+    Returns the run's curve: the GRPO arm from the same start with the same steps is this run."""
+    rows = run_arm("grpo", [], TEACHER_RUN)
     if TEACHER.exists():
         shutil.rmtree(TEACHER)
     subprocess.run([sys.executable, "-m", "rlharness.export", str(TEACHER_RUN), str(TEACHER)], cwd=ROOT, check=True)
+    return rows
 
 
 def teacher_accuracy() -> float:
@@ -85,13 +87,12 @@ def cpu_s(proc: psutil.Process) -> float:
     return total
 
 
-def run_arm(name: str, steps: int, eval_every: int) -> list[dict]:
+def run_arm(name: str, overrides: list[str], run_dir: Path) -> list[dict]:
     """The arm's steps: step, eval accuracy (eval steps), wall and CPU seconds since it started."""
-    run_dir = TEACHER_RUN.parent / f"bench_{OUT.stem}_{name}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    cmd = [sys.executable, "train.py", *arm_overrides(name), f"total_steps={steps}", f"eval_every={eval_every}",
-           "save_every=0", "logger=none", "resume=never", f"hydra.run.dir={run_dir}"]
+    cmd = [sys.executable, "train.py", *arm_overrides(name), *overrides, "logger=none", "resume=never",
+           f"hydra.run.dir={run_dir}"]
     print(" ".join(cmd[1:]), flush=True)
     t0 = time.monotonic()
     child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -117,6 +118,12 @@ def run_arm(name: str, steps: int, eval_every: int) -> list[dict]:
     return rows
 
 
+def same_schedule(steps: int, eval_every: int) -> bool:
+    """Whether the teacher's run had these steps and this eval interval (its resolved config)."""
+    conf = yaml.safe_load((TEACHER_RUN / ".hydra" / "config.yaml").read_text())
+    return conf["total_steps"] == steps and conf["eval_every"] == eval_every
+
+
 def first_reaching(rows: list[dict], target: float) -> dict | None:
     return next((r for r in rows if r["eval_accuracy"] is not None and r["eval_accuracy"] >= target), None)
 
@@ -132,15 +139,20 @@ def main() -> None:
     global TEACHER, TEACHER_RUN, BASE, OUT
     TEACHER, TEACHER_RUN, BASE = PRESETS[args.model]
     OUT = ROOT / "benchmarks" / "results" / f"distill_{args.model}.json"
+    teacher_rows = None
     if args.make_teacher or not (TEACHER / "config.json").is_file():
-        make_teacher()
+        teacher_rows = make_teacher()
     teacher_acc = teacher_accuracy()
     target = TARGET_FRAC * teacher_acc
     result = json.loads(OUT.read_text()) if OUT.is_file() else {}
     result.update({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_avg": os.getloadavg(),
                    "teacher_accuracy": teacher_acc, "target_accuracy": round(target, 4)})
     for name in args.arms:
-        rows = run_arm(name, args.steps, args.eval_every)
+        if name == "grpo" and teacher_rows and same_schedule(args.steps, args.eval_every):
+            rows = teacher_rows  # the teacher's run is this arm: same start, config, seed and steps
+        else:
+            rows = run_arm(name, [f"total_steps={args.steps}", f"eval_every={args.eval_every}", "save_every=0"],
+                           TEACHER_RUN.parent / f"bench_{OUT.stem}_{name}")
         hit = first_reaching(rows, target)
         result.setdefault("arms", {})[name] = {
             "steps": args.steps, "curve": rows, "load_avg_after": os.getloadavg(),
