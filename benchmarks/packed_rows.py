@@ -21,6 +21,14 @@ or with `--rollouts DIR` the real prompt and response lengths of a run's rollout
     .venv/bin/python benchmarks/packed_rows.py                      # lognormal, mean 96, CV 1
     .venv/bin/python benchmarks/packed_rows.py --rollouts outputs/RUN/rollouts
     .venv/bin/python benchmarks/packed_rows.py --attn sdpa          # -> results/packed_rows_sdpa.json
+    .venv/bin/python benchmarks/packed_rows.py --capacity 160 320   # also packed at these fixed capacities
+    .venv/bin/python benchmarks/packed_rows.py --fit-attention      # packing.DENSE_ATTENTION_TOKENS
+
+`packed` chooses the rows' capacity per mini-batch (`packing.choose_capacity`); `--capacity N` adds
+`packed@N`, rows of N tokens (a longer sample a row of its own), to see what the choice is worth.
+`--fit-attention` measures what a token costs in rows of different widths (one training step of
+equal-length rows, a third prompt, the same tokens at every width) and fits cost = a + b x width:
+a / b is the width at which a row's attention costs as much as the rest, `DENSE_ATTENTION_TOKENS`.
 """
 
 from __future__ import annotations
@@ -90,6 +98,34 @@ def computed_tokens(b: Learner, mask: torch.Tensor) -> int:
     return total
 
 
+def fit_attention(args: argparse.Namespace) -> None:
+    """Per-token CPU seconds of a training step at row widths 128 .. 1024 (4096 tokens each), fitted as
+    a + b x width; prints a / b and writes results/packed_rows_attention_<attn>.json."""
+    algo = AlgoConf(name="grpo", lr=1e-12, weight_decay=0.0)
+    # One micro-batch: the whole [rows, width] batch of 4096 tokens.
+    b = Learner(TorchBackendConf(packing=False, micro_batch_tokens=4096),
+                ModelConf(path=MODEL, attn_implementation=args.attn), algo, 10, 0)
+    widths, per_token = [128, 256, 512, 1024], []
+    for width in widths:
+        batch = batch_of([(width // 3, width - width // 3)] * (4096 // width), algo, args.seed)
+        b.train_step_blocking(batch)  # warm-up
+        cpu = []
+        for _ in range(args.steps):
+            cpu0 = time.process_time()
+            b.train_step_blocking(batch)
+            cpu.append(time.process_time() - cpu0)
+        per_token.append(statistics.median(cpu) / 4096)
+        print(f"width {width}: {1e3 * per_token[-1]:.2f} CPU ms per token", flush=True)
+    slope, intercept = statistics.linear_regression(widths, per_token)
+    result = {"date": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "cpus": os.cpu_count(),
+              "load": os.getloadavg()[0], "attn": args.attn, "widths": widths, "cpu_s_per_token": per_token,
+              "a": intercept, "b": slope, "attention_tokens": intercept / slope}
+    (Path(__file__).resolve().parent / "results" / f"packed_rows_attention_{args.attn}.json").write_text(
+        json.dumps(result, indent=1))
+    print(f"cost per token = {1e3 * intercept:.3f} + {1e3 * slope:.5f} x width CPU ms: attention costs as much as "
+          f"the rest at width {intercept / slope:.0f} (load {result['load']:.1f})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=16, help="samples in the batch (a multiple of 4)")
@@ -100,7 +136,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2, help="training steps per configuration (median)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--attn", default="eager", help="model.attn_implementation (eager, sdpa)")
+    p.add_argument("--capacity", type=int, nargs="*", default=[], help="also packed rows of these capacities")
+    p.add_argument("--fit-attention", action="store_true", help="measure packing.DENSE_ATTENTION_TOKENS")
     args = p.parse_args()
+    if args.fit_attention:
+        return fit_attention(args)
     sizes = (ledger_sizes(args.rollouts, args.rows) if args.rollouts else
              [(PROMPT_LEN, n) for n in lengths_for(args.rows, args.mean_len, args.max_len, args.seed)])
     algo = AlgoConf(name="grpo", lr=1e-12, weight_decay=0.0)
@@ -111,14 +151,21 @@ def main() -> None:
     b = Learner(TorchBackendConf(micro_batch_tokens=budget), ModelConf(path=MODEL, attn_implementation=args.attn),
                 algo, 10, 0)
     assert b.packing, "SmolLM2's attention should honour packed rows"
-    configs = {"padded": False, "packed": True}
-    for packing in configs.values():  # warm-up (first-call allocations, kernels' set-up): not measured
-        b.packing = packing
+    chosen = b._packed_capacity(torch.arange(args.rows), batch.attention_mask)
+    configs = {"padded": (False, None), "packed": (True, None),
+               **{f"packed@{c}": (True, c) for c in args.capacity}}
+
+    def use(config: tuple[bool, int | None]) -> None:
+        b.packing, capacity = config
+        b._packed_capacity = (lambda *_: capacity) if capacity else Learner._packed_capacity.__get__(b)
+
+    for config in configs.values():  # warm-up (first-call allocations, kernels' set-up): not measured
+        use(config)
         b.train_step_blocking(batch)
     runs = {name: {"cpu_s": [], "wall_s": [], "peak_gb": 0.0} for name in configs}
     for _ in range(args.steps):
-        for name, packing in configs.items():
-            b.packing = packing
+        for name, config in configs.items():
+            use(config)
             with PeakRSS() as mem:
                 cpu0, wall0 = time.process_time(), time.perf_counter()
                 out = b.train_step_blocking(batch)
@@ -134,7 +181,8 @@ def main() -> None:
     result = {"date": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "cpus": os.cpu_count(),
               "load_before_after": [load_before, os.getloadavg()[0]], "rows": args.rows, "budget": budget,
               "lengths": "rollouts " + str(args.rollouts) if args.rollouts else f"lognormal mean {args.mean_len} CV 1",
-              "attn": args.attn, "tokens": tokens, "configs": {}}
+              "attn": args.attn, "tokens": tokens, "chosen_capacity": chosen, "longest": max(map(sum, sizes)),
+              "configs": {}}
     for name, r in runs.items():
         cpu_s, wall_s = statistics.median(r.pop("cpu_s")), statistics.median(r.pop("wall_s"))
         result["configs"][name] = {**r, "cpu_s": cpu_s, "wall_s": wall_s, "tokens_per_cpu_s": tokens / cpu_s,
@@ -146,7 +194,8 @@ def main() -> None:
     name = f"packed_rows{'_rollouts' if args.rollouts else ''}{attn}.json"
     (Path(__file__).resolve().parent / "results" / name).write_text(json.dumps(result, indent=1))
     print(f"{result['date']}, {result['cpus']} CPUs, load {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; "
-          f"{args.rows} samples ({result['lengths']}), {tokens} tokens, budget {budget}")
+          f"{args.rows} samples ({result['lengths']}), {tokens} tokens, budget {budget}; packed rows' capacity "
+          f"{chosen} (longest sample {result['longest']})")
     print("| micro-batches | tokens / CPU s | tokens / s | padding | micro-batches | peak RSS over start |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, r in result["configs"].items():

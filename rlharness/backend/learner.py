@@ -58,7 +58,7 @@ from rlharness.backend import critic as critic_files
 from rlharness.backend.base import TrainingBackend
 from rlharness.backend.critic import value_model
 from rlharness.backend.lr_plan import LRPlan, apply_optimizer_settings, planned, replan
-from rlharness.backend.packing import PackedRows, honours_packing
+from rlharness.backend.packing import PackedRows, attention_tokens, choose_capacity, honours_packing
 from rlharness.backend.probe import probe_micro_batch
 from rlharness.backend.policy_files import read_policy, write_policy
 from rlharness.backend.rank_balance import (imbalance, micro_slices, pad_plan, pad_rows, rank_micro_slices,
@@ -149,6 +149,7 @@ class Learner(TrainingBackend):
         # Project only response positions (hidden states -> lm_head) where that gives the model's logits.
         self.head_split = head_reproduces_logits(self.policy)
         self.packing = self._packing_honoured(conf.packing, model_conf)
+        self.attn_implementation = model_conf.attn_implementation
         self.lr_plan = LRPlan(total_steps)  # re-planned when a resume changes total_steps (lr_plan.py)
         self.critic: ModelRunner | None = None  # algo.advantage=gae's value model
         if algo.advantage == "gae":
@@ -227,28 +228,31 @@ class Learner(TrainingBackend):
             return self._token_scores(self.policy, mb, temperature, "none")[0]
 
     def _rows(self, batch: dict[str, torch.Tensor], idx: torch.Tensor,
-              packed_width: int | None = None) -> dict[str, Any]:
+              packed_capacity: int | None = None) -> dict[str, Any]:
         """Select rows and trim the right padding they all share (less compute per micro-batch); with
-        packing, also their packed layout (`packed`), which the models run on: rows of `packed_width`
-        tokens filled in `idx`'s order (as `_micro_slices` planned them), or by default first-fit
-        decreasing into rows of the longest sample's width."""
+        packing, also their packed layout (`packed`), which the models run on: rows of `packed_capacity`
+        tokens (or the longest sample's, where longer) filled in `idx`'s order (as `_micro_slices` planned
+        them), or by default first-fit decreasing into rows of the longest sample's width."""
         width = int(batch["attention_mask"][idx].sum(-1).max().item())
         mb: dict[str, Any] = {k: v[idx, :max(width, 1)] for k, v in batch.items()}
         if self.packing:
-            mb["packed"] = PackedRows.pack(mb["input_ids"], mb["attention_mask"], packed_width,
-                                           in_order=packed_width is not None)
+            mb["packed"] = PackedRows.pack(mb["input_ids"], mb["attention_mask"], packed_capacity,
+                                           in_order=packed_capacity is not None)
         return mb
 
     def _micro_batches(self, batch: dict[str, torch.Tensor],
                        rows: torch.Tensor) -> Iterator[tuple[torch.Tensor, dict[str, Any]]]:
         """This rank's micro-batches of `rows` (`_micro_slices`): their indices and their rows (`_rows`)."""
-        width = self._packed_width(rows, batch["attention_mask"])
+        capacity = self._packed_capacity(rows, batch["attention_mask"])
         for idx in self._micro_slices(rows, batch["attention_mask"]):
-            yield idx, self._rows(batch, idx, width)
+            yield idx, self._rows(batch, idx, capacity)
 
-    def _packed_width(self, rows: torch.Tensor, attention_mask: torch.Tensor) -> int | None:
-        """Packed rows' width for a mini-batch: its longest sample (None: no packing)."""
-        return int(attention_mask[rows].sum(-1).max()) if self.packing and len(rows) else None
+    def _packed_capacity(self, rows: torch.Tensor, attention_mask: torch.Tensor) -> int | None:
+        """Packed rows' capacity for a mini-batch (`packing.choose_capacity`; None: no packing)."""
+        if not self.packing or not len(rows):
+            return None
+        return choose_capacity(attention_mask[rows].sum(-1).tolist(), self.conf.micro_batch_tokens,
+                               attention_tokens(self.attn_implementation))
 
     @torch.no_grad()
     def _per_token_no_grad(self, batch: dict[str, torch.Tensor], fn) -> torch.Tensor:
@@ -270,15 +274,15 @@ class Learner(TrainingBackend):
         with several ranks, its balanced share (`rows`: a multiple of the ranks), as many as every rank's."""
         budget = self.conf.micro_batch_tokens
         lengths = attention_mask[rows].sum(-1)
-        width = self._packed_width(rows, attention_mask)
+        capacity = self._packed_capacity(rows, attention_mask)
         if self.ranks.world_size > 1:
             per_rank, oversized = rank_micro_slices(rows, lengths, self.ranks.world_size,
                                                     balance=self.conf.balance_ranks,
                                                     micro_batch_size=self.algo.micro_batch_size, budget=budget,
-                                                    packed_width=width)
+                                                    packed_capacity=capacity)
             slices = per_rank[self.ranks.rank]
         else:
-            slices, oversized = micro_slices(rows, lengths, self.algo.micro_batch_size, budget, width)
+            slices, oversized = micro_slices(rows, lengths, self.algo.micro_batch_size, budget, capacity)
         if oversized and not self._warned_oversized:
             self._warned_oversized = True  # once per run: the row still trains, alone in its micro-batch
             log.warning("backend.micro_batch_tokens=%d is below the longest row (%d tokens): such rows train "

@@ -4,13 +4,17 @@ attention across them.
 A micro-batch of right-padded rows computes every row to its longest: with RL's long-tailed response
 lengths much of that is padding (token-budget micro-batches group rows of similar length, which
 helps, but a group still pads to its first row). Packed, a mini-batch's samples are laid end to end
-in rows of one width (its longest sample's length, so attention costs rows x width^2, not
-(all tokens)^2), filled first-fit decreasing over the whole mini-batch, so only the ends of a few
-rows are padding; then whole rows make the micro-batches: as many as the token budget holds
-(`packed_budget_slices`: rows x width <= budget, which also bounds memory), or `algo.micro_batch_size`
-samples' rows. A micro-batch lists its samples row by row and `next_fit` lays them out again in that
-order. Each sample's position ids start at 0 as they do in its own row, and transformers' mask
-builders take a position id that does not follow its predecessor for the start of a new sequence
+in rows of a capacity, filled first-fit decreasing over the whole mini-batch, so only the ends of a
+few rows are padding; a sample longer than the capacity is a row of its own. Then whole rows make
+the micro-batches, widest first: as many as the token budget holds (`packed_budget_slices`: rows x
+width <= budget, which also bounds memory), or `algo.micro_batch_size` samples' rows. A micro-batch
+lists its samples row by row and `next_fit` lays them out again in that order. The capacity
+(`choose_capacity`) trades padding against attention: wide rows leave the least padding, but eager and
+sdpa attention compute a row's whole width x width scores (the block-diagonal mask zeroes most of
+them), so with a long tail of lengths rows narrower than the longest sample cost less.
+
+Each sample's position ids start at 0 as they do in its own row, and transformers' mask builders
+take a position id that does not follow its predecessor for the start of a new sequence
 (`masking_utils.find_packed_sequence_indices`: eager and sdpa get a block-diagonal causal mask,
 flash-attention its variable-length path), so no token attends across samples; `honours_packing`
 checks that a model does, with its attention implementation, before a run relies on it.
@@ -22,6 +26,7 @@ computation's (up to float summation order).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -61,32 +66,87 @@ def next_fit(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-def packed_rows_order(rows: torch.Tensor, lengths: torch.Tensor, width: int) -> list[torch.Tensor]:
-    """`rows` bin-packed first-fit decreasing by `lengths` into packed rows of `width` tokens: each packed
-    row's samples."""
-    return [rows[torch.tensor(b, dtype=torch.long)] for b in first_fit_decreasing([int(n) for n in lengths], width)]
+def packed_bins(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Indices of `lengths` bin-packed first-fit decreasing into packed rows of `capacity` tokens (a longer
+    sample is a row of its own): each row's samples, the over-long rows first (longest first)."""
+    return sorted(first_fit_decreasing(lengths, capacity), key=lambda b: -row_width([lengths[i] for i in b], capacity))
+
+
+def row_width(sizes: list[int], capacity: int) -> int:
+    """The width a micro-batch of samples of these `sizes` is packed at: `capacity`, or its longest sample
+    where that is longer (such a sample is a row of its own, like a padded row)."""
+    return max(capacity, max(sizes, default=1))
 
 
 def packed_budget_slices(rows: torch.Tensor, lengths: torch.Tensor, budget: int,
-                         width: int) -> tuple[list[torch.Tensor], int]:
-    """Micro-batches of packed rows of `width` tokens: all of `rows` bin-packed into such rows, then
-    max(1, budget // width) consecutive rows per micro-batch (a micro-batch computes at most max(budget,
-    width) tokens). Each micro-batch lists its samples row by row (`next_fit` lays them out again).
-    Returns the micro-batches and the number of samples longer than the budget (as
-    `micro_batches.token_budget_slices`)."""
+                         capacity: int) -> tuple[list[torch.Tensor], int]:
+    """Micro-batches of packed rows: all of `rows` bin-packed into rows of `capacity` tokens (a longer
+    sample alone in its row), then consecutive rows, longest first, while rows x the first row's width
+    <= `budget` (as `micro_batches.token_budget_slices` groups padded rows; at least one row). Each
+    micro-batch lists its samples row by row (`next_fit` at its `row_width` lays them out again, in at
+    most as many rows). Returns the micro-batches and the number of samples longer than the budget."""
     if budget < 1:
         raise ValueError(f"micro-batch token budget {budget} must be >= 1")
-    packed = packed_rows_order(rows, lengths, width)
-    per = max(1, budget // width)
-    return ([torch.cat(packed[i:i + per]) for i in range(0, len(packed), per)],
-            sum(int(n) > budget for n in lengths))
+    lens = [int(n) for n in lengths]
+    groups: list[list[int]] = []
+    rows_in_group, width = 0, 0  # the current micro-batch's rows and width: its first row's (widest first)
+    for row in packed_bins(lens, capacity):
+        if groups and (rows_in_group + 1) * width <= budget:
+            groups[-1] += row
+            rows_in_group += 1
+            continue
+        groups.append(list(row))
+        rows_in_group, width = 1, row_width([lens[i] for i in row], capacity)
+    return [rows[torch.tensor(g, dtype=torch.long)] for g in groups], sum(n > budget for n in lens)
 
 
-def packed_size_slices(rows: torch.Tensor, lengths: torch.Tensor, size: int, width: int) -> list[torch.Tensor]:
+def packed_size_slices(rows: torch.Tensor, lengths: torch.Tensor, size: int, capacity: int) -> list[torch.Tensor]:
     """Micro-batches of `size` samples (`algo.micro_batch_size`), each listing its samples row by row as
-    packed into rows of `width` tokens."""
-    return [torch.cat(packed_rows_order(r, n, width)) for r, n in zip(torch.split(rows, size),
-                                                                     torch.split(lengths, size))]
+    packed into rows of `capacity` tokens."""
+    out = []
+    for r, n in zip(torch.split(rows, size), torch.split(lengths, size)):
+        out.append(r[torch.tensor([i for b in packed_bins([int(k) for k in n], capacity) for i in b])])
+    return out
+
+
+# The row width at which a row's attention (width^2 scores, masked or not) costs as much as the rest of its
+# forward and backward: measured on SmolLM2-135M-Instruct on a CPU (benchmarks/packed_rows.py --capacity).
+DENSE_ATTENTION_TOKENS = 2048.0
+# Attention implementations whose packed path computes only each sample's own scores (variable length).
+VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
+
+
+def attention_tokens(attn_implementation: str) -> float:
+    """`packing_cost`'s attention_tokens for a model's attention implementation."""
+    return math.inf if attn_implementation in VARLEN_ATTENTION else DENSE_ATTENTION_TOKENS
+
+
+def packing_cost(lengths: list[int], budget: int, capacity: int, attention_tokens: float) -> float:
+    """What training a mini-batch of samples of these `lengths` packed at `capacity` costs, in token
+    units: each micro-batch's rows x width, plus its attention, rows x width^2 / `attention_tokens`
+    (eager and sdpa attention compute a row's whole width x width scores, masked or not; flash
+    attention's variable-length path does not: inf)."""
+    rows = torch.arange(len(lengths))
+    cost = 0.0
+    for g in packed_budget_slices(rows, torch.tensor(lengths), budget, capacity)[0]:
+        sizes = [lengths[int(i)] for i in g]
+        width = row_width(sizes, capacity)
+        cost += len(next_fit(sizes, width)) * width * (1 + width / attention_tokens)
+    return cost
+
+
+def choose_capacity(lengths: list[int], budget: int | None, attention_tokens: float) -> int:
+    """Packed rows' capacity for a mini-batch: the longest sample without a token budget, else the one of
+    a few candidates (the longest sample, its half and third, the lengths at quantiles 1/2 .. 19/20, the
+    budget) that
+    `packing_cost` finds cheapest: wide rows leave the least padding, narrow ones compute less attention."""
+    longest = max(lengths, default=1)
+    if budget is None:
+        return longest
+    ordered = sorted(lengths)
+    candidates = {longest, longest // 2, longest // 3, max(budget, longest),
+                  *(ordered[int(q * (len(ordered) - 1))] for q in (0.5, 0.65, 0.8, 0.9, 0.95))} - {0}
+    return min(sorted(candidates), key=lambda c: (packing_cost(lengths, budget, c, attention_tokens), -c))
 
 
 @dataclass
@@ -102,11 +162,11 @@ class PackedRows:
     @classmethod
     def pack(cls, ids: torch.Tensor, attention_mask: torch.Tensor, width: int | None = None,
              in_order: bool = False) -> "PackedRows":
-        """Pack right-padded rows (each row's tokens first, then padding) into rows of `width` tokens
-        (default: the longest row's length): first-fit decreasing, or with `in_order` in the given order
-        (`next_fit`: the order of a planned micro-batch)."""
+        """Pack right-padded rows (each row's tokens first, then padding) into rows of `width` tokens, or
+        the longest row's length where that is longer (default: it): first-fit decreasing, or with
+        `in_order` in the given order (`next_fit`: the order of a planned micro-batch)."""
         lengths = [int(n) for n in attention_mask.sum(-1)]
-        width = max(max(lengths, default=1), 1) if width is None else width
+        width = row_width(lengths, 1 if width is None else width)
         bins = (next_fit if in_order else first_fit_decreasing)(lengths, width)
         device = ids.device
         packed = torch.zeros(len(bins), width, dtype=ids.dtype, device=device)

@@ -4,14 +4,15 @@ forward against its padded one: the same logits at every token, and no sample se
 from __future__ import annotations
 
 import logging
+import math
 import random
 
 import pytest
 import torch
 
 from rlharness.backend.learner import Learner
-from rlharness.backend.packing import (PackedRows, first_fit_decreasing, honours_packing, next_fit,
-                                       packed_budget_slices)
+from rlharness.backend.packing import (PackedRows, choose_capacity, first_fit_decreasing, honours_packing, next_fit,
+                                       packed_budget_slices, packing_cost, row_width)
 from rlharness.config.schema import AlgoConf, ConfigError, CriticConf, ModelConf, TorchBackendConf
 
 SMOLLM2 = "assets/smollm2-135m-instruct"
@@ -43,12 +44,46 @@ def test_first_fit_decreasing_fills_bins_and_keeps_every_item_once():
 
 def test_packed_budget_slices_group_whole_rows_of_one_width():
     rows, lengths = torch.arange(10, 20), torch.tensor([50, 10, 40, 30, 20, 5, 60, 15, 25, 45])
-    groups, oversized = packed_budget_slices(rows, lengths, 120, width=60)
+    groups, oversized = packed_budget_slices(rows, lengths, 120, capacity=60)
     assert sorted(torch.cat(groups).tolist()) == rows.tolist() and oversized == 0
     # 300 tokens in rows of 60: 60 | 50 10 | 45 15 | 40 20 | 30 25 5, two rows (120 tokens) per micro-batch
     packed = [next_fit([int(lengths[i - 10]) for i in g], 60) for g in groups]
     assert [len(p) for p in packed] == [2, 2, 1]
-    assert packed_budget_slices(rows[:1], torch.tensor([120]), 100, width=120)[1] == 1
+    assert packed_budget_slices(rows[:1], torch.tensor([120]), 100, capacity=120)[1] == 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_rows_narrower_than_the_longest_sample_put_each_longer_sample_in_a_row_of_its_own(seed):
+    lengths = _lengths(seed, rows=48)
+    ids, mask = _padded(lengths, 50, seed)
+    rows, capacity, budget = torch.arange(len(lengths)), sorted(lengths)[len(lengths) // 2], 3 * max(lengths)
+    groups, oversized = packed_budget_slices(rows, torch.tensor(lengths), budget, capacity)
+    assert sorted(torch.cat(groups).tolist()) == rows.tolist() and oversized == 0
+    widths = []
+    for g in groups:
+        sizes = [lengths[int(i)] for i in g]
+        packed = PackedRows.pack(ids[g], mask[g], capacity, in_order=True)
+        widths.append(packed.input_ids.shape[1])
+        assert widths[-1] == row_width(sizes, capacity)  # the capacity, or a longer sample's own length
+        assert packed.input_ids.numel() <= budget  # the micro-batch within the token budget
+        assert torch.equal(packed.unpack(packed.input_ids[..., None])[..., 0] * mask[g], ids[g])
+        # A sample longer than the capacity shares its row with nothing.
+        for r in range(packed.input_ids.shape[0]):
+            in_row = [b for b in range(len(g)) if (packed.index[b][packed.index[b] >= 0] // widths[-1] == r).any()]
+            assert len(in_row) == 1 or all(sizes[b] <= capacity for b in in_row)
+    assert widths == sorted(widths, reverse=True) and widths[0] == max(lengths) > capacity
+
+
+def test_the_capacity_trades_padding_against_attention():
+    lengths = _lengths(4, rows=64)
+    budget = 4 * max(lengths)
+    # Flash attention's variable-length path: no cost for width, so the least padding (rows of the budget).
+    assert choose_capacity(lengths, budget, math.inf) >= max(lengths)
+    # Dense attention that costs as much as the rest at 40 tokens: narrower rows than the longest sample.
+    narrow = choose_capacity(lengths, budget, 40.0)
+    assert narrow < max(lengths)
+    assert packing_cost(lengths, budget, narrow, 40.0) < packing_cost(lengths, budget, max(lengths), 40.0)
+    assert choose_capacity(lengths, None, 40.0) == max(lengths)  # micro_batch_size's path: the longest
 
 
 def test_next_fit_gives_first_fit_decreasing_bins_back():
@@ -198,14 +233,18 @@ def _same_gradients(a: torch.nn.Module, b: torch.nn.Module) -> None:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("budget", [None, 60])
-def test_packed_training_is_the_padded_computation(tiny_model_dir, budget):
-    """Log-probs, entropy, KL to the reference model, loss and gradients: to 1e-5 (float32)."""
+@pytest.mark.parametrize("budget,narrow", [(None, False), (60, False), (60, True)])
+def test_packed_training_is_the_padded_computation(tiny_model_dir, budget, narrow):
+    """Log-probs, entropy, KL to the reference model, loss and gradients: to 1e-5 (float32). `narrow`:
+    rows of the median sample's length, so the longer samples are rows of their own."""
     algo = AlgoConf(name="grpo", lr=1e-3, micro_batch_size=5, kl_coef=0.05, entropy_coef=0.01)
     batch = _multi_turn_batch(algo, seed=5)
     assert (batch.response_mask.diff(dim=-1) > 0).sum(-1).max() >= 1  # a response resumes after a tool span
     padded, packed = _learner(tiny_model_dir, algo, False, budget), _learner(tiny_model_dir, algo, None, budget)
     assert packed.packing and not padded.packing
+    if narrow:
+        median = int(batch.attention_mask.sum(-1).median())
+        packed._packed_capacity = lambda *_: median
     rows = packed._rows({"input_ids": batch.input_ids, "attention_mask": batch.attention_mask},
                         torch.arange(batch.input_ids.shape[0]))
     assert rows["packed"].input_ids.numel() < batch.input_ids.numel()  # less padding computed

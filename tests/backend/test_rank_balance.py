@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rlharness.algo.losses import LOSS_AGG_MODES
-from rlharness.backend.packing import next_fit
+from rlharness.backend.packing import next_fit, row_width
 from rlharness.backend.rank_balance import imbalance, karmarkar_karp, rank_micro_slices, rank_shares
 from rlharness.backend.learner import Learner
 from rlharness.config.schema import AlgoConf, ModelConf, TorchBackendConf
@@ -65,15 +65,16 @@ def test_karmarkar_karp_on_hard_cases():
         karmarkar_karp([1, 2, 3], 2)
 
 
-@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("packed", [None, "longest", "median"])
 @pytest.mark.parametrize("budget", [None, 700, 50])
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_rank_gets_as_many_micro_batches_and_every_row_once(budget, world, packed):
     lengths = torch.tensor(lognormal_lengths(32, seed=world))
     rows = torch.arange(100, 132)  # row indices, not positions
-    packed_width = int(lengths.max()) if packed else None
+    # Packed rows as wide as the longest sample, or narrower (the longer samples a row each).
+    packed_capacity = {None: None, "longest": int(lengths.max()), "median": int(lengths.median())}[packed]
     per_rank, oversized = rank_micro_slices(rows, lengths, world, balance=True, micro_batch_size=3, budget=budget,
-                                            packed_width=packed_width)
+                                            packed_capacity=packed_capacity)
     assert len({len(r) for r in per_rank}) == 1
     trained = sorted(int(i) for r in per_rank for mb in r for i in mb)
     assert trained == rows.tolist()
@@ -83,7 +84,8 @@ def test_every_rank_gets_as_many_micro_batches_and_every_row_once(budget, world,
             for mb in mbs:
                 sizes = [length_of[int(i)] for i in mb]
                 if packed:  # whole packed rows of the width, laid out in the listed order
-                    assert len(next_fit(sizes, packed_width)) * packed_width <= max(budget, packed_width)
+                    width = row_width(sizes, packed_capacity)
+                    assert len(next_fit(sizes, width)) * width <= max(budget, width)
                 else:
                     assert len(mb) * max(sizes) <= budget or len(mb) == 1
         assert oversized == int((lengths > budget).sum())
@@ -102,7 +104,7 @@ class AllRanksInOne(Learner):
         assert len(rows) % self.world == 0  # deepspeed pads each mini-batch to a multiple of W
         per_rank, _ = rank_micro_slices(rows, attention_mask[rows].sum(-1), self.world, balance=True,
                                         micro_batch_size=self.algo.micro_batch_size, budget=self.budget,
-                                        packed_width=self._packed_width(rows, attention_mask))
+                                        packed_capacity=self._packed_capacity(rows, attention_mask))
         assert len(per_rank[0]) >= 2
         return [mb for mbs in per_rank for mb in mbs]
 
