@@ -16,8 +16,8 @@ and eval interval it is the GRPO arm (not run twice).
 
 Each arm is `python train.py` in a process of its own; its CPU seconds (process and children, user +
 system) are sampled whenever metrics.jsonl grows, so each step has the CPU time spent up to it.
-Writes benchmarks/results/distill_tiny.json (per arm: step, eval accuracy, wall and CPU seconds) and
-prints the table for docs/benchmarks.md.
+Writes benchmarks/results/distill_<model>.json (per arm: step, eval accuracy, wall and CPU seconds) and
+docs/img/distill_<model>.png (accuracy by step and by CPU s), and prints the table for docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -128,6 +128,29 @@ def first_reaching(rows: list[dict], target: float) -> dict | None:
     return next((r for r in rows if r["eval_accuracy"] is not None and r["eval_accuracy"] >= target), None)
 
 
+def plot(result: dict, path: Path, title: str) -> None:
+    """Eval accuracy of each arm by step and by CPU second, with the teacher's and the target's lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.6), sharey=True)
+    for ax, x, label in zip(axes, ("step", "cpu_s"), ("training step", "CPU s (training process and children)")):
+        for name, arm in result["arms"].items():
+            points = [(r[x], r["eval_accuracy"]) for r in arm["curve"] if r["eval_accuracy"] is not None]
+            ax.plot(*zip(*points), marker="o", markersize=3, label=f"algo={name}")
+        ax.axhline(result["teacher_accuracy"], color="gray", linestyle="--", linewidth=1, label="teacher")
+        ax.axhline(result["target_accuracy"], color="gray", linestyle=":", linewidth=1, label="90% of the teacher")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("greedy eval accuracy")
+    axes[1].legend(loc="lower right", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
@@ -159,7 +182,9 @@ def main() -> None:
             "target_step": hit and hit["step"], "target_cpu_s": hit and hit["cpu_s"],
             "target_wall_s": hit and hit["wall_s"]}
         OUT.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"teacher {teacher_acc:.3f}, target {target:.3f} (load {result['load_avg'][0]:.1f})")
+    figure = ROOT / "docs" / "img" / f"distill_{args.model}.png"
+    plot(result, figure, f"on-policy distillation against GRPO from the same start ({args.model})")
+    print(f"teacher {teacher_acc:.3f}, target {target:.3f} (load {result['load_avg'][0]:.1f}); figure {figure}")
     print("| arm | steps to target | CPU s to target | wall s to target | accuracy by step |")
     for name, arm in result["arms"].items():
         evals = " ".join(f"{r['step']}:{100 * r['eval_accuracy']:.1f}" for r in arm["curve"]

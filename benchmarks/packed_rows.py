@@ -7,8 +7,8 @@ each, the two configurations' steps interleaved so that the shared machine's loa
 - `padded`: `backend.micro_batch_tokens=B, backend.packing=false`: rows grouped longest first,
   each micro-batch right-padded to its longest row (rows x longest <= B);
 - `packed`: `backend.micro_batch_tokens=B, backend.packing=null` (the default; on for SmolLM2):
-  the batch's samples bin-packed first-fit decreasing into rows as wide as the longest sample, then
-  B // width rows per micro-batch.
+  the same micro-batches with shorter samples moved into the padding of longer ones' rows
+  (`packing.packed_micro_batches`).
 
 Reported per configuration: training tokens (non-padding) per CPU second of this process (all its
 threads: `time.process_time`) and per wall second, the padding fraction of the tokens the model
@@ -21,14 +21,12 @@ or with `--rollouts DIR` the real prompt and response lengths of a run's rollout
     .venv/bin/python benchmarks/packed_rows.py                      # lognormal, mean 96, CV 1
     .venv/bin/python benchmarks/packed_rows.py --rollouts outputs/RUN/rollouts
     .venv/bin/python benchmarks/packed_rows.py --attn sdpa          # -> results/packed_rows_sdpa.json
-    .venv/bin/python benchmarks/packed_rows.py --capacity 160 320   # also packed at these fixed capacities
-    .venv/bin/python benchmarks/packed_rows.py --fit-attention      # packing.DENSE_ATTENTION_TOKENS
+    .venv/bin/python benchmarks/packed_rows.py --fit-attention      # a token's cost by row width
 
-`packed` chooses the rows' capacity per mini-batch (`packing.choose_capacity`); `--capacity N` adds
-`packed@N`, rows of N tokens (a longer sample a row of its own), to see what the choice is worth.
 `--fit-attention` measures what a token costs in rows of different widths (one training step of
 equal-length rows, a third prompt, the same tokens at every width) and fits cost = a + b x width:
-a / b is the width at which a row's attention costs as much as the rest, `DENSE_ATTENTION_TOKENS`.
+a / b is the width at which a row's attention costs as much as the rest of the step (why packed rows
+are no wider than padded ones with eager or sdpa attention).
 """
 
 from __future__ import annotations
@@ -136,8 +134,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2, help="training steps per configuration (median)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--attn", default="eager", help="model.attn_implementation (eager, sdpa)")
-    p.add_argument("--capacity", type=int, nargs="*", default=[], help="also packed rows of these capacities")
-    p.add_argument("--fit-attention", action="store_true", help="measure packing.DENSE_ATTENTION_TOKENS")
+    p.add_argument("--fit-attention", action="store_true", help="measure a token's cost by row width")
     args = p.parse_args()
     if args.fit_attention:
         return fit_attention(args)
@@ -151,21 +148,14 @@ def main() -> None:
     b = Learner(TorchBackendConf(micro_batch_tokens=budget), ModelConf(path=MODEL, attn_implementation=args.attn),
                 algo, 10, 0)
     assert b.packing, "SmolLM2's attention should honour packed rows"
-    chosen = b._packed_capacity(torch.arange(args.rows), batch.attention_mask)
-    configs = {"padded": (False, None), "packed": (True, None),
-               **{f"packed@{c}": (True, c) for c in args.capacity}}
-
-    def use(config: tuple[bool, int | None]) -> None:
-        b.packing, capacity = config
-        b._packed_capacity = (lambda *_: capacity) if capacity else Learner._packed_capacity.__get__(b)
-
-    for config in configs.values():  # warm-up (first-call allocations, kernels' set-up): not measured
-        use(config)
+    configs = {"padded": False, "packed": True}
+    for packing in configs.values():  # warm-up (first-call allocations, kernels' set-up): not measured
+        b.packing = packing
         b.train_step_blocking(batch)
     runs = {name: {"cpu_s": [], "wall_s": [], "peak_gb": 0.0} for name in configs}
     for _ in range(args.steps):
-        for name, config in configs.items():
-            use(config)
+        for name, packing in configs.items():
+            b.packing = packing
             with PeakRSS() as mem:
                 cpu0, wall0 = time.process_time(), time.perf_counter()
                 out = b.train_step_blocking(batch)
@@ -181,8 +171,7 @@ def main() -> None:
     result = {"date": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "cpus": os.cpu_count(),
               "load_before_after": [load_before, os.getloadavg()[0]], "rows": args.rows, "budget": budget,
               "lengths": "rollouts " + str(args.rollouts) if args.rollouts else f"lognormal mean {args.mean_len} CV 1",
-              "attn": args.attn, "tokens": tokens, "chosen_capacity": chosen, "longest": max(map(sum, sizes)),
-              "configs": {}}
+              "attn": args.attn, "tokens": tokens, "configs": {}}
     for name, r in runs.items():
         cpu_s, wall_s = statistics.median(r.pop("cpu_s")), statistics.median(r.pop("wall_s"))
         result["configs"][name] = {**r, "cpu_s": cpu_s, "wall_s": wall_s, "tokens_per_cpu_s": tokens / cpu_s,
@@ -194,8 +183,7 @@ def main() -> None:
     name = f"packed_rows{'_rollouts' if args.rollouts else ''}{attn}.json"
     (Path(__file__).resolve().parent / "results" / name).write_text(json.dumps(result, indent=1))
     print(f"{result['date']}, {result['cpus']} CPUs, load {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; "
-          f"{args.rows} samples ({result['lengths']}), {tokens} tokens, budget {budget}; packed rows' capacity "
-          f"{chosen} (longest sample {result['longest']})")
+          f"{args.rows} samples ({result['lengths']}), {tokens} tokens, budget {budget}")
     print("| micro-batches | tokens / CPU s | tokens / s | padding | micro-batches | peak RSS over start |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, r in result["configs"].items():

@@ -58,7 +58,7 @@ from rlharness.backend import critic as critic_files
 from rlharness.backend.base import TrainingBackend
 from rlharness.backend.critic import value_model
 from rlharness.backend.lr_plan import LRPlan, apply_optimizer_settings, planned, replan
-from rlharness.backend.packing import PackedRows, attention_tokens, choose_capacity, honours_packing
+from rlharness.backend.packing import VARLEN_ATTENTION, PackedRows, honours_packing
 from rlharness.backend.probe import probe_micro_batch
 from rlharness.backend.policy_files import read_policy, write_policy
 from rlharness.backend.rank_balance import (imbalance, micro_slices, pad_plan, pad_rows, rank_micro_slices,
@@ -228,31 +228,32 @@ class Learner(TrainingBackend):
             return self._token_scores(self.policy, mb, temperature, "none")[0]
 
     def _rows(self, batch: dict[str, torch.Tensor], idx: torch.Tensor,
-              packed_capacity: int | None = None) -> dict[str, Any]:
+              packed_min_width: int | None = None) -> dict[str, Any]:
         """Select rows and trim the right padding they all share (less compute per micro-batch); with
-        packing, also their packed layout (`packed`), which the models run on: rows of `packed_capacity`
-        tokens (or the longest sample's, where longer) filled in `idx`'s order (as `_micro_slices` planned
-        them), or by default first-fit decreasing into rows of the longest sample's width."""
+        packing, also their packed layout (`packed`, where it has fewer rows), which the models run on:
+        rows as wide as the longest sample (or `packed_min_width`, if wider) filled in `idx`'s order (as
+        `_micro_slices` planned them), or by default first-fit decreasing."""
         width = int(batch["attention_mask"][idx].sum(-1).max().item())
         mb: dict[str, Any] = {k: v[idx, :max(width, 1)] for k, v in batch.items()}
-        if self.packing:
-            mb["packed"] = PackedRows.pack(mb["input_ids"], mb["attention_mask"], packed_capacity,
-                                           in_order=packed_capacity is not None)
+        packed = (PackedRows.pack_if_denser(mb["input_ids"], mb["attention_mask"], packed_min_width,
+                                            in_order=packed_min_width is not None) if self.packing else None)
+        if packed is not None:
+            mb["packed"] = packed
         return mb
 
     def _micro_batches(self, batch: dict[str, torch.Tensor],
                        rows: torch.Tensor) -> Iterator[tuple[torch.Tensor, dict[str, Any]]]:
         """This rank's micro-batches of `rows` (`_micro_slices`): their indices and their rows (`_rows`)."""
-        capacity = self._packed_capacity(rows, batch["attention_mask"])
         for idx in self._micro_slices(rows, batch["attention_mask"]):
-            yield idx, self._rows(batch, idx, capacity)
+            yield idx, self._rows(batch, idx, self._packed_min_width())
 
-    def _packed_capacity(self, rows: torch.Tensor, attention_mask: torch.Tensor) -> int | None:
-        """Packed rows' capacity for a mini-batch (`packing.choose_capacity`; None: no packing)."""
-        if not self.packing or not len(rows):
+    def _packed_min_width(self) -> int | None:
+        """Packed rows' least width (`packing.packed_micro_batches`): the token budget where the attention
+        computes only each sample's own scores, else 0; None: no packing."""
+        if not self.packing:
             return None
-        return choose_capacity(attention_mask[rows].sum(-1).tolist(), self.conf.micro_batch_tokens,
-                               attention_tokens(self.attn_implementation))
+        budget = self.conf.micro_batch_tokens
+        return budget if budget is not None and self.attn_implementation in VARLEN_ATTENTION else 0
 
     @torch.no_grad()
     def _per_token_no_grad(self, batch: dict[str, torch.Tensor], fn) -> torch.Tensor:
@@ -274,15 +275,15 @@ class Learner(TrainingBackend):
         with several ranks, its balanced share (`rows`: a multiple of the ranks), as many as every rank's."""
         budget = self.conf.micro_batch_tokens
         lengths = attention_mask[rows].sum(-1)
-        capacity = self._packed_capacity(rows, attention_mask)
+        min_width = self._packed_min_width()
         if self.ranks.world_size > 1:
             per_rank, oversized = rank_micro_slices(rows, lengths, self.ranks.world_size,
                                                     balance=self.conf.balance_ranks,
                                                     micro_batch_size=self.algo.micro_batch_size, budget=budget,
-                                                    packed_capacity=capacity)
+                                                    packed_min_width=min_width)
             slices = per_rank[self.ranks.rank]
         else:
-            slices, oversized = micro_slices(rows, lengths, self.algo.micro_batch_size, budget, capacity)
+            slices, oversized = micro_slices(rows, lengths, self.algo.micro_batch_size, budget, min_width)
         if oversized and not self._warned_oversized:
             self._warned_oversized = True  # once per run: the row still trains, alone in its micro-batch
             log.warning("backend.micro_batch_tokens=%d is below the longest row (%d tokens): such rows train "
@@ -382,7 +383,7 @@ class Learner(TrainingBackend):
             mb["rows"] = idx
             loss, pg = self._micro_step(mb, batch.temperature, den, max_len, sums, first_epoch=epoch == 0,
                                         train_step=batch.train_step, updates=updates)
-            computed = mb["packed"].input_ids if self.packing else mb["input_ids"]
+            computed = mb["packed"].input_ids if "packed" in mb else mb["input_ids"]
             sums.add("computed_tokens", computed.numel())
             sums.add("sample_tokens", mb["attention_mask"].sum())
             step_loss += loss

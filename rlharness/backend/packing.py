@@ -3,15 +3,16 @@ attention across them.
 
 A micro-batch of right-padded rows computes every row to its longest: with RL's long-tailed response
 lengths much of that is padding (token-budget micro-batches group rows of similar length, which
-helps, but a group still pads to its first row). Packed, a mini-batch's samples are laid end to end
-in rows of a capacity, filled first-fit decreasing over the whole mini-batch, so only the ends of a
-few rows are padding; a sample longer than the capacity is a row of its own. Then whole rows make
-the micro-batches, widest first: as many as the token budget holds (`packed_budget_slices`: rows x
-width <= budget, which also bounds memory), or `algo.micro_batch_size` samples' rows. A micro-batch
-lists its samples row by row and `next_fit` lays them out again in that order. The capacity
-(`choose_capacity`) trades padding against attention: wide rows leave the least padding, but eager and
-sdpa attention compute a row's whole width x width scores (the block-diagonal mask zeroes most of
-them), so with a long tail of lengths rows narrower than the longest sample cost less.
+helps, but a group still pads to its first row). Packed, shorter samples fill that padding: the
+mini-batch's samples, longest first, each go into the first row with room for them, of any
+micro-batch, else start a row (`packed_micro_batches`). Micro-batches stay within the token budget
+(rows x width <= budget, which also bounds memory) and no row is wider than the padded layout's: eager
+and sdpa attention compute a row's whole width x width scores (the block-diagonal mask zeroes most of
+them), so rows as wide as the longest sample would pay in attention what they save in padding. With
+flash-attention's variable-length path, which computes only each sample's own scores, a micro-batch
+is one row of the budget instead. With `algo.micro_batch_size`, each micro-batch's samples are packed
+into rows as wide as its longest. A micro-batch lists its samples row by row and `next_fit` lays them
+out again in that order.
 
 Each sample's position ids start at 0 as they do in its own row, and transformers' mask builders
 take a position id that does not follow its predecessor for the start of a new sequence
@@ -34,21 +35,9 @@ import torch
 
 
 def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
-    """Indices of `lengths` in bins of at most `capacity` (an item longer goes alone): longest first, each
+    """Indices of `lengths` in bins of `capacity` (or the longest item, if longer): longest first, each
     into the first bin it fits. Within a bin, in the order placed."""
-    bins: list[list[int]] = []
-    free: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda k: (-lengths[k], k)):
-        n = lengths[i]
-        for b, room in enumerate(free):
-            if n <= room:
-                bins[b].append(i)
-                free[b] -= n
-                break
-        else:
-            bins.append([i])
-            free.append(capacity - n)
-    return bins
+    return packed_micro_batches(lengths, math.inf, capacity)[0] if lengths else []
 
 
 def next_fit(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -66,87 +55,67 @@ def next_fit(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-def packed_bins(lengths: list[int], capacity: int) -> list[list[int]]:
-    """Indices of `lengths` bin-packed first-fit decreasing into packed rows of `capacity` tokens (a longer
-    sample is a row of its own): each row's samples, the over-long rows first (longest first)."""
-    return sorted(first_fit_decreasing(lengths, capacity), key=lambda b: -row_width([lengths[i] for i in b], capacity))
+def packed_micro_batches(lengths: list[int], budget: float, min_width: int = 0) -> list[list[list[int]]]:
+    """Indices of `lengths` as micro-batches of packed rows (micro-batch -> rows -> samples), longest
+    first. The longest sample not yet placed opens a micro-batch as wide as itself (or `min_width`, if
+    wider), which takes more rows while rows x width <= `budget`; each sample goes into the first row,
+    of any micro-batch, with room for it, else a new row of the last micro-batch, else it opens the
+    next. With `min_width` 0 these are the padded layout's token-budget micro-batches
+    (`micro_batches.token_budget_slices`) with shorter samples moved into their rows' padding: no wider
+    rows than padded ones, as dense attention costs rows x width^2. With `min_width` = the budget, one
+    row per micro-batch filled first-fit decreasing: the least padding, for an attention that computes
+    only each sample's own scores (flash-attention's variable-length path)."""
+    micro: list[list[list[int]]] = []
+    rooms: list[list[int]] = []  # each row's free tokens
+    width = 0  # the last micro-batch's
+    for i in sorted(range(len(lengths)), key=lambda k: (-lengths[k], k)):
+        n = lengths[i]
+        spot = next(((m, r) for m, free in enumerate(rooms) for r, room in enumerate(free) if n <= room), None)
+        if spot is not None:
+            m, r = spot
+            micro[m][r].append(i)
+            rooms[m][r] -= n
+        elif micro and (len(micro[-1]) + 1) * width <= budget:
+            micro[-1].append([i])
+            rooms[-1].append(width - n)
+        else:
+            width = row_width([n], min_width)
+            micro.append([[i]])
+            rooms.append([width - n])
+    return micro
 
 
-def row_width(sizes: list[int], capacity: int) -> int:
-    """The width a micro-batch of samples of these `sizes` is packed at: `capacity`, or its longest sample
-    where that is longer (such a sample is a row of its own, like a padded row)."""
-    return max(capacity, max(sizes, default=1))
+def row_width(sizes: list[int], min_width: int) -> int:
+    """The width a micro-batch of samples of these `sizes` is packed at: its longest sample, or
+    `min_width` where that is wider."""
+    return max(min_width, max(sizes, default=1))
+
+
+def _listed(rows: torch.Tensor, micro_batch: list[list[int]]) -> torch.Tensor:
+    """A planned micro-batch's samples (positions in `rows`) as row indices, row by row."""
+    return rows[torch.tensor([i for row in micro_batch for i in row], dtype=torch.long)]
 
 
 def packed_budget_slices(rows: torch.Tensor, lengths: torch.Tensor, budget: int,
-                         capacity: int) -> tuple[list[torch.Tensor], int]:
-    """Micro-batches of packed rows: all of `rows` bin-packed into rows of `capacity` tokens (a longer
-    sample alone in its row), then consecutive rows, longest first, while rows x the first row's width
-    <= `budget` (as `micro_batches.token_budget_slices` groups padded rows; at least one row). Each
-    micro-batch lists its samples row by row (`next_fit` at its `row_width` lays them out again, in at
-    most as many rows). Returns the micro-batches and the number of samples longer than the budget."""
+                         min_width: int = 0) -> tuple[list[torch.Tensor], int]:
+    """Micro-batches of packed rows within the token `budget` (`packed_micro_batches`), each listing its
+    samples row by row (`next_fit` at its `row_width` lays them out again, in at most as many rows).
+    Returns the micro-batches and the number of samples longer than the budget (trained alone)."""
     if budget < 1:
         raise ValueError(f"micro-batch token budget {budget} must be >= 1")
     lens = [int(n) for n in lengths]
-    groups: list[list[int]] = []
-    rows_in_group, width = 0, 0  # the current micro-batch's rows and width: its first row's (widest first)
-    for row in packed_bins(lens, capacity):
-        if groups and (rows_in_group + 1) * width <= budget:
-            groups[-1] += row
-            rows_in_group += 1
-            continue
-        groups.append(list(row))
-        rows_in_group, width = 1, row_width([lens[i] for i in row], capacity)
-    return [rows[torch.tensor(g, dtype=torch.long)] for g in groups], sum(n > budget for n in lens)
+    return [_listed(rows, mb) for mb in packed_micro_batches(lens, budget, min_width)], sum(n > budget for n in lens)
 
 
-def packed_size_slices(rows: torch.Tensor, lengths: torch.Tensor, size: int, capacity: int) -> list[torch.Tensor]:
+def packed_size_slices(rows: torch.Tensor, lengths: torch.Tensor, size: int) -> list[torch.Tensor]:
     """Micro-batches of `size` samples (`algo.micro_batch_size`), each listing its samples row by row as
-    packed into rows of `capacity` tokens."""
-    out = []
-    for r, n in zip(torch.split(rows, size), torch.split(lengths, size)):
-        out.append(r[torch.tensor([i for b in packed_bins([int(k) for k in n], capacity) for i in b])])
-    return out
+    packed first-fit decreasing into rows as wide as its longest sample."""
+    return [_listed(r, packed_micro_batches([int(k) for k in n], math.inf)[0])
+            for r, n in zip(torch.split(rows, size), torch.split(lengths, size))]
 
 
-# The row width at which a row's attention (width^2 scores, masked or not) costs as much as the rest of its
-# forward and backward: measured on SmolLM2-135M-Instruct on a CPU (benchmarks/packed_rows.py --capacity).
-DENSE_ATTENTION_TOKENS = 2048.0
 # Attention implementations whose packed path computes only each sample's own scores (variable length).
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
-
-
-def attention_tokens(attn_implementation: str) -> float:
-    """`packing_cost`'s attention_tokens for a model's attention implementation."""
-    return math.inf if attn_implementation in VARLEN_ATTENTION else DENSE_ATTENTION_TOKENS
-
-
-def packing_cost(lengths: list[int], budget: int, capacity: int, attention_tokens: float) -> float:
-    """What training a mini-batch of samples of these `lengths` packed at `capacity` costs, in token
-    units: each micro-batch's rows x width, plus its attention, rows x width^2 / `attention_tokens`
-    (eager and sdpa attention compute a row's whole width x width scores, masked or not; flash
-    attention's variable-length path does not: inf)."""
-    rows = torch.arange(len(lengths))
-    cost = 0.0
-    for g in packed_budget_slices(rows, torch.tensor(lengths), budget, capacity)[0]:
-        sizes = [lengths[int(i)] for i in g]
-        width = row_width(sizes, capacity)
-        cost += len(next_fit(sizes, width)) * width * (1 + width / attention_tokens)
-    return cost
-
-
-def choose_capacity(lengths: list[int], budget: int | None, attention_tokens: float) -> int:
-    """Packed rows' capacity for a mini-batch: the longest sample without a token budget, else the one of
-    a few candidates (the longest sample, its half and third, the lengths at quantiles 1/2 .. 19/20, the
-    budget) that
-    `packing_cost` finds cheapest: wide rows leave the least padding, narrow ones compute less attention."""
-    longest = max(lengths, default=1)
-    if budget is None:
-        return longest
-    ordered = sorted(lengths)
-    candidates = {longest, longest // 2, longest // 3, max(budget, longest),
-                  *(ordered[int(q * (len(ordered) - 1))] for q in (0.5, 0.65, 0.8, 0.9, 0.95))} - {0}
-    return min(sorted(candidates), key=lambda c: (packing_cost(lengths, budget, c, attention_tokens), -c))
 
 
 @dataclass
@@ -162,11 +131,11 @@ class PackedRows:
     @classmethod
     def pack(cls, ids: torch.Tensor, attention_mask: torch.Tensor, width: int | None = None,
              in_order: bool = False) -> "PackedRows":
-        """Pack right-padded rows (each row's tokens first, then padding) into rows of `width` tokens, or
-        the longest row's length where that is longer (default: it): first-fit decreasing, or with
-        `in_order` in the given order (`next_fit`: the order of a planned micro-batch)."""
+        """Pack right-padded rows (each row's tokens first, then padding) into rows as wide as the longest
+        row, or `width` where that is wider: first-fit decreasing, or with `in_order` in the given order
+        (`next_fit`: the order of a planned micro-batch)."""
         lengths = [int(n) for n in attention_mask.sum(-1)]
-        width = row_width(lengths, 1 if width is None else width)
+        width = row_width(lengths, 0 if width is None else width)
         bins = (next_fit if in_order else first_fit_decreasing)(lengths, width)
         device = ids.device
         packed = torch.zeros(len(bins), width, dtype=ids.dtype, device=device)
@@ -183,6 +152,14 @@ class PackedRows:
                 start += n
             positions[r, start:] = torch.arange(width - start, device=device)
         return cls(packed, positions, index)
+
+    @classmethod
+    def pack_if_denser(cls, ids: torch.Tensor, attention_mask: torch.Tensor, width: int | None = None,
+                       in_order: bool = False) -> "PackedRows | None":
+        """`pack`'s layout where it has fewer rows than the padded one; else None: one sample per row is
+        the padded rows' work (or more, with a wider row), without packing's gathers."""
+        packed = cls.pack(ids, attention_mask, width, in_order)
+        return packed if packed.input_ids.shape[0] < ids.shape[0] else None
 
     @property
     def padding(self) -> int:

@@ -112,16 +112,16 @@ def _split_to(groups: list[torch.Tensor], lengths: dict[int, int], count: int) -
 
 def rank_micro_slices(rows: torch.Tensor, lengths: torch.Tensor, world_size: int, *, balance: bool,
                       micro_batch_size: int, budget: int | None,
-                      packed_capacity: int | None = None) -> tuple[list[list[torch.Tensor]], int]:
+                      packed_min_width: int | None = None) -> tuple[list[list[torch.Tensor]], int]:
     """Every rank's micro-batches (row indices from `rows`), the same number on every rank.
 
     `lengths[i]` is row `rows[i]`'s length; `rows` holds a multiple of `world_size` rows.
-    `packed_capacity`: micro-batches of packed rows of that capacity (`packing.packed_budget_slices`, each
-    rank's share bin-packed on its own), not of padded rows. Returns the per-rank lists and how many rows are
+    `packed_min_width`: micro-batches of packed rows at least that wide (`packing.packed_budget_slices`,
+    each rank's share packed on its own), not of padded rows. Returns the per-rank lists and how many rows are
     longer than `budget` (trained alone)."""
     per_rank, oversized = [], 0
     for share in rank_shares(lengths, world_size, balance):
-        groups, over = micro_slices(rows[share], lengths[share], micro_batch_size, budget, packed_capacity)
+        groups, over = micro_slices(rows[share], lengths[share], micro_batch_size, budget, packed_min_width)
         per_rank.append(groups)
         oversized += over
     count = max(len(g) for g in per_rank)
@@ -130,17 +130,17 @@ def rank_micro_slices(rows: torch.Tensor, lengths: torch.Tensor, world_size: int
 
 
 def micro_slices(rows: torch.Tensor, lengths: torch.Tensor, micro_batch_size: int, budget: int | None,
-                 packed_capacity: int | None) -> tuple[list[torch.Tensor], int]:
+                 packed_min_width: int | None) -> tuple[list[torch.Tensor], int]:
     """One rank's micro-batches of `rows` (`lengths`: theirs): `micro_batch_size` rows each, or the token
-    `budget`'s groups; of padded rows, or of packed rows of `packed_capacity` tokens. Also returns how many
-    rows are longer than `budget`."""
+    `budget`'s groups; of padded rows, or of packed rows at least `packed_min_width` wide. Also returns how
+    many rows are longer than `budget`."""
     if budget is None:
-        if packed_capacity is None:
+        if packed_min_width is None:
             return list(torch.split(rows, micro_batch_size)), 0
-        return packed_size_slices(rows, lengths, micro_batch_size, packed_capacity), 0
-    if packed_capacity is None:
+        return packed_size_slices(rows, lengths, micro_batch_size), 0
+    if packed_min_width is None:
         return token_budget_slices(rows, lengths, budget)
-    return packed_budget_slices(rows, lengths, budget, packed_capacity)
+    return packed_budget_slices(rows, lengths, budget, packed_min_width)
 
 
 def pad_plan(rows: int, world_size: int, mini_batches: int,

@@ -856,8 +856,8 @@ class TorchBackendConf(BackendConf):
     logprob_chunk_tokens: int = 1024
     # Token-budget micro-batches: rows grouped so each micro-batch holds at most this many tokens
     # (padded rows: longest first, padding included, rlharness/backend/micro_batches.py; packed rows:
-    # the mini-batch's samples first-fit decreasing into rows of a capacity chosen per mini-batch, a
-    # longer sample a row of its own, then rows x width <= budget); null: algo.micro_batch_size rows.
+    # the same, shorter samples moved into longer ones' padding, rlharness/backend/packing.py);
+    # null: algo.micro_batch_size rows.
     micro_batch_tokens: Optional[int] = None
     # Packed rows (rlharness/backend/packing.py): a micro-batch's samples end to end, position ids
     # restarting per sample, no attention across them, for the policy, its reference and the critic.

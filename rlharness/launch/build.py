@@ -134,12 +134,12 @@ def load_task_data(conf: RunConf, check_data: Callable[[RunConf, dict[str, Any]]
     return tokenizer, task_data
 
 
-def load_tasks(conf: RunConf, check_data: Callable[[RunConf, dict[str, Any]], None], loaded=None):
-    """(tokenizer, task data, judgers) of every task: the data (`loaded`, or `load_task_data`), then each
+def load_tasks(conf: RunConf, loaded: tuple[Any, dict[str, Any]]):
+    """(tokenizer, task data, judgers) of every task: the data (`loaded`, from `load_task_data`), then each
     judger checked against its task's rows. What training and `evaluate.py` both start from."""
     from rlharness.judger import build_judger
 
-    tokenizer, task_data = loaded or load_task_data(conf, check_data)
+    tokenizer, task_data = loaded
     entries = conf.task_entries()
     judgers = {}
     try:
@@ -294,7 +294,7 @@ def build_components(conf: RunConf, remote=None, loaded=None) -> Components:
     from rlharness.producer.replay_buffer import ReplayBuffer
     from rlharness.producer.sampler import Sampler
 
-    tokenizer, task_data, judgers = load_tasks(conf, validate_data, loaded or load_checked_data(conf))
+    tokenizer, task_data, judgers = load_tasks(conf, loaded or load_checked_data(conf))
     teachers = build_teachers(conf)
     encode, decode = text_codec(tokenizer)
     entries = conf.task_entries()

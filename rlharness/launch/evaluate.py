@@ -160,8 +160,8 @@ async def _evaluate(evaluator) -> dict:
 def run_evaluation(conf: RunConf, run_dir: Path, source: Source) -> dict[str, Any]:
     """Load, evaluate, write `evals/<label>.jsonl`, `summary.json`, `summary.md`. Input errors
     (ConfigError, DataFileError) are raised before anything is written."""
-    from rlharness.launch.build import (agent_loop_factory, build_engine_for, build_evaluator, load_tasks,
-                                 verifiable_judgers)
+    from rlharness.launch.build import (agent_loop_factory, build_engine_for, build_evaluator, load_task_data,
+                                        load_tasks, verifiable_judgers)
     from rlharness.launch.launcher import _close, set_threads_from_env
     from rlharness.logging_utils.progress import phase
     from rlharness.logging_utils.samples import write_eval_rows
@@ -177,7 +177,7 @@ def run_evaluation(conf: RunConf, run_dir: Path, source: Source) -> dict[str, An
     install_log_redaction()
     seed_everything(conf.seed)
     with phase(f"loading the tokenizer and tasks ({', '.join(conf.task_entries())})"):
-        tokenizer, task_data, trained_with = load_tasks(conf, check_eval_splits)
+        tokenizer, task_data, trained_with = load_tasks(conf, load_task_data(conf, check_eval_splits))
         judgers = verifiable_judgers(conf, trained_with)  # a learned reward is not what accuracy is measured by
         replaced = [j for name, j in trained_with.items() if judgers[name] is not j]
         asyncio.run(_close(None, None, replaced))  # their judging processes (an llm judge's, started by its check)

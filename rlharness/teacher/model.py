@@ -71,7 +71,7 @@ class TeacherModel:
             response[b, prompt_len: len(seq)] = 1.0
         ids, attn, response = ids.to(self.device), attn.to(self.device), response.to(self.device)
 
-        packed = PackedRows.pack(ids, attn) if self.packing else None
+        packed = PackedRows.pack_if_denser(ids, attn) if self.packing else None
 
         def rows_fn(positions: torch.Tensor):
             return self.runner.response_rows(ids, attn, positions, self.head_split, packed)

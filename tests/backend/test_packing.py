@@ -4,15 +4,15 @@ forward against its padded one: the same logits at every token, and no sample se
 from __future__ import annotations
 
 import logging
-import math
 import random
 
 import pytest
 import torch
 
 from rlharness.backend.learner import Learner
-from rlharness.backend.packing import (PackedRows, choose_capacity, first_fit_decreasing, honours_packing, next_fit,
-                                       packed_budget_slices, packing_cost, row_width)
+from rlharness.backend.micro_batches import token_budget_slices
+from rlharness.backend.packing import (PackedRows, first_fit_decreasing, honours_packing, next_fit,
+                                       packed_budget_slices, row_width)
 from rlharness.config.schema import AlgoConf, ConfigError, CriticConf, ModelConf, TorchBackendConf
 
 SMOLLM2 = "assets/smollm2-135m-instruct"
@@ -42,48 +42,50 @@ def test_first_fit_decreasing_fills_bins_and_keeps_every_item_once():
     assert first_fit_decreasing([9, 1], 8) == [[0], [1]]  # too long: alone
 
 
-def test_packed_budget_slices_group_whole_rows_of_one_width():
+def test_packed_budget_slices_fill_the_padded_rows_padding():
     rows, lengths = torch.arange(10, 20), torch.tensor([50, 10, 40, 30, 20, 5, 60, 15, 25, 45])
-    groups, oversized = packed_budget_slices(rows, lengths, 120, capacity=60)
+    groups, oversized = packed_budget_slices(rows, lengths, 120)
     assert sorted(torch.cat(groups).tolist()) == rows.tolist() and oversized == 0
-    # 300 tokens in rows of 60: 60 | 50 10 | 45 15 | 40 20 | 30 25 5, two rows (120 tokens) per micro-batch
-    packed = [next_fit([int(lengths[i - 10]) for i in g], 60) for g in groups]
-    assert [len(p) for p in packed] == [2, 2, 1]
-    assert packed_budget_slices(rows[:1], torch.tensor([120]), 100, capacity=120)[1] == 1
+    # Padded: 60 50 | 45 40 | 30 25 20 15 | 10 5, 350 tokens computed. Packed: the same micro-batches but
+    # the last, whose samples fill the others' padding (10 after 50, 5 after 40): 330 tokens computed.
+    sizes = [[int(lengths[i - 10]) for i in g] for g in groups]
+    assert sizes == [[60, 50, 10], [45, 40, 5], [30, 25, 20, 15]]
+    assert [len(next_fit(s, row_width(s, 0))) for s in sizes] == [2, 2, 4]
+    assert packed_budget_slices(rows[:1], torch.tensor([120]), 100)[1] == 1
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_rows_narrower_than_the_longest_sample_put_each_longer_sample_in_a_row_of_its_own(seed):
-    lengths = _lengths(seed, rows=48)
-    ids, mask = _padded(lengths, 50, seed)
-    rows, capacity, budget = torch.arange(len(lengths)), sorted(lengths)[len(lengths) // 2], 3 * max(lengths)
-    groups, oversized = packed_budget_slices(rows, torch.tensor(lengths), budget, capacity)
-    assert sorted(torch.cat(groups).tolist()) == rows.tolist() and oversized == 0
-    widths = []
-    for g in groups:
-        sizes = [lengths[int(i)] for i in g]
-        packed = PackedRows.pack(ids[g], mask[g], capacity, in_order=True)
-        widths.append(packed.input_ids.shape[1])
-        assert widths[-1] == row_width(sizes, capacity)  # the capacity, or a longer sample's own length
-        assert packed.input_ids.numel() <= budget  # the micro-batch within the token budget
-        assert torch.equal(packed.unpack(packed.input_ids[..., None])[..., 0] * mask[g], ids[g])
-        # A sample longer than the capacity shares its row with nothing.
-        for r in range(packed.input_ids.shape[0]):
-            in_row = [b for b in range(len(g)) if (packed.index[b][packed.index[b] >= 0] // widths[-1] == r).any()]
-            assert len(in_row) == 1 or all(sizes[b] <= capacity for b in in_row)
-    assert widths == sorted(widths, reverse=True) and widths[0] == max(lengths) > capacity
+@pytest.mark.parametrize("seed", range(20))
+def test_packed_micro_batches_compute_no_more_than_padded_ones(seed):
+    """Each sample once, every micro-batch within the budget (or one row), and against the padded rows'
+    token-budget micro-batches: no more tokens computed, no more attention scores (rows x width^2)."""
+    lengths = _lengths(seed, rows=8 + 8 * (seed % 8))
+    budget = (2 + seed % 5) * max(lengths) // 2
+    rows = torch.arange(len(lengths))
+    groups, _ = packed_budget_slices(rows, torch.tensor(lengths), budget)
+    assert sorted(torch.cat(groups).tolist()) == rows.tolist()
+    padded, _ = token_budget_slices(rows, torch.tensor(lengths), budget)
+    cost = {"packed": [0, 0], "padded": [0, 0]}
+    for name, plan in (("packed", groups), ("padded", padded)):
+        for g in plan:
+            sizes = [lengths[int(i)] for i in g]
+            width = row_width(sizes, 0)
+            n_rows = len(next_fit(sizes, width)) if name == "packed" else len(g)
+            assert n_rows * width <= budget or n_rows == 1
+            cost[name][0] += n_rows * width
+            cost[name][1] += n_rows * width ** 2
+    assert cost["packed"][0] <= cost["padded"][0] and cost["packed"][1] <= cost["padded"][1]
 
 
-def test_the_capacity_trades_padding_against_attention():
+def test_flash_attention_packs_one_row_of_the_budget_per_micro_batch():
     lengths = _lengths(4, rows=64)
     budget = 4 * max(lengths)
-    # Flash attention's variable-length path: no cost for width, so the least padding (rows of the budget).
-    assert choose_capacity(lengths, budget, math.inf) >= max(lengths)
-    # Dense attention that costs as much as the rest at 40 tokens: narrower rows than the longest sample.
-    narrow = choose_capacity(lengths, budget, 40.0)
-    assert narrow < max(lengths)
-    assert packing_cost(lengths, budget, narrow, 40.0) < packing_cost(lengths, budget, max(lengths), 40.0)
-    assert choose_capacity(lengths, None, 40.0) == max(lengths)  # micro_batch_size's path: the longest
+    ids, mask = _padded(lengths, 50, 4)
+    groups, _ = packed_budget_slices(torch.arange(64), torch.tensor(lengths), budget, min_width=budget)
+    for g in groups:
+        packed = PackedRows.pack(ids[g], mask[g], budget, in_order=True)
+        assert packed.input_ids.shape == (1, budget)
+        assert torch.equal(packed.unpack(packed.input_ids[..., None])[..., 0] * mask[g], ids[g])
+    assert len(groups) == -(-sum(lengths) // budget)  # as few rows as the tokens need, here
 
 
 def test_next_fit_gives_first_fit_decreasing_bins_back():
@@ -91,25 +93,6 @@ def test_next_fit_gives_first_fit_decreasing_bins_back():
     bins = first_fit_decreasing(lengths, max(lengths))
     order = [i for b in bins for i in b]
     assert [[order[i] for i in b] for b in next_fit([lengths[i] for i in order], max(lengths))] == bins
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_mini_batch_is_bin_packed_with_less_padding_than_per_micro_batch_rows(seed):
-    """Rows of one width over the whole mini-batch leave less padding than packing each token-budget
-    micro-batch into rows as wide as its own longest sample; every sample placed once, no row too wide."""
-    lengths = _lengths(seed, rows=64)
-    ids, mask = _padded(lengths, 50, seed)
-    rows, width, budget = torch.arange(len(lengths)), max(lengths), 4 * max(lengths)
-    per_micro_batch = [PackedRows.pack(ids[torch.tensor(g)], mask[torch.tensor(g)])
-                       for g in first_fit_decreasing(lengths, budget)]  # the layout before
-    groups, _ = packed_budget_slices(rows, torch.tensor(lengths), budget, width)
-    whole = [PackedRows.pack(ids[g], mask[g], width, in_order=True) for g in groups]
-    assert sorted(torch.cat(groups).tolist()) == rows.tolist()
-    assert all(p.input_ids.shape[1] == width and p.input_ids.numel() <= budget for p in whole)
-    for g, p in zip(groups, whole):  # each sample's tokens exactly once, in its own place
-        assert torch.equal(p.unpack(p.input_ids[..., None])[..., 0] * mask[g], ids[g])
-    assert sum(p.padding for p in whole) < sum(p.padding for p in per_micro_batch)
-    assert len(first_fit_decreasing(lengths, width)) == sum(p.input_ids.shape[0] for p in whole)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -233,18 +216,17 @@ def _same_gradients(a: torch.nn.Module, b: torch.nn.Module) -> None:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("budget,narrow", [(None, False), (60, False), (60, True)])
-def test_packed_training_is_the_padded_computation(tiny_model_dir, budget, narrow):
-    """Log-probs, entropy, KL to the reference model, loss and gradients: to 1e-5 (float32). `narrow`:
-    rows of the median sample's length, so the longer samples are rows of their own."""
+@pytest.mark.parametrize("budget,one_row", [(None, False), (60, False), (60, True)])
+def test_packed_training_is_the_padded_computation(tiny_model_dir, budget, one_row):
+    """Log-probs, entropy, KL to the reference model, loss and gradients: to 1e-5 (float32). `one_row`:
+    micro-batches of one row of the budget, the layout flash-attention gets (here with eager attention)."""
     algo = AlgoConf(name="grpo", lr=1e-3, micro_batch_size=5, kl_coef=0.05, entropy_coef=0.01)
     batch = _multi_turn_batch(algo, seed=5)
     assert (batch.response_mask.diff(dim=-1) > 0).sum(-1).max() >= 1  # a response resumes after a tool span
     padded, packed = _learner(tiny_model_dir, algo, False, budget), _learner(tiny_model_dir, algo, None, budget)
     assert packed.packing and not padded.packing
-    if narrow:
-        median = int(batch.attention_mask.sum(-1).median())
-        packed._packed_capacity = lambda *_: median
+    if one_row:
+        packed._packed_min_width = lambda: budget
     rows = packed._rows({"input_ids": batch.input_ids, "attention_mask": batch.attention_mask},
                         torch.arange(batch.input_ids.shape[0]))
     assert rows["packed"].input_ids.numel() < batch.input_ids.numel()  # less padding computed

@@ -65,16 +65,16 @@ def test_karmarkar_karp_on_hard_cases():
         karmarkar_karp([1, 2, 3], 2)
 
 
-@pytest.mark.parametrize("packed", [None, "longest", "median"])
+@pytest.mark.parametrize("packed", [None, "dense", "varlen"])
 @pytest.mark.parametrize("budget", [None, 700, 50])
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_rank_gets_as_many_micro_batches_and_every_row_once(budget, world, packed):
     lengths = torch.tensor(lognormal_lengths(32, seed=world))
     rows = torch.arange(100, 132)  # row indices, not positions
-    # Packed rows as wide as the longest sample, or narrower (the longer samples a row each).
-    packed_capacity = {None: None, "longest": int(lengths.max()), "median": int(lengths.median())}[packed]
+    # Packed rows for dense attention, or one row of the budget per micro-batch (flash-attention's varlen).
+    packed_min_width = {None: None, "dense": 0, "varlen": budget or 0}[packed]
     per_rank, oversized = rank_micro_slices(rows, lengths, world, balance=True, micro_batch_size=3, budget=budget,
-                                            packed_capacity=packed_capacity)
+                                            packed_min_width=packed_min_width)
     assert len({len(r) for r in per_rank}) == 1
     trained = sorted(int(i) for r in per_rank for mb in r for i in mb)
     assert trained == rows.tolist()
@@ -84,7 +84,7 @@ def test_every_rank_gets_as_many_micro_batches_and_every_row_once(budget, world,
             for mb in mbs:
                 sizes = [length_of[int(i)] for i in mb]
                 if packed:  # whole packed rows of the width, laid out in the listed order
-                    width = row_width(sizes, packed_capacity)
+                    width = row_width(sizes, packed_min_width)
                     assert len(next_fit(sizes, width)) * width <= max(budget, width)
                 else:
                     assert len(mb) * max(sizes) <= budget or len(mb) == 1
@@ -104,7 +104,7 @@ class AllRanksInOne(Learner):
         assert len(rows) % self.world == 0  # deepspeed pads each mini-batch to a multiple of W
         per_rank, _ = rank_micro_slices(rows, attention_mask[rows].sum(-1), self.world, balance=True,
                                         micro_batch_size=self.algo.micro_batch_size, budget=self.budget,
-                                        packed_capacity=self._packed_capacity(rows, attention_mask))
+                                        packed_min_width=self._packed_min_width())
         assert len(per_rank[0]) >= 2
         return [mb for mbs in per_rank for mb in mbs]
 
