@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trainer_sync_throughput import MODEL, PROMPT_LEN, PeakRSS, lengths_for  # noqa: E402
 
 from rlharness.backend.learner import Learner  # noqa: E402
+from rlharness.backend.packing import computed_ids  # noqa: E402
 from rlharness.config.schema import AlgoConf, ModelConf, TorchBackendConf  # noqa: E402
 from rlharness.core.types import Group, RolloutState, Status  # noqa: E402
 from rlharness.trainer.batch import build_train_batch  # noqa: E402
@@ -90,10 +91,8 @@ def ledger_sizes(folder: Path, rows: int) -> list[tuple[int, int]]:
 
 def computed_tokens(b: Learner, mask: torch.Tensor) -> int:
     """Tokens the model computes for one pass over the batch (padding included)."""
-    total = 0
-    for _, mb in b._micro_batches({"input_ids": mask, "attention_mask": mask}, torch.arange(mask.shape[0])):
-        total += mb["packed"].input_ids.numel() if "packed" in mb else mb["input_ids"].numel()
-    return total
+    return sum(computed_ids(mb).numel() for _, mb in
+               b._micro_batches({"input_ids": mask, "attention_mask": mask}, torch.arange(mask.shape[0])))
 
 
 def fit_attention(args: argparse.Namespace) -> None:

@@ -58,7 +58,7 @@ from rlharness.backend import critic as critic_files
 from rlharness.backend.base import TrainingBackend
 from rlharness.backend.critic import value_model
 from rlharness.backend.lr_plan import LRPlan, apply_optimizer_settings, planned, replan
-from rlharness.backend.packing import VARLEN_ATTENTION, PackedRows, honours_packing
+from rlharness.backend.packing import VARLEN_ATTENTION, PackedRows, computed_ids, honours_packing
 from rlharness.backend.probe import probe_micro_batch
 from rlharness.backend.policy_files import read_policy, write_policy
 from rlharness.backend.rank_balance import (imbalance, micro_slices, pad_plan, pad_rows, rank_micro_slices,
@@ -383,8 +383,7 @@ class Learner(TrainingBackend):
             mb["rows"] = idx
             loss, pg = self._micro_step(mb, batch.temperature, den, max_len, sums, first_epoch=epoch == 0,
                                         train_step=batch.train_step, updates=updates)
-            computed = mb["packed"].input_ids if "packed" in mb else mb["input_ids"]
-            sums.add("computed_tokens", computed.numel())
+            sums.add("computed_tokens", computed_ids(mb).numel())
             sums.add("sample_tokens", mb["attention_mask"].sum())
             step_loss += loss
             step_pg += pg

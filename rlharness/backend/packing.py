@@ -134,9 +134,26 @@ class PackedRows:
         """Pack right-padded rows (each row's tokens first, then padding) into rows as wide as the longest
         row, or `width` where that is wider: first-fit decreasing, or with `in_order` in the given order
         (`next_fit`: the order of a planned micro-batch)."""
+        return cls._build(ids, *cls._layout(attention_mask, width, in_order))
+
+    @classmethod
+    def pack_if_denser(cls, ids: torch.Tensor, attention_mask: torch.Tensor, width: int | None = None,
+                       in_order: bool = False) -> "PackedRows | None":
+        """`pack`'s layout where it has fewer rows than the padded one; else None: one sample per row is
+        the padded rows' work (or more, with a wider row), without packing's gathers."""
+        lengths, width, bins = cls._layout(attention_mask, width, in_order)
+        return cls._build(ids, lengths, width, bins) if len(bins) < ids.shape[0] else None
+
+    @staticmethod
+    def _layout(attention_mask: torch.Tensor, width: int | None,
+                in_order: bool) -> tuple[list[int], int, list[list[int]]]:
+        """The rows' lengths, the packed width, and each packed row's rows."""
         lengths = [int(n) for n in attention_mask.sum(-1)]
         width = row_width(lengths, 0 if width is None else width)
-        bins = (next_fit if in_order else first_fit_decreasing)(lengths, width)
+        return lengths, width, (next_fit if in_order else first_fit_decreasing)(lengths, width)
+
+    @classmethod
+    def _build(cls, ids: torch.Tensor, lengths: list[int], width: int, bins: list[list[int]]) -> "PackedRows":
         device = ids.device
         packed = torch.zeros(len(bins), width, dtype=ids.dtype, device=device)
         # A row's unfilled end counts as a sequence of its own (positions from 0): nothing attends to it.
@@ -152,14 +169,6 @@ class PackedRows:
                 start += n
             positions[r, start:] = torch.arange(width - start, device=device)
         return cls(packed, positions, index)
-
-    @classmethod
-    def pack_if_denser(cls, ids: torch.Tensor, attention_mask: torch.Tensor, width: int | None = None,
-                       in_order: bool = False) -> "PackedRows | None":
-        """`pack`'s layout where it has fewer rows than the padded one; else None: one sample per row is
-        the padded rows' work (or more, with a wider row), without packing's gathers."""
-        packed = cls.pack(ids, attention_mask, width, in_order)
-        return packed if packed.input_ids.shape[0] < ids.shape[0] else None
 
     @property
     def padding(self) -> int:
@@ -185,6 +194,11 @@ class PackedRows:
         real = self.index >= 0
         full[real] = flat[self.index[real]]
         return full
+
+
+def computed_ids(mb: dict[str, Any]) -> torch.Tensor:
+    """The ids a micro-batch's forward computes: its packed rows where it has them, else its padded rows."""
+    return mb["packed"].input_ids if "packed" in mb else mb["input_ids"]
 
 
 def honours_packing(forward: Callable[..., Any], vocab_size: int, device: torch.device | str) -> bool:

@@ -77,8 +77,9 @@ def _padded(flat: torch.Tensor, block: int) -> torch.Tensor:
 
 def _changed_elements(old: torch.Tensor, new: torch.Tensor, most: int | None) -> torch.Tensor | None:
     """Indices (int64) of the elements of the flattened tensors in which any bit differs; None when more
-    than `most` do. Narrow dtypes compare 8-byte words first (a quarter of bfloat16's comparisons and of
-    `nonzero`'s scan, which dominate), then only the changed words' elements."""
+    than `most` 8-byte words do (so more elements do too). Narrow dtypes compare 8-byte words first (a
+    quarter of bfloat16's comparisons and of `nonzero`'s scan, which dominate), then only the changed
+    words' elements."""
     a, b = _bits(old), _bits(new)
     per_word = 8 // a.element_size()
     if per_word > 1 and a.numel() % per_word == 0:
@@ -95,10 +96,8 @@ def _changed_elements(old: torch.Tensor, new: torch.Tensor, most: int | None) ->
             width = 8 * a.element_size()
             lanes = torch.stack([(xor >> (width * k)) & ((1 << width) - 1) for k in range(per_word)], 1) != 0
             row, lane = lanes.nonzero().unbind(1)
-            index = words[row] * per_word + lane
-            return None if most is not None and index.numel() > most else index
-    index = (a != b).nonzero().flatten()
-    return None if most is not None and index.numel() > most else index
+            return words[row] * per_word + lane
+    return (a != b).nonzero().flatten()
 
 
 def changed_blocks(old: torch.Tensor, new: torch.Tensor, block: int, most: int | None = None) -> torch.Tensor | None:
@@ -107,11 +106,8 @@ def changed_blocks(old: torch.Tensor, new: torch.Tensor, block: int, most: int |
     if block == 1:
         index = _changed_elements(old, new, most)
     else:
-        differ = _padded(_bits(old) != _bits(new), block).view(-1, block).any(1)
-        index = differ.nonzero().flatten()
-        if most is not None and index.numel() > most:
-            return None
-    if index is None:
+        index = _padded(_bits(old) != _bits(new), block).view(-1, block).any(1).nonzero().flatten()
+    if index is None or (most is not None and index.numel() > most):
         return None
     return index.to(torch.int32 if -(-old.numel() // block) < 2**31 else torch.int64)
 
