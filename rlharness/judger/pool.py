@@ -85,16 +85,31 @@ def _forkserver_context():
     return ctx
 
 
+def forkserver_pool(max_workers: int, initializer: Any, initargs: tuple):
+    """A pebble ProcessPool on the judging forkserver that stops its workers before it removes their
+    channel. pebble (5.x) unlinks the channel's semaphores first: a worker still starting (a replacement,
+    or one of several when the first answered) then fails to unpickle them and prints a traceback into
+    the run's stderr."""
+    import pebble
+
+    class ProcessPool(pebble.ProcessPool):
+        def _stop_pool(self):
+            if self._pool_manager_loop is not None:
+                self._pool_manager_loop.join()  # no worker is started after this
+            self._pool_manager.worker_manager.force_stop_workers()
+            super()._stop_pool()
+
+    return ProcessPool(max_workers=max_workers, initializer=initializer, initargs=initargs,
+                       context=_forkserver_context())
+
+
 class JudgePool:
     """`num_workers` processes, each holding a pickled copy of `judger` (a rule judger, or what an llm
     judger runs there: its template and score pattern) and calling its methods."""
 
     def __init__(self, judger: Any, num_workers: int, memory_mb: int):
-        import pebble
-
         self.num_workers = num_workers
-        self._pool = pebble.ProcessPool(max_workers=num_workers, initializer=_init_worker,
-                                        initargs=(judger, memory_mb), context=_forkserver_context())
+        self._pool = forkserver_pool(num_workers, _init_worker, (judger, memory_mb))
         self.workers_replaced = 0
 
     def start(self, timeout_s: float = 120.0) -> None:

@@ -186,12 +186,9 @@ class _ProcessScorer:
         self.workers_replaced = 0
 
     def _start(self):
-        import pebble
+        from rlharness.judger.pool import forkserver_pool
 
-        from rlharness.judger.pool import _forkserver_context
-
-        pool = pebble.ProcessPool(max_workers=1, initializer=_init_worker, initargs=(self.conf,),
-                                  context=_forkserver_context())
+        pool = forkserver_pool(1, _init_worker, (self.conf,))
         pool.schedule(_ready).result(timeout=START_TIMEOUT_S)  # loads the model (a refusal shows here)
         return pool
 

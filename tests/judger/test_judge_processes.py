@@ -177,3 +177,25 @@ def test_bad_process_settings_are_refused_with_the_key():
         MathJudgerConf(on_timeout="skip")
     with pytest.raises(ConfigError, match=r"judger.num_workers=0"):
         MathJudgerConf(num_workers=0)
+
+
+def test_closing_stops_every_judging_process_before_their_channel_goes():
+    """pebble unlinks its channel's semaphores when the pool stops: a worker still starting then (one of
+    several when the first answered, or a replacement) failed to unpickle them and printed a traceback
+    into a refused run's stderr (CI, under load). Checked at that moment: no worker is alive."""
+    from rlharness.judger.pool import JudgePool
+
+    pool = JudgePool(MathJudger(), num_workers=3, memory_mb=2048)
+    pool.start()
+    workers = pool._pool._pool_manager.worker_manager
+    started = list(workers.workers.values())
+    alive_at_unlink = []
+    close_channels = workers.close_channels
+
+    def close_channels_watched():
+        alive_at_unlink.extend(p.pid for p in started if p.is_alive())
+        close_channels()
+
+    workers.close_channels = close_channels_watched
+    pool.close()
+    assert len(started) == 3 and alive_at_unlink == []
