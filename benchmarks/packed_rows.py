@@ -55,8 +55,8 @@ from rlharness.trainer.batch import build_train_batch  # noqa: E402
 GROUP = 4
 
 
-def batch_of(sizes: list[tuple[int, int]], algo: AlgoConf, seed: int):
-    """A training batch of samples of these (prompt, response) lengths, groups of GROUP."""
+def batch_of(sizes: list[tuple[int, int]], algo: AlgoConf, seed: int, vocab_size: int = 49152):
+    """A training batch of samples of these (prompt, response) lengths, groups of GROUP, random token ids."""
     rng = random.Random(seed)
     groups = []
     for g in range(len(sizes) // GROUP):
@@ -65,13 +65,86 @@ def batch_of(sizes: list[tuple[int, int]], algo: AlgoConf, seed: int):
             p, n = sizes[GROUP * g + i]
             group.append(RolloutState(
                 uid=f"{g}-{i}", group_id=str(g), task="t", prompt_index=g, epoch=0, prompt_text="",
-                prompt_ids=[rng.randrange(10, 49152) for _ in range(p)],
-                response_ids=[rng.randrange(10, 49152) for _ in range(n)],
+                prompt_ids=[rng.randrange(10, vocab_size) for _ in range(p)],
+                response_ids=[rng.randrange(10, vocab_size) for _ in range(n)],
                 response_logprobs=[-rng.uniform(1, 3) for _ in range(n)], response_model_steps=[0] * n,
                 reward={"score": float(rng.random() < 0.5)}, status=Status.COMPLETED, finish_reason="stop"))
         groups.append(Group.from_samples(group))
     return build_train_batch(groups, algo, pad_token_id=0, train_step=1,
                              max_response_len=max(n for _, n in sizes), temperature=1.0)[0]
+
+
+class PeakMemory:
+    """Peak memory of the device over its start: RSS on a CPU (`PeakRSS`), allocated CUDA memory on a GPU."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+        self.rss = None if self.cuda else PeakRSS()
+
+    def __enter__(self) -> "PeakMemory":
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.start = torch.cuda.memory_allocated()
+        else:
+            self.rss.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        else:
+            self.rss.__exit__(*exc)
+
+    @property
+    def over_start_gb(self) -> float:
+        return (torch.cuda.max_memory_allocated() - self.start) / 2**30 if self.cuda else self.rss.over_start_gb
+
+
+def measure_layouts(model: ModelConf, sizes: list[tuple[int, int]], budget: int, steps: int, seed: int,
+                    device: str = "cpu") -> dict:
+    """Padded against packed micro-batches (token budget `budget`) of one batch of `sizes` (prompt, response
+    lengths) on one learner: per layout the median step's CPU and wall seconds, tokens per each, padding
+    fraction, micro-batches, peak memory over the step's start, loss and grad norm."""
+    algo = AlgoConf(name="grpo", lr=1e-12, weight_decay=0.0)
+    b = Learner(TorchBackendConf(micro_batch_tokens=budget, device=device), model, algo, 10, 0)
+    if not b.packing:
+        raise RuntimeError(f"{model.path} with {model.attn_implementation} attention does not keep packed rows apart")
+    batch = batch_of(sizes, algo, seed, int(b.model.config.get_text_config().vocab_size))
+    tokens = int(batch.attention_mask.sum())
+    configs = {"padded": False, "packed": True}
+    for packing in configs.values():  # warm-up (first-call allocations, kernels' set-up, compiles): not measured
+        b.packing = packing
+        b.train_step_blocking(batch)
+    runs = {name: {"cpu_s": [], "wall_s": [], "peak_gb": 0.0} for name in configs}
+    for _ in range(steps):
+        for name, packing in configs.items():  # interleaved: the machine's load hits both alike
+            b.packing = packing
+            with PeakMemory(device) as mem:
+                cpu0, wall0 = time.process_time(), time.perf_counter()
+                out = b.train_step_blocking(batch)
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+            r = runs[name]
+            r["cpu_s"].append(cpu)
+            r["wall_s"].append(wall)
+            r["peak_gb"] = max(r["peak_gb"], mem.over_start_gb)
+            r.update(loss=out["train/loss"], grad_norm=out["train/grad_norm"],
+                     computed=computed_tokens(b, batch.attention_mask),
+                     micro_batches=len(b._micro_slices(torch.arange(len(sizes)), batch.attention_mask)))
+            print(f"{model.attn_implementation} {name}: {cpu:.2f} CPU s, {wall:.3f} s", flush=True)
+    result = {"attn": model.attn_implementation, "device": device, "dtype": model.dtype, "rows": len(sizes),
+              "budget": budget, "tokens": tokens, "configs": {}}
+    for name, r in runs.items():
+        cpu_s, wall_s = statistics.median(r.pop("cpu_s")), statistics.median(r.pop("wall_s"))
+        result["configs"][name] = {**r, "cpu_s": cpu_s, "wall_s": wall_s, "tokens_per_cpu_s": tokens / cpu_s,
+                                   "tokens_per_s": tokens / wall_s, "padding_frac": 1 - tokens / r["computed"]}
+    pad, pack = result["configs"]["padded"], result["configs"]["packed"]
+    result["speedup_per_cpu_s"] = pack["tokens_per_cpu_s"] / pad["tokens_per_cpu_s"]
+    result["speedup_per_s"] = pack["tokens_per_s"] / pad["tokens_per_s"]
+    result["loss_rel_diff"] = abs(pack["loss"] - pad["loss"]) / max(abs(pad["loss"]), 1e-12)
+    return result
 
 
 def ledger_sizes(folder: Path, rows: int) -> list[tuple[int, int]]:
@@ -139,45 +212,15 @@ def main() -> None:
         return fit_attention(args)
     sizes = (ledger_sizes(args.rollouts, args.rows) if args.rollouts else
              [(PROMPT_LEN, n) for n in lengths_for(args.rows, args.mean_len, args.max_len, args.seed)])
-    algo = AlgoConf(name="grpo", lr=1e-12, weight_decay=0.0)
-    batch = batch_of(sizes, algo, args.seed)
     budget = args.budget or GROUP * max(p + n for p, n in sizes)
-    tokens = int(batch.attention_mask.sum())
     load_before = os.getloadavg()[0]
-    b = Learner(TorchBackendConf(micro_batch_tokens=budget), ModelConf(path=MODEL, attn_implementation=args.attn),
-                algo, 10, 0)
-    assert b.packing, "SmolLM2's attention should honour packed rows"
-    configs = {"padded": False, "packed": True}
-    for packing in configs.values():  # warm-up (first-call allocations, kernels' set-up): not measured
-        b.packing = packing
-        b.train_step_blocking(batch)
-    runs = {name: {"cpu_s": [], "wall_s": [], "peak_gb": 0.0} for name in configs}
-    for _ in range(args.steps):
-        for name, packing in configs.items():
-            b.packing = packing
-            with PeakRSS() as mem:
-                cpu0, wall0 = time.process_time(), time.perf_counter()
-                out = b.train_step_blocking(batch)
-                cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-            r = runs[name]
-            r["cpu_s"].append(cpu)
-            r["wall_s"].append(wall)
-            r["peak_gb"] = max(r["peak_gb"], mem.over_start_gb)
-            r.update(loss=out["train/loss"], grad_norm=out["train/grad_norm"],
-                     computed=computed_tokens(b, batch.attention_mask),
-                     micro_batches=len(b._micro_slices(torch.arange(args.rows), batch.attention_mask)))
-            print(f"{name}: {cpu:.1f} CPU s, {wall:.1f} s", flush=True)
+    measured = measure_layouts(ModelConf(path=MODEL, attn_implementation=args.attn), sizes, budget, args.steps,
+                               args.seed)
     result = {"date": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "cpus": os.cpu_count(),
-              "load_before_after": [load_before, os.getloadavg()[0]], "rows": args.rows, "budget": budget,
+              "load_before_after": [load_before, os.getloadavg()[0]],
               "lengths": "rollouts " + str(args.rollouts) if args.rollouts else f"lognormal mean {args.mean_len} CV 1",
-              "attn": args.attn, "tokens": tokens, "configs": {}}
-    for name, r in runs.items():
-        cpu_s, wall_s = statistics.median(r.pop("cpu_s")), statistics.median(r.pop("wall_s"))
-        result["configs"][name] = {**r, "cpu_s": cpu_s, "wall_s": wall_s, "tokens_per_cpu_s": tokens / cpu_s,
-                                   "tokens_per_s": tokens / wall_s, "padding_frac": 1 - tokens / r["computed"]}
-    pad, pack = result["configs"]["padded"], result["configs"]["packed"]
-    result["speedup_per_cpu_s"] = pack["tokens_per_cpu_s"] / pad["tokens_per_cpu_s"]
-    result["loss_rel_diff"] = abs(pack["loss"] - pad["loss"]) / max(abs(pad["loss"]), 1e-12)
+              **measured}
+    tokens, pad, pack = result["tokens"], result["configs"]["padded"], result["configs"]["packed"]
     attn = "" if args.attn == "eager" else f"_{args.attn}"
     name = f"packed_rows{'_rollouts' if args.rollouts else ''}{attn}.json"
     (Path(__file__).resolve().parent / "results" / name).write_text(json.dumps(result, indent=1))

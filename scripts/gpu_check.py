@@ -17,6 +17,12 @@ On SmolLM2-135M-Instruct in bfloat16, each phase timed, everything written to on
    (it then moves the bytes over its socket transport on loopback).
 4. `colocated_sync`: what `engine=vllm` does on one GPU: the same weights through vLLM's local gloo
    group (`VLLMEngine.load_weights`), full and delta, timed.
+5. `packed_rows_<attention>_<lengths>`: packed rows (`backend.packing`) against padded token-budget
+   micro-batches (`benchmarks/packed_rows.py`'s `measure_layouts`, bfloat16, `--packed-budget` tokens per
+   micro-batch): training tokens/s of each, padding, peak memory, for each attention that can train here
+   (eager, sdpa, flex_attention's block mask; flash_attention_2 where flash-attn is installed), on the
+   lengths of the `rollout` phase's samples (smollm2_arith's kind) and on lognormal ones (mean 96, CV 1);
+   `packing` sums them up: the best packed tokens/s over the best padded, per lengths (issue 43's 1.5x).
 
 A phase that fails is recorded (`errors`) and the run goes on where it can; the exit status is 1 if
 any phase failed. Without a usable GPU it stops at once with one line saying why (exit 1).
@@ -42,6 +48,7 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # packed_rows.measure_layouts
 
 MODEL = ROOT / "assets" / "smollm2-135m-instruct"
 PROBE_PROMPTS = 8  # prompts of the rollouts that check a sync (their gap to the trainer's weights)
@@ -367,11 +374,82 @@ class Check:
         out["rollout_tokens_per_s_after"] = stats["tokens_per_s"]
         return out
 
+    # ------------------------------------------------------------------ packed rows
+    def packing_attentions(self) -> list[str]:
+        """The attention implementations the trainer can train with on this device (eager, sdpa and, on a GPU,
+        flex_attention; flash_attention_2 with the flash-attn package)."""
+        from rlharness.model.attention import attention_problem
+
+        device = "cuda" if self.gpu else "cpu"
+        return [a for a in ("eager", "sdpa", "flex_attention", "flash_attention_2")
+                if attention_problem(a, "backend.device", device, trains=True, generates=False) is None]
+
+    def packing_sizes(self) -> dict[str, list[tuple[int, int]]]:
+        """(prompt, response) lengths to train on: the `rollout` phase's samples (where it ran), lognormal ones."""
+        from packed_rows import PROMPT_LEN, lengths_for
+
+        rows = self.args.prompts * self.args.samples
+        sizes = {"lognormal": [(PROMPT_LEN, n) for n in lengths_for(rows, 96.0, 384, seed=0)]}
+        if self.groups:
+            sizes["rollout"] = [(len(s.prompt_ids), max(1, len(s.response_ids))) for g in self.groups for s in g]
+        return sizes
+
+    def packed_rows(self, attention: str, sizes: list[tuple[int, int]]) -> dict[str, Any]:
+        from packed_rows import measure_layouts
+
+        from rlharness.config.schema import ModelConf
+
+        device = (("cuda:1" if torch_cuda_count() > 1 else "cuda:0") if self.gpu else "cpu")
+        model = ModelConf(path=str(self.args.model), dtype="bfloat16" if self.gpu else "float32",
+                          attn_implementation=attention)
+        budget = max(self.args.packed_budget, max(p + n for p, n in sizes))
+        out = measure_layouts(model, sizes, budget, steps=self.args.packed_steps, seed=0, device=device)
+        self.free_memory()
+        return out
+
+    def free_memory(self) -> None:
+        """Drop the sync phases' trainer and scorer (and what a packed-rows phase left): the next phase has
+        the device to itself."""
+        import gc
+
+        self.trainer = self.scorer = None
+        gc.collect()
+        if self.gpu:
+            import torch
+
+            torch.cuda.empty_cache()
+
     def close(self) -> None:
         if self.member is not None:
             self.member.close()
+            self.member = None
         if self.engine is not None:
             self.run(self.engine.close())
+            self.engine = None
+
+
+def torch_cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def packing_summary(phases: dict[str, Any]) -> dict[str, Any]:
+    """Per lengths: the best packed training tokens/s over the best padded, and which attention gave each."""
+    out: dict[str, Any] = {}
+    for name, result in phases.items():
+        if not name.startswith("packed_rows_") or "configs" not in result:
+            continue
+        lengths = name.rsplit("_", 1)[1]
+        entry = out.setdefault(lengths, {})
+        for layout, numbers in result["configs"].items():
+            if numbers["tokens_per_s"] > entry.get(layout, {}).get("tokens_per_s", 0):
+                entry[layout] = {"attention": result["attn"], "tokens_per_s": round(numbers["tokens_per_s"], 1),
+                                 "padding_frac": round(numbers["padding_frac"], 4)}
+    for entry in out.values():
+        if "packed" in entry and "padded" in entry:
+            entry["packed_over_padded"] = round(entry["packed"]["tokens_per_s"] / entry["padded"]["tokens_per_s"], 3)
+    return out
 
 
 def main() -> int:
@@ -386,6 +464,9 @@ def main() -> int:
     # arrive shows (smollm2_arith trains at 1e-5).
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    # Packed against padded micro-batches: tokens per micro-batch, and measured steps per layout (median).
+    parser.add_argument("--packed-budget", type=int, default=8192)
+    parser.add_argument("--packed-steps", type=int, default=2)
     args = parser.parse_args()
     report = Report(args.out)
     try:
@@ -407,6 +488,12 @@ def main() -> int:
                 report.phase("colocated_sync", check.colocated_sync)
     finally:
         check.close()
+    check.free_memory()  # the packed-rows phases train alone on the GPU
+    for lengths, sizes in check.packing_sizes().items():
+        for attention in check.packing_attentions():
+            report.phase(f"packed_rows_{attention}_{lengths}",
+                         lambda attention=attention, sizes=sizes: check.packed_rows(attention, sizes))
+    report.data["packing"] = packing_summary(report.data["phases"])
     report.write()
     failed = list(report.data["errors"])
     print(f"gpu_check: {'OK' if not failed else 'FAILED phases: ' + ', '.join(failed)}; wrote {args.out}")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The first thing to run on a machine with an NVIDIA GPU: vLLM's CUDA build with sleep mode, NCCL
-# weight sync of SmolLM2, training on CUDA, the bfloat16 log-prob gap between engine and trainer and
-# the tokens/s of each phase, into one JSON file (scripts/gpu_check.py says what each phase does).
+# weight sync of SmolLM2, training on CUDA, the bfloat16 log-prob gap between engine and trainer, packed
+# against padded training rows, and the tokens/s of each phase, into one JSON file (scripts/gpu_check.py
+# says what each phase does).
 # Usage: bash scripts/gpu_check.sh [OUT.json]   (default gpu_check.json; exit 1 if anything failed)
 #
 # It sets up what is missing first (scripts/setup.sh, scripts/setup_vllm.sh: vLLM's CUDA build,

@@ -9,15 +9,16 @@ micro-batch, else start a row (`packed_micro_batches`). Micro-batches stay withi
 (rows x width <= budget, which also bounds memory) and no row is wider than the padded layout's: eager
 and sdpa attention compute a row's whole width x width scores (the block-diagonal mask zeroes most of
 them), so rows as wide as the longest sample would pay in attention what they save in padding. With
-flash-attention's variable-length path, which computes only each sample's own scores, a micro-batch
-is one row of the budget instead. With `algo.micro_batch_size`, each micro-batch's samples are packed
+flash-attention's variable-length path, which computes only each sample's own scores, or flex_attention's
+block mask, which computes only the blocks holding them (both GPU-only for training), a micro-batch is
+one row of the budget instead. With `algo.micro_batch_size`, each micro-batch's samples are packed
 into rows as wide as its longest. A micro-batch lists its samples row by row and `next_fit` lays them
 out again in that order.
 
 Each sample's position ids start at 0 as they do in its own row, and transformers' mask builders
 take a position id that does not follow its predecessor for the start of a new sequence
 (`masking_utils.find_packed_sequence_indices`: eager and sdpa get a block-diagonal causal mask,
-flash-attention its variable-length path), so no token attends across samples; `honours_packing`
+flex_attention a block mask of it, flash-attention its variable-length path), so no token attends across samples; `honours_packing`
 checks that a model does, with its attention implementation, before a run relies on it.
 
 The forward's outputs go back to the padded [B, T] layout the losses take (`PackedRows.rows_at`,
@@ -64,7 +65,7 @@ def packed_micro_batches(lengths: list[int], budget: float, min_width: int = 0) 
     (`micro_batches.token_budget_slices`) with shorter samples moved into their rows' padding: no wider
     rows than padded ones, as dense attention costs rows x width^2. With `min_width` = the budget, one
     row per micro-batch filled first-fit decreasing: the least padding, for an attention that computes
-    only each sample's own scores (flash-attention's variable-length path)."""
+    only each sample's own scores (`VARLEN_ATTENTION`)."""
     micro: list[list[list[int]]] = []
     rooms: list[list[int]] = []  # each row's free tokens
     width = 0  # the last micro-batch's
@@ -114,8 +115,10 @@ def packed_size_slices(rows: torch.Tensor, lengths: torch.Tensor, size: int) -> 
             for r, n in zip(torch.split(rows, size), torch.split(lengths, size))]
 
 
-# Attention implementations whose packed path computes only each sample's own scores (variable length).
-VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
+# Attention implementations whose packed path computes only each sample's own scores: flash's variable-length
+# kernels, and flex_attention's block mask (transformers builds it from the packed position ids: only the
+# 128 x 128 blocks that hold some sample's own scores are computed). Their packed rows are a budget wide.
+VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
 
 
 @dataclass

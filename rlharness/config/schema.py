@@ -688,7 +688,10 @@ class ModelConf:
     # The engine's weights' dtype when it differs from the trainer's (a float32 trainer feeding a
     # bfloat16 engine, as verl's FSDP+vLLM does); None = model.dtype. Syncs send this dtype.
     engine_dtype: Optional[str] = None
-    # transformers' attention (eager, sdpa, ...) for the hf engine and the trainer.
+    # transformers' attention for the hf engine and the trainer: eager, sdpa, flex_attention (training or
+    # decoding on a GPU only), flash_attention_2/3/4 (a GPU and the flash-attn package), a Hub kernel
+    # (org/name) or one registered with transformers' AttentionInterface. Checked with the devices before
+    # a run starts (rlharness/model/attention.py).
     attn_implementation: str = "eager"
     # Allow a model whose config maps to code of its own (auto_map); refused otherwise.
     trust_remote_code: bool = False
@@ -1016,7 +1019,8 @@ class TeacherConf:
     dtype: str = "float32"
     # Where the teacher's forward passes run: cpu or cuda (a device of its own: cuda:1).
     device: str = "cpu"
-    # transformers' attention implementation for the teacher.
+    # transformers' attention implementation for the teacher (as model.attn_implementation's; a teacher never
+    # decodes or trains, so flex_attention also runs on a CPU).
     attn_implementation: str = "eager"
     # Allow a teacher whose config maps to code of its own (auto_map); refused otherwise.
     trust_remote_code: bool = False

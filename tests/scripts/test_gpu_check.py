@@ -90,3 +90,26 @@ def test_the_phases_rehearse_on_vllms_cpu_build(tmp_path):
     sync = phases["colocated_sync"]
     assert 0 < sync["delta"]["bytes"] < sync["full"]["bytes"]
     assert sync["gap_after_sync"] < 0.5
+
+
+@pytest.mark.timeout(600)
+def test_the_packed_rows_phases_rehearse_on_the_cpu(tmp_path):
+    """The packed-rows phases and their summary through the script's own code, on the CPU, where only eager
+    and sdpa can train (flex_attention has no backward pass on a CPU; flash needs CUDA); no rollout ran, so
+    only the lognormal lengths."""
+    gpu_check = load_script(ROOT / "scripts" / "gpu_check.py", "gpu_check")
+    args = argparse.Namespace(model=ROOT / "assets" / "tiny-chat", prompts=4, samples=2, lr=1e-4, packed_budget=2048,
+                              packed_steps=1)
+    check = gpu_check.Check(args, gpu=False)
+    assert check.packing_attentions() == ["eager", "sdpa"]
+    sizes = check.packing_sizes()
+    assert list(sizes) == ["lognormal"] and len(sizes["lognormal"]) == 8
+    report = gpu_check.Report(tmp_path / "out.json")
+    for attention in check.packing_attentions():
+        assert report.phase(f"packed_rows_{attention}_lognormal",
+                            lambda: check.packed_rows(attention, sizes["lognormal"])), report.data["errors"]
+        phase = report.data["phases"][f"packed_rows_{attention}_lognormal"]
+        assert phase["loss_rel_diff"] < 1e-4 and phase["budget"] == 2048
+    summary = gpu_check.packing_summary(report.data["phases"])["lognormal"]
+    assert summary["packed"]["padding_frac"] < summary["padded"]["padding_frac"]
+    assert summary["packed"]["attention"] in ("eager", "sdpa") and summary["packed_over_padded"] > 0
