@@ -53,6 +53,7 @@ from rlharness.core.types import Group, RolloutState, Status  # noqa: E402
 from rlharness.trainer.batch import build_train_batch  # noqa: E402
 
 GROUP = 4
+ROWS = 32  # --rows' default: results of other batch sizes are named for theirs
 
 
 def batch_of(sizes: list[tuple[int, int]], algo: AlgoConf, seed: int, vocab_size: int = 49152):
@@ -198,7 +199,7 @@ def fit_attention(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rows", type=int, default=16, help="samples in the batch (a multiple of 4)")
+    p.add_argument("--rows", type=int, default=ROWS, help="samples in the batch (a multiple of 4)")
     p.add_argument("--mean-len", type=float, default=96.0, help="mean response length (lognormal, CV 1)")
     p.add_argument("--max-len", type=int, default=384)
     p.add_argument("--budget", type=int, default=0, help="backend.micro_batch_tokens (0: 4 x the longest sample)")
@@ -222,7 +223,8 @@ def main() -> None:
               **measured}
     tokens, pad, pack = result["tokens"], result["configs"]["padded"], result["configs"]["packed"]
     attn = "" if args.attn == "eager" else f"_{args.attn}"
-    name = f"packed_rows{'_rollouts' if args.rollouts else ''}{attn}.json"
+    rows = "" if args.rows == ROWS else f"_{args.rows}rows"
+    name = f"packed_rows{'_rollouts' if args.rollouts else ''}{attn}{rows}.json"
     (Path(__file__).resolve().parent / "results" / name).write_text(json.dumps(result, indent=1))
     print(f"{result['date']}, {result['cpus']} CPUs, load {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; "
           f"{args.rows} samples ({result['lengths']}), {tokens} tokens, budget {budget}")
