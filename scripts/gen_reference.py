@@ -96,6 +96,8 @@ def _collect_checks(node: ast.AST, bindings: dict[str, str], found: dict[str, st
         key_arg, what = node.args[1], node.args[2]  # a health monitor's `self._check_key(ok, key, allowed)`
     elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("_check", "_one_of"):
         key_arg, what = (node.args[1], node.args[3]) if node.func.id == "_check" else (node.args[0], node.args[2])
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_check_device":
+        key_arg, what = node.args[0], ast.Constant(schema.DEVICES)
     else:
         key_arg = None
     if key_arg is not None:

@@ -61,6 +61,13 @@ def _one_of(key: str, value: Any, options: tuple) -> None:
     _check(value in options, key, value, "one of " + ", ".join(map(str, options)))
 
 
+DEVICES = "cpu, cuda or cuda:N (a device index)"  # where models go (whether this machine has it: rlharness/launch/devices.py)
+
+
+def _check_device(key: str, device: str) -> None:
+    _check(re.fullmatch(r"cpu|cuda(:\d+)?", str(device)) is not None, key, device, DEVICES)
+
+
 # A config value "env:NAME" names an environment variable read at use (secrets stay out of files).
 ENV_PREFIX = "env:"
 
@@ -495,6 +502,7 @@ class RewardModelJudgerConf(JudgerConf):
             # judger=router, tasks.<name>.judger.* per task); this class knows only "judger.".
             return
         _one_of("judger.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        _check_device("judger.device", self.device)
         _check(self.max_length >= 2, "judger.max_length", self.max_length, ">= 2")
         _check(self.batch_size >= 1, "judger.batch_size", self.batch_size, ">= 1")
         _check(self.label_index is None or self.label_index >= 0, "judger.label_index", self.label_index,
@@ -548,6 +556,7 @@ class LLMJudgerConf(JudgerConf):
         if non_finite_values(self):  # left to RunConf's generic pass (see RewardModelJudgerConf)
             return
         _one_of("judger.engine", self.engine, ("hf", "vllm"))
+        _check_device("judger.device", self.device)
         _check(self.max_tokens >= 1, "judger.max_tokens", self.max_tokens, ">= 1")
         _check(self.temperature >= 0, "judger.temperature", self.temperature, ">= 0 (0 = greedy)")
         _one_of("judger.on_timeout", self.on_timeout, ("fail", "zero"))
@@ -761,6 +770,7 @@ class HFEngineConf(EngineConf):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.max_batch_size >= 1, "engine.max_batch_size", self.max_batch_size, ">= 1")
+        _check_device("engine.device", self.device)
 
 
 @dataclass
@@ -873,6 +883,7 @@ class TorchBackendConf(BackendConf):
         return self.device != "cpu"
 
     def __post_init__(self) -> None:
+        _check_device("backend.device", self.device)
         _check(self.logprob_chunk_tokens >= 1, "backend.logprob_chunk_tokens", self.logprob_chunk_tokens, ">= 1")
         _check(self.micro_batch_tokens is None or self.micro_batch_tokens >= 1, "backend.micro_batch_tokens",
                self.micro_batch_tokens, ">= 1 (or null for algo.micro_batch_size rows per micro-batch)")
@@ -899,6 +910,7 @@ class DeepSpeedBackendConf(BackendConf):
     on_gpu = TorchBackendConf.on_gpu
 
     def __post_init__(self) -> None:
+        _check_device("backend.device", self.device)
         _check(self.logprob_chunk_tokens >= 1, "backend.logprob_chunk_tokens", self.logprob_chunk_tokens, ">= 1")
         _check(self.micro_batch_tokens is None or self.micro_batch_tokens >= 1, "backend.micro_batch_tokens",
                self.micro_batch_tokens, ">= 1 (or null for algo.micro_batch_size rows per micro-batch)")
@@ -1045,8 +1057,7 @@ class TeacherConf:
         Here and not in __post_init__, which would not know the key."""
         _check(self.coef >= 0, f"{key}.coef", self.coef, ">= 0")
         _one_of(f"{key}.dtype", self.dtype, TEACHER_DTYPES)
-        _check(self.device == "cpu" or self.device.startswith("cuda"), f"{key}.device", self.device,
-               "cpu, cuda or cuda:<index>")
+        _check_device(f"{key}.device", self.device)
         _check(self.batch_rows >= 1, f"{key}.batch_rows", self.batch_rows, ">= 1")
         _check(self.logprob_chunk_tokens >= 1, f"{key}.logprob_chunk_tokens", self.logprob_chunk_tokens, ">= 1")
         _check(self.timeout_s > 0, f"{key}.timeout_s", self.timeout_s, "> 0")

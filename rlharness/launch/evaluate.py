@@ -85,7 +85,8 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
     from rlharness.core.checkpoint import CheckpointError
     from rlharness.export import find_checkpoint, lora_base, model_dir
     from rlharness.launch.overrides import read_run_overrides
-    from rlharness.launch.preflight import ConfigSource, compose_checked, refuse_output_path
+    from rlharness.launch.devices import check_attention, check_devices
+    from rlharness.launch.preflight import ConfigSource, compose_checked, compose_typed, refuse_output_path
     from rlharness.model.weight_files import check_backend_weights
 
     evaluate_conf = ConfigSource(config_name="evaluate")  # evaluate.py's primary config, same conf/
@@ -101,7 +102,7 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
     overrides = [o for o in overrides if override_key(o) != "resume"]
     if resume in (None, "auto", "never"):
         merged = overrides
-        cfg = compose_checked(merged, evaluate_conf)
+        cfg, typed = compose_typed(merged, evaluate_conf)
         if cfg.eval.checkpoint_step is not None:
             raise ConfigError(f"eval.checkpoint_step={cfg.eval.checkpoint_step} is not allowed without "
                               f"resume=<run dir> (it picks that run's checkpoint)")
@@ -124,8 +125,10 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
             raise ConfigError(f"resume={resume}: {exc}") from None
         old = [o for o in saved if override_key(o) != "model.path" and not override_key(o).startswith("hydra.")]
         merged = merge_overrides(old, overrides) + [f"model.path={model}"]
-        cfg = compose_checked(merged, evaluate_conf)
+        cfg, typed = compose_typed(merged, evaluate_conf)
         source = Source(model_path=str(model), run_dir=str(run), checkpoint_step=found_step)
+    check_devices(typed, training=False)  # the engine's and the judgers' (nothing trains)
+    check_attention(typed, training=False)
     refuse_output_path(Path(str(cfg.hydra.run.dir)))
     out_dir = Path(str(cfg.hydra.run.dir)).expanduser().resolve()
     output_subdir = str(cfg.hydra.output_subdir)

@@ -14,8 +14,9 @@ from the same search path Hydra builds (`--config-dir`, `--config-name`, `--conf
   than it has: `rlharness.launch.slurm_capacity`, asked through sinfo);
 - Ray actors that do not fit the cluster config (`check_placement`: `cluster.num_cpus`, or a
   Slurm node's CPUs and GPUs) and reasoning-gym datasets or dataset keys the installed
-  reasoning-gym does not have (`check_task_datasets`), an attention implementation a model cannot run on
-  its device or without its package (`check_attention`; all three through `check_installed`);
+  reasoning-gym does not have (`check_task_datasets`), a CUDA device this machine does not have or an
+  attention implementation a model cannot run on its device (`rlharness.launch.devices`; all through
+  `check_installed`);
 - the model folder (`check_model`): missing, a GGUF file, code of its own (`auto_map`) without
   `model.trust_remote_code=true`, no chat template while a task's `apply_chat_template=true`;
 - agents (`check_agent_entrypoints`): a gateway agent's program, and the python tool's needs (a chat
@@ -264,12 +265,13 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
 
 def check_installed(conf) -> None:
     """What a config asks of the installed packages, refused before work starts: where its Ray actors go
-    (`check_placement`), the reasoning-gym datasets its tasks name and the attention implementations
-    its models use on their devices (`rlharness.model.attention`). Not part of RunConf: config
-    validity must not depend on an installed package. `launcher.run` asks again (jobs that skip this
-    preflight)."""
-    from rlharness.model.attention import check_attention
+    (`check_placement`), the reasoning-gym datasets its tasks name, and its models' devices and
+    attention implementations (`rlharness.launch.devices`). Not part of RunConf: config validity must
+    not depend on an installed package or this machine. `launcher.run` asks again (jobs that skip this
+    preflight, and a Slurm job on its node)."""
+    from rlharness.launch.devices import check_attention, check_devices
 
+    check_devices(conf)
     check_placement(conf)
     check_task_datasets(conf)
     check_attention(conf)

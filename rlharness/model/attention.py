@@ -1,11 +1,11 @@
-"""Whether transformers has an attention implementation, and whether it can run where a run puts it,
-checked before the run starts.
+"""Whether transformers has an attention implementation, and whether it can run on a device (what
+rlharness/launch/devices.py checks for each model of a run before it starts).
 
 transformers only finds out when it loads the model, after the run directory, the engine and the
 trainer exist: a misspelt name or a missing flash-attn package then ends the run with a traceback,
-flex_attention on a CPU with a torch compile error of several hundred lines. Here: one line naming
-the key. transformers is imported only for a name not known here (one that user code may have
-registered): a refused start should not pay for importing torch.
+flex_attention on a CPU with a torch compile error of several hundred lines. transformers is
+imported only for a name not known here (one that user code may have registered): a refused start
+should not pay for importing torch.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from __future__ import annotations
 import difflib
 import importlib.metadata
 import importlib.util
-
-from rlharness.config.schema import ConfigError
 
 # transformers' own implementations (its AttentionInterface keys, and eager, built into each model); each
 # also as "paged|<it>" (for its paged KV cache).
@@ -28,7 +26,8 @@ FLASH_DISTRIBUTIONS = {"flash_attention_2": "flash-attn", "flash_attention_3": "
 def unknown_attention(name: str) -> str | None:
     """Why transformers would not know the attention `name`; None where it does: one of its own, a Hub
     kernel (`org/name`, fetched by transformers' `kernels` integration) or one registered in this process
-    (transformers' AttentionInterface)."""
+    (transformers' AttentionInterface; a model with code of its own may register one as it loads, so
+    rlharness/launch/devices.py does not ask for such a model)."""
     if name.removeprefix("paged|") in KNOWN or "/" in name:
         return None
     from transformers import AttentionInterface
@@ -38,7 +37,7 @@ def unknown_attention(name: str) -> str | None:
         return None
     close = difflib.get_close_matches(name, sorted(registered | set(KNOWN)), n=1)
     return ("is not an attention transformers has (" + ", ".join(KNOWN) + ", paged|<one of them>, a Hub kernel "
-            "org/name, or one your code registers with transformers.AttentionInterface)"
+            "org/name, or one the model's own code registers with transformers.AttentionInterface)"
             + (f"; did you mean {close[0]}?" if close else ""))
 
 
@@ -67,28 +66,3 @@ def attention_problem(attention: str, device_key: str, device: str, trains: bool
         if generates:  # measured, torch 2.13: inductor's C++ for its decoding kernel does not compile
             return f"cannot decode on {on_cpu} (torch 2.13's compiled FlexAttention fails to build there)"
     return None
-
-
-def check_attention(conf) -> None:
-    """Each model of a run (policy and reference on the trainer, the hf engine, each teacher) names an attention
-    transformers has and can run on its device; refused with one line otherwise."""
-    uses = []  # (key, attention, device key, device, trains, generates)
-    model = conf.model
-    if hasattr(conf.backend, "device"):  # not backend=sim
-        uses.append(("model.attn_implementation", model.attn_implementation, "backend.device", conf.backend.device,
-                     True, False))
-    if conf.engine.name == "hf":
-        uses.append(("model.attn_implementation", model.attn_implementation, "engine.device", conf.engine.device,
-                     False, True))
-    for name, entry in conf.task_entries().items():
-        teacher = conf.teacher_for(entry)
-        if teacher is not None:
-            key = conf.teacher_key(name)
-            uses.append((f"{key}.attn_implementation", teacher.attn_implementation, f"{key}.device", teacher.device,
-                         False, False))
-    for key, attention, device_key, device, trains, generates in uses:
-        problem = (unknown_attention(attention)
-                   or attention_problem(attention, device_key, device, trains, generates))
-        if problem is not None:
-            raise ConfigError(f"{key}={attention} is not allowed: it {problem}" +
-                              ("" if "did you mean" in problem else "; use sdpa or eager"))

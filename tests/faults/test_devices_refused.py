@@ -11,9 +11,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from rlharness.config.schema import ConfigError
+from rlharness.launch import devices
+from rlharness.launch.preflight import compose_typed
 from rlharness.model.attention import attention_problem, unknown_attention
 from tests.faults.test_refused_input import refused
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_cli
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -39,6 +42,52 @@ def test_an_attention_that_cannot_run_is_one_line_exit_2(tmp_path, args, expect)
     refused([*HF, *args], tmp_path, expect)
 
 
+@pytest.mark.parametrize("args, expect", [
+    (["backend.device=cuda"], ["backend.device=cuda", "CPU build"]),
+    (["engine.device=cuda:1"], ["engine.device=cuda:1", "CPU build"]),
+    (["backend.device=gpu"], ["backend.device='gpu'", "cpu, cuda or cuda:N"]),
+    (["algo=opd", "algo.teacher.path=assets/tiny-arith-teacher", "algo.teacher.device=cuda"],
+     ["algo.teacher.device=cuda", "CPU build"]),
+    (["backend=deepspeed", "cluster=local_ray", "backend.device=cuda"], ["backend.device=cuda", "CPU build"]),
+])
+def test_a_device_this_machine_lacks_is_one_line_exit_2(tmp_path, args, expect):
+    (tmp_path / "assets").symlink_to(ROOT / "assets")
+    refused([*HF, *args], tmp_path, expect)
+
+
+def test_evaluate_refuses_them_too_but_not_a_trainer_device_it_does_not_use(tmp_path):
+    evaluate = ["model.path=" + str(ROOT / "assets" / "tiny-arith"), "eval.num_prompts=4", "logger.mode=disabled"]
+    for arg, expect in (("engine.device=cuda", "engine.device=cuda"), ("model.attn_implementation=flex_attention",
+                                                                         "cannot decode")):
+        proc = run_cli([*evaluate, arg], cwd=tmp_path, check=False, script="evaluate.py")
+        assert proc.returncode == 2 and expect in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
+        assert list(tmp_path.iterdir()) == []
+    run_cli([*evaluate, "backend.device=cuda", f"hydra.run.dir={tmp_path / 'eval'}"], cwd=tmp_path, script="evaluate.py")
+
+
+def test_ray_actors_ask_for_no_more_gpus_than_the_machine_has(monkeypatch):
+    """With cluster=local_ray, Ray would wait timeout_s for GPUs the machine lacks. (The machine's count is
+    given here: this one has no GPU; everything else is the real check.)"""
+    _, conf = compose_typed(["backend=deepspeed", "cluster=local_ray", "backend.device=cuda", "backend.num_workers=2"])
+    assert devices.ray_gpus(conf) == (2.0, "2 training actor(s): 2")
+    monkeypatch.setattr(devices, "cuda_devices", lambda: (1, ""))
+    with pytest.raises(ConfigError, match=r"^mode=colocate with cluster=local_ray asks Ray for 2 GPUs \(2 training"):
+        devices.check_devices(conf)
+    _, conf = compose_typed(["mode=disagg", "cluster=local_ray", "engine.device=cuda", "backend.device=cuda:0"])
+    assert devices.ray_gpus(conf)[0] == 2.0  # an engine actor and a training actor, a GPU each
+    monkeypatch.setattr(devices, "cuda_devices", lambda: (2, ""))
+    devices.check_devices(conf)
+
+
+def test_a_slurm_job_is_checked_on_its_node_not_where_it_is_submitted(monkeypatch):
+    _, conf = compose_typed(["cluster=slurm", "backend.device=cuda"])
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    devices.check_devices(conf)  # this host submits it: its node may have the GPU
+    monkeypatch.setenv("SLURM_JOB_ID", "1")
+    with pytest.raises(ConfigError, match="backend.device=cuda is not allowed: torch .* CPU build"):
+        devices.check_devices(conf)  # on the node (launcher.run): this one has none
+
+
 def test_where_each_attention_can_run():
     # flex_attention's generation on a CPU is refused, its teacher-style forward (no backward, no decoding) is not
     assert "decode" in attention_problem("flex_attention", "engine.device", "cpu", trains=False, generates=True)
@@ -59,6 +108,12 @@ def test_an_attention_the_users_code_registers_or_a_hub_kernel_is_known():
     AttentionInterface.register("sdpa_of_my_own", sdpa_attention_forward)
     assert unknown_attention("sdpa_of_my_own") is None
     assert unknown_attention("kernels-community/flash-attn3") is None
+    # a model with code of its own may register the attention it names as it loads: not refused for its name
+    _, conf = compose_typed(["model.attn_implementation=attention_of_its_code", "model.trust_remote_code=true"])
+    devices.check_attention(conf)
+    _, conf = compose_typed(["model.attn_implementation=attention_of_its_code"])
+    with pytest.raises(ConfigError, match="is not an attention transformers has"):
+        devices.check_attention(conf)
 
 
 def test_the_premise_flex_attention_cannot_train_on_a_cpu():
