@@ -76,10 +76,11 @@ class WeightSyncError(RuntimeError):
     """A weight sync to a vLLM engine failed or did not finish within its timeout (names the engine)."""
 
 
-def require_vllm() -> None:
-    """Raise a ConfigError naming the setup script when vLLM is not installed (cheap: no import)."""
+def require_vllm(setting: str = "engine=vllm") -> None:
+    """Raise a ConfigError naming the `setting` that asks for vLLM and the setup script when vLLM is not
+    installed (cheap: no import)."""
     if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(f"engine=vllm: vLLM is not installed in this Python ({sys.executable}); {SETUP_HINT}")
+        raise ConfigError(f"{setting}: vLLM is not installed in this Python ({sys.executable}); {SETUP_HINT}")
 
 
 def import_vllm():

@@ -124,10 +124,6 @@ def _build_and_fit(conf: RunConf, config_dict: dict[str, Any], run_dir: Path, st
     from rlharness.core.gc_tuning import tune_gc, untune_gc
     from rlharness.trainer.trainer import Trainer, seed_everything
 
-    if conf.engine.name == "vllm":  # before anything starts: say how to install it
-        from rlharness.engine.vllm import require_vllm
-
-        require_vllm()
     set_threads_from_env()
     # The first lines a person sees: where the run is and how to follow it.
     log.info("run directory: %s (follow it with: tail -f %s)", run_dir, RunDir(run_dir).log())

@@ -265,12 +265,20 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
 
 def check_installed(conf) -> None:
     """What a config asks of the installed packages, refused before work starts: where its Ray actors go
-    (`check_placement`), the reasoning-gym datasets its tasks name, and its models' devices and
+    (`check_placement`), vLLM where an engine or a judge runs on it, the reasoning-gym datasets its tasks
+    name, and its models' devices and
     attention implementations (`rlharness.launch.devices`). Not part of RunConf: config validity must
     not depend on an installed package or this machine. `launcher.run` asks again (jobs that skip this
     preflight, and a Slurm job on its node)."""
+    from rlharness.judger import learned_judgers
     from rlharness.launch.devices import check_attention, check_devices
 
+    on_vllm = (["engine=vllm"] if conf.engine.name == "vllm" else []) + [
+        f"{key}.engine=vllm" for key, judge in learned_judgers(conf) if getattr(judge, "engine", None) == "vllm"]
+    if on_vllm:
+        from rlharness.engine.vllm import require_vllm
+
+        require_vllm(on_vllm[0])  # which Python to run it with, and how to set that up
     check_devices(conf)
     check_placement(conf)
     check_task_datasets(conf)

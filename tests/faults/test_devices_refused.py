@@ -7,6 +7,8 @@ several hundred lines)."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -52,6 +54,15 @@ def test_an_attention_that_cannot_run_is_one_line_exit_2(tmp_path, args, expect)
 ])
 def test_a_device_this_machine_lacks_is_one_line_exit_2(tmp_path, args, expect):
     (tmp_path / "assets").symlink_to(ROOT / "assets")
+    refused([*HF, *args], tmp_path, expect)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed in this Python")
+@pytest.mark.parametrize("args, expect", [
+    (["engine=vllm"], ["engine=vllm: vLLM is not installed", "setup_vllm.sh"]),
+    (["judger=llm", "judger.engine=vllm"], ["judger.engine=vllm: vLLM is not installed"]),
+])
+def test_vllm_asked_of_a_python_without_it_is_one_line_exit_2(tmp_path, args, expect):
     refused([*HF, *args], tmp_path, expect)
 
 
