@@ -14,9 +14,9 @@ from the same search path Hydra builds (`--config-dir`, `--config-name`, `--conf
   than it has: `rlharness.launch.slurm_capacity`, asked through sinfo);
 - Ray actors that do not fit the cluster config (`check_placement`: `cluster.num_cpus`, or a
   Slurm node's CPUs and GPUs) and reasoning-gym datasets or dataset keys the installed
-  reasoning-gym does not have (`check_task_datasets`), a CUDA device this machine does not have or an
-  attention implementation a model cannot run on its device (`rlharness.launch.devices`; all through
-  `check_installed`);
+  reasoning-gym does not have (`check_task_datasets`), vLLM missing from this Python where a run uses it
+  (`check_vllm`), a CUDA device this machine does not have or an attention implementation a model
+  cannot run on its device (`rlharness.launch.devices`; all through `check_installed`);
 - the model folder (`check_model`): missing, a GGUF file, code of its own (`auto_map`) without
   `model.trust_remote_code=true`, no chat template while a task's `apply_chat_template=true`;
 - agents (`check_agent_entrypoints`): a gateway agent's program, and the python tool's needs (a chat
@@ -264,25 +264,32 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
 
 
 def check_installed(conf) -> None:
-    """What a config asks of the installed packages, refused before work starts: where its Ray actors go
-    (`check_placement`), vLLM where an engine or a judge runs on it, the reasoning-gym datasets its tasks
-    name, and its models' devices and
-    attention implementations (`rlharness.launch.devices`). Not part of RunConf: config validity must
-    not depend on an installed package or this machine. `launcher.run` asks again (jobs that skip this
-    preflight, and a Slurm job on its node)."""
-    from rlharness.judger import learned_judgers
+    """What a config asks of the installed packages and this machine, refused before work starts: vLLM
+    where an engine or a judge runs on it (`check_vllm`), its models' devices and attention
+    implementations (`rlharness.launch.devices`), where its Ray actors go (`check_placement`) and the
+    reasoning-gym datasets its tasks name. Not part of RunConf: config validity must not depend on an
+    installed package or this machine. `launcher.run` asks again (jobs that skip this preflight, and a
+    Slurm job on its node)."""
     from rlharness.launch.devices import check_attention, check_devices
+
+    check_vllm(conf)
+    check_devices(conf)
+    check_placement(conf)
+    check_task_datasets(conf)
+    check_attention(conf)
+
+
+def check_vllm(conf) -> None:
+    """vLLM is installed in this Python where the engine or a judge runs on it: else one line naming the setting,
+    which Python to run instead and how to set it up."""
+    from rlharness.judger import learned_judgers
 
     on_vllm = (["engine=vllm"] if conf.engine.name == "vllm" else []) + [
         f"{key}.engine=vllm" for key, judge in learned_judgers(conf) if getattr(judge, "engine", None) == "vllm"]
     if on_vllm:
         from rlharness.engine.vllm import require_vllm
 
-        require_vllm(on_vllm[0])  # which Python to run it with, and how to set that up
-    check_devices(conf)
-    check_placement(conf)
-    check_task_datasets(conf)
-    check_attention(conf)
+        require_vllm(on_vllm[0])
 
 
 def check_task_datasets(conf) -> None:
