@@ -235,13 +235,10 @@ class Check:
                                  max_response_len=self.args.max_tokens, temperature=1.0)[0]
 
     def train(self) -> dict[str, Any]:
-        import torch
-
         from rlharness.backend import build_backend
         from rlharness.config.schema import TorchBackendConf
 
-        device = self.trainer_device = ("cpu" if not self.gpu else  # vLLM holds the first GPU
-                                        "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0")
+        device = self.trainer_device = self.training_device()
         t0 = time.perf_counter()
         self.trainer = build_backend(TorchBackendConf(device=device), self.model, self.algo, total_steps=10,
                                      seed=0)
@@ -267,6 +264,14 @@ class Check:
                 # (mean and max |diff| per response token, before any update).
                 "logprob_gap_bf16_mean": first["train/logprob_diff_rollout"],
                 "logprob_gap_bf16_max": first["train/logprob_diff_rollout_max"], "steps": steps}
+
+    def training_device(self) -> str:
+        """Where the trainer runs: the second GPU where there is one (vLLM holds the first), else the first."""
+        import torch
+
+        if not self.gpu:
+            return "cpu"
+        return "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0"
 
     def synchronize(self) -> None:
         import torch
@@ -399,7 +404,7 @@ class Check:
 
         from rlharness.config.schema import ModelConf
 
-        device = (("cuda:1" if torch_cuda_count() > 1 else "cuda:0") if self.gpu else "cpu")
+        device = self.training_device()
         model = ModelConf(path=str(self.args.model), dtype="bfloat16" if self.gpu else "float32",
                           attn_implementation=attention)
         budget = max(self.args.packed_budget, max(p + n for p, n in sizes))
@@ -426,12 +431,6 @@ class Check:
         if self.engine is not None:
             self.run(self.engine.close())
             self.engine = None
-
-
-def torch_cuda_count() -> int:
-    import torch
-
-    return torch.cuda.device_count()
 
 
 def packing_summary(phases: dict[str, Any]) -> dict[str, Any]:

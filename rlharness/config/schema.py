@@ -857,6 +857,14 @@ class BackendConf:
         return self.name in ("deepspeed", "fsdp2")
 
 
+def check_trainer_keys(conf: Any) -> None:
+    """The keys every model-training backend shares (torch, fsdp2, deepspeed)."""
+    _check_device("backend.device", conf.device)
+    _check(conf.logprob_chunk_tokens >= 1, "backend.logprob_chunk_tokens", conf.logprob_chunk_tokens, ">= 1")
+    _check(conf.micro_batch_tokens is None or conf.micro_batch_tokens >= 1, "backend.micro_batch_tokens",
+           conf.micro_batch_tokens, ">= 1 (or null for algo.micro_batch_size rows per micro-batch)")
+
+
 @dataclass
 class TorchBackendConf(BackendConf):
     name: str = "torch"
@@ -883,10 +891,7 @@ class TorchBackendConf(BackendConf):
         return self.device != "cpu"
 
     def __post_init__(self) -> None:
-        _check_device("backend.device", self.device)
-        _check(self.logprob_chunk_tokens >= 1, "backend.logprob_chunk_tokens", self.logprob_chunk_tokens, ">= 1")
-        _check(self.micro_batch_tokens is None or self.micro_batch_tokens >= 1, "backend.micro_batch_tokens",
-               self.micro_batch_tokens, ">= 1 (or null for algo.micro_batch_size rows per micro-batch)")
+        check_trainer_keys(self)
 
 
 @dataclass
@@ -910,10 +915,7 @@ class DeepSpeedBackendConf(BackendConf):
     on_gpu = TorchBackendConf.on_gpu
 
     def __post_init__(self) -> None:
-        _check_device("backend.device", self.device)
-        _check(self.logprob_chunk_tokens >= 1, "backend.logprob_chunk_tokens", self.logprob_chunk_tokens, ">= 1")
-        _check(self.micro_batch_tokens is None or self.micro_batch_tokens >= 1, "backend.micro_batch_tokens",
-               self.micro_batch_tokens, ">= 1 (or null for algo.micro_batch_size rows per micro-batch)")
+        check_trainer_keys(self)
         _one_of("backend.zero_stage", self.zero_stage, (0, 1, 2, 3))
         _check(self.num_workers >= 1, "backend.num_workers", self.num_workers, ">= 1")
 

@@ -47,6 +47,17 @@ class TaskWiring:
         teacher = entry.teacher if entry.teacher.enabled else self.algo.teacher
         return teacher if teacher.enabled else None
 
+    @staticmethod
+    def teacher_identity(teacher: TeacherConf) -> str:
+        """What makes teachers one: their configuration, coef aside (that weighs a task's advantage; one loaded
+        teacher serves every task that names the same one)."""
+        return repr(replace(teacher, coef=0.0))
+
+    def distinct_teachers(self) -> dict[str, TeacherConf]:
+        """The run's teachers, one per `teacher_identity` (each is loaded once: a Ray actor in mode=disagg)."""
+        return {self.teacher_identity(t): t for e in self.task_entries().values()
+                if (t := self.teacher_for(e)) is not None}
+
     def teacher_key(self, name: str) -> str:
         """Where a task's teacher is configured (the key a refusal names)."""
         return f"tasks.{name}.teacher" if self.tasks and self.tasks[name].teacher.enabled else "algo.teacher"

@@ -251,18 +251,16 @@ def build_teachers(conf: RunConf) -> dict[str, Any]:
     """task name -> the distillation teacher that scores its groups (tasks without one are not named):
     one `Teacher` per distinct teacher configuration (checked by `check_teachers_fit`). Colocated it runs
     in this process, with mode=disagg as a Ray actor of its own."""
-    from dataclasses import replace
-
     from rlharness.logging_utils.progress import phase
     from rlharness.teacher import Teacher
 
-    built: dict[str, Any] = {}  # one per distinct configuration (its coef aside: that weighs the advantage)
+    built: dict[str, Any] = {}  # one per conf.teacher_identity
     out = {}
     for name, entry in conf.task_entries().items():
         teacher = conf.teacher_for(entry)
         if teacher is None:
             continue
-        same = repr(replace(teacher, coef=0.0))
+        same = conf.teacher_identity(teacher)
         if same not in built:
             with phase(f"loading the teacher {teacher.path} ({teacher.dtype}, "
                        f"{'Ray actor' if conf.mode == 'disagg' else teacher.device})"):

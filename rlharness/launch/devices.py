@@ -110,8 +110,7 @@ def ray_gpus(conf) -> tuple[float, str]:
         parts.append((conf.backend.workers * trainer_gpus, f"{conf.backend.workers} training actor(s)"))
     if conf.mode == "disagg":
         parts.append((conf.engine.num_engines * engine_gpus, f"{conf.engine.num_engines} engine(s)"))
-        teachers = {repr(t) for e in conf.task_entries().values()
-                    if (t := conf.teacher_for(e)) is not None and t.device.startswith("cuda")}
-        parts.append((float(len(teachers)), f"{len(teachers)} teacher(s)"))
+        teachers = sum(t.device.startswith("cuda") for t in conf.distinct_teachers().values())
+        parts.append((float(teachers), f"{teachers} teacher(s)"))
     parts = [(n, what) for n, what in parts if n]
     return sum(n for n, _ in parts), " + ".join(f"{what}: {n:g}" for n, what in parts)

@@ -311,8 +311,7 @@ def check_placement(conf) -> None:
     if conf.mode == "disagg" and isinstance(cluster, LocalRayClusterConf):
         workers = conf.backend.workers
         # Each distinct teacher is an actor of its own, with teacher.num_cpus reserved.
-        teachers = {repr(t): t.num_cpus for e in conf.task_entries().values() if (t := conf.teacher_for(e))}
-        teacher_cpus = sum(teachers.values())
+        teacher_cpus = sum(t.num_cpus for t in conf.distinct_teachers().values())
         need = conf.engine.num_engines * cluster.engine_cpus + workers * cluster.trainer_cpus + teacher_cpus
         if need > cluster.num_cpus:
             raise ConfigError(
