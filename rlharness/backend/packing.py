@@ -18,8 +18,9 @@ out again in that order.
 Each sample's position ids start at 0 as they do in its own row, and transformers' mask builders
 take a position id that does not follow its predecessor for the start of a new sequence
 (`masking_utils.find_packed_sequence_indices`: eager and sdpa get a block-diagonal causal mask,
-flex_attention a block mask of it, flash-attention its variable-length path), so no token attends across samples; `honours_packing`
-checks that a model does, with its attention implementation, before a run relies on it.
+flex_attention a block mask of it, flash-attention its variable-length path), so no token attends
+across samples; `honours_packing` checks that a model does, with its attention implementation, before
+a run relies on it.
 
 The forward's outputs go back to the padded [B, T] layout the losses take (`PackedRows.rows_at`,
 `PackedRows.unpack`), so log-probs, entropy, values, the loss and its gradient are the unpacked

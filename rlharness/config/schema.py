@@ -61,7 +61,8 @@ def _one_of(key: str, value: Any, options: tuple) -> None:
     _check(value in options, key, value, "one of " + ", ".join(map(str, options)))
 
 
-DEVICES = "cpu, cuda or cuda:N (a device index)"  # where models go (whether this machine has it: rlharness/launch/devices.py)
+# Where models go (whether this machine has the device: rlharness/launch/devices.py).
+DEVICES = "cpu, cuda or cuda:N (a device index)"
 
 
 def _check_device(key: str, device: str) -> None:

@@ -73,7 +73,8 @@ def test_evaluate_refuses_them_too_but_not_a_trainer_device_it_does_not_use(tmp_
         proc = run_cli([*evaluate, arg], cwd=tmp_path, check=False, script="evaluate.py")
         assert proc.returncode == 2 and expect in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
         assert list(tmp_path.iterdir()) == []
-    run_cli([*evaluate, "backend.device=cuda", f"hydra.run.dir={tmp_path / 'eval'}"], cwd=tmp_path, script="evaluate.py")
+    run_cli([*evaluate, "backend.device=cuda", f"hydra.run.dir={tmp_path / 'eval'}"], cwd=tmp_path,
+            script="evaluate.py")
 
 
 def test_ray_actors_ask_for_no_more_gpus_than_the_machine_has(monkeypatch):
