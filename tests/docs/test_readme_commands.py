@@ -38,6 +38,11 @@ ELSEWHERE = {
 }
 
 
+def readme_section(text: str, title: str) -> str:
+    """The body of the README's `## title` section."""
+    return re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.S | re.M).group(1)
+
+
 def readme_blocks(text: str) -> dict[str, str]:
     """The fenced code of each `## ` section (sections without one are left out)."""
     blocks = {}
@@ -107,6 +112,17 @@ def test_every_line_that_is_not_run_here_composes_and_is_run_by_its_own_test():
                 compose_conf(list(overrides))
                 composed += 1
     assert composed >= 4
+
+
+def test_the_config_groups_table_lists_every_option_in_conf():
+    """The README's table names each group of `conf/` once, with exactly the options it holds."""
+    table = readme_section(README.read_text(), "Config groups")
+    rows = dict(re.findall(r"^\| `([\w/]+)` \| (.+?) \|", table, re.M))
+    groups = sorted(d.name for d in (ROOT / "conf").iterdir() if d.is_dir())
+    assert sorted(rows) == groups
+    for group in groups:
+        options = {f.stem for f in (ROOT / "conf" / group).glob("*.yaml")}
+        assert set(re.findall(r"`([\w.-]+)`", rows[group])) == options, f"README's {group} row"
 
 
 @pytest.fixture(scope="module")
