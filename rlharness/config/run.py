@@ -120,7 +120,7 @@ class RunConf(TaskWiring):
             raise ConfigError("every task has task.num_eval=0: at least one task needs an eval split "
                               f"(tasks.<name>.task.num_eval, tasks: {', '.join(self.tasks)})")
         for name, entry in self.task_entries().items():
-            key = f"tasks.{name}.task.num_eval" if self.tasks else "task.num_eval"
+            key = f"{self.task_key(name)}.num_eval"
             if self.tasks and entry.task.num_eval == 0:
                 continue  # trained, not evaluated (eval/accuracy averages the tasks that are)
             if self.eval.num_prompts > entry.task.num_eval:

@@ -24,6 +24,10 @@ class TaskWiring:
             return dict(self.tasks)
         return {self.task.name: TaskEntryConf(task=self.task, judger=self.judger)}
 
+    def task_key(self, name: str) -> str:
+        """Where a task is configured (the key a refusal names): `tasks.<name>.task`, or `task`."""
+        return f"tasks.{name}.task" if self.tasks else "task"
+
     def judger_for(self, entry: TaskEntryConf) -> JudgerConf:
         """The judger config a task is scored with; `auto` (or none given) = the task's own."""
         judger = entry.judger

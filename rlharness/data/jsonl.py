@@ -126,6 +126,17 @@ def _check_row(row: dict[str, Any], required: list[str], where: str, non_empty: 
             raise DataFileError(f"{where}: field {name!r} is empty")
 
 
+def data_file(path_str: str, key: str) -> Path:
+    """The file a data path names: there, and of a type read here (else one line naming `key`)."""
+    path = Path(path_str).expanduser()
+    if not path.is_file() and not path.is_absolute() and (PROJECT_ROOT / path).is_file():
+        path = PROJECT_ROOT / path  # like model.path: shipped data (assets/...) from any directory
+    if not path.is_file():
+        raise ConfigError(f"{key}={path_str!r}: no such file ({path.resolve()})")
+    _file_format(path, key)
+    return path
+
+
 def read_rows(path_str: str, required: list[str], key: str = "task.path",
               non_empty: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """The rows of a JSONL or Parquet file as dicts, each checked for the required fields."""
@@ -135,11 +146,7 @@ def read_rows(path_str: str, required: list[str], key: str = "task.path",
 def read_rows_with_sources(path_str: str, required: list[str], key: str = "task.path",
                            non_empty: tuple[str, ...] = ()) -> tuple[list[dict[str, Any]], list[str]]:
     """`read_rows` plus where each row is: "path:line" (JSONL) or "path: row i" (Parquet)."""
-    path = Path(path_str).expanduser()
-    if not path.is_file() and not path.is_absolute() and (PROJECT_ROOT / path).is_file():
-        path = PROJECT_ROOT / path  # like model.path: shipped data (assets/...) from any directory
-    if not path.is_file():
-        raise ConfigError(f"{key}={path_str!r}: no such file ({path.resolve()})")
+    path = data_file(path_str, key)
     fmt = _file_format(path, key)
     if fmt == "json":
         rows, lines = _read_jsonl(path, required)

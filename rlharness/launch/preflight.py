@@ -19,6 +19,8 @@ from the same search path Hydra builds (`--config-dir`, `--config-name`, `--conf
   cannot run on its device (`rlharness.launch.devices`; all through `check_installed`);
 - the model folder (`check_model`): missing, a GGUF file, code of its own (`auto_map`) without
   `model.trust_remote_code=true`, no chat template while a task's `apply_chat_template=true`;
+- a JSONL/Parquet task's `path` or `eval_path` (`check_task_files`): no such file, or a type it does not
+  read (the rows are checked as the job loads them, before anything is trained);
 - agents (`check_agent_entrypoints`): a gateway agent's program, and the python tool's needs (a chat
   model, and a sandbox this machine can run: bubblewrap and user namespaces, or the weaker mode);
 - `resume=never` into a directory that holds a run;
@@ -50,7 +52,7 @@ from typing import Any
 
 from rlharness.launch import run_lock
 from rlharness.config.run import adopt_strategy_max_staleness
-from rlharness.config.schema import ConfigError, LocalRayClusterConf, ReasoningGymTaskConf
+from rlharness.config.schema import ConfigError, JsonlTaskConf, LocalRayClusterConf, ReasoningGymTaskConf
 from rlharness.launch.slurm_capacity import check_capacity
 from rlharness.distributed.placement_plan import check_fits
 from rlharness.launch.overrides import FROZEN_ON_RESUME, override_key, override_value, path_override, prepare_resume_argv
@@ -177,6 +179,7 @@ def preflight(argv: list[str]) -> tuple[list[str], list[str], RunDirGuard | None
         check_fixed_values(run_dir, cfg)
     _refuse_if_finished(run_dir, cfg.total_steps)
     check_model(conf)
+    check_task_files(conf)
     check_agent_entrypoints(conf)
     # Hydra names the job (and its log file) after the script.
     guard = RunDirGuard.record(run_dir, str(cfg.hydra.output_subdir), Path(argv[0]).stem)
@@ -249,6 +252,7 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
         check_installed(conf)
         if cfg.cluster.name != "slurm":  # a Slurm job's model.path may be on its nodes' file systems only
             check_model(conf, checked)
+            check_task_files(conf)
         check_agent_entrypoints(conf, with_model=cfg.cluster.name != "slurm")
         if cfg.cluster.name == "slurm":
             c = cfg.cluster
@@ -298,8 +302,19 @@ def check_task_datasets(conf) -> None:
 
     for name, entry in conf.task_entries().items():
         if isinstance(entry.task, ReasoningGymTaskConf):
-            check_dataset(entry.task.dataset, entry.task.dataset_config, f"tasks.{name}.task" if conf.tasks else "task",
-                          entry.task.probe_timeout_s)
+            check_dataset(entry.task.dataset, entry.task.dataset_config, conf.task_key(name), entry.task.probe_timeout_s)
+
+
+def check_task_files(conf) -> None:
+    """Each file-backed task's data file (and held-out file) is there and of a type it reads; its rows are
+    checked when the job loads them. Not for Slurm: a job's data may be on its nodes' file systems only."""
+    from rlharness.data.jsonl import data_file
+
+    for name, entry in conf.task_entries().items():
+        if isinstance(entry.task, JsonlTaskConf):
+            for field in ("path", "eval_path"):
+                if getattr(entry.task, field):
+                    data_file(getattr(entry.task, field), f"{conf.task_key(name)}.{field}")
 
 
 def check_placement(conf) -> None:
@@ -480,8 +495,7 @@ def check_model(conf, checked: set[tuple] | None = None) -> None:
 
     check_learned_judgers(conf)  # cheap (config.json and tensor names): every sweep point
     check_teachers(conf)
-    asking = [f"tasks.{name}.task.apply_chat_template" if conf.tasks else "task.apply_chat_template"
-              for name, entry in conf.task_entries().items()
+    asking = [f"{conf.task_key(name)}.apply_chat_template" for name, entry in conf.task_entries().items()
               if getattr(entry.task, "apply_chat_template", None) is True]  # tasks that render chat prompts
     key = (conf.model.path, conf.model.trust_remote_code, bool(asking),
            conf.algo.critic.path if conf.algo.advantage == "gae" else None)

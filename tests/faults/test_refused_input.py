@@ -110,6 +110,28 @@ def test_data_and_model_errors_name_the_file_and_leave_no_directory(tmp_path):
     refused([*SIM, f"model.path={model}", f"hydra.run.dir={new}"], tmp_path, [f"model.path='{model}'", "no tokenizer"])
 
 
+def test_a_missing_or_unreadable_data_file_is_refused_before_hydra_makes_the_run_directory(tmp_path):
+    """Checked by the preflight (not when the job loads its data), for every task and every sweep point."""
+    from rlharness.config.schema import ConfigError
+    from rlharness.launch.preflight import preflight
+
+    csv = tmp_path / "rows.csv"
+    csv.write_text("question,answer\n1+1,2\n")
+    shipped = "task.path=assets/tiny-chat/data/math_train.jsonl"
+    cases = [
+        (["task=jsonl", f"task.path={tmp_path / 'missing.jsonl'}"], r"^task.path='.*missing.jsonl': no such file"),
+        (["task=jsonl", f"task.path={csv}"], r"^task.path='.*rows.csv': unknown file type '.csv'"),
+        (["task=jsonl", shipped, f"task.eval_path={tmp_path / 'held_out.jsonl'}"], r"^task.eval_path='.*held_out"),
+        (["experiment=arith_mix", "task@tasks.unpadded.task=jsonl", f"tasks.unpadded.task.path={csv}"],
+         r"^tasks.unpadded.task.path='.*rows.csv': unknown file type"),
+        (["-m", "task=jsonl", f"task.path={csv}", "seed=1,2"], r"^task.path='.*rows.csv'"),
+    ]
+    for args, match in cases:
+        with pytest.raises(ConfigError, match=match):
+            preflight(["train.py", *args, f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.csv"]
+
+
 class Payload:
     """What an attacker would plant: unpickling it runs a shell command."""
 
