@@ -24,6 +24,7 @@ write: its config is the run's, fixed keys included) or anything the trainer wri
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 HYDRA = ".hydra"
@@ -86,6 +87,15 @@ def step_name(step: int) -> str:
 def step_of(name: str) -> int:
     """The step a `step_XXXXXXXX[.jsonl]` name is for."""
     return int(name.split(".", 1)[0].split("_")[1])
+
+
+def checkpoint_folder_of(path: str | Path) -> tuple[Path, int] | None:
+    """(run dir, step) when `path` names a run's checkpoint folder (`<run>/checkpoints/step_XXXXXXXX`),
+    which users pass where a run directory is asked for; else None."""
+    p = Path(path).expanduser().resolve()
+    if p.parent.name == CHECKPOINTS and re.fullmatch(r"step_\d{8}", p.name):
+        return p.parent.parent, step_of(p.name)
+    return None
 
 
 class RunDir:

@@ -1,6 +1,7 @@
 """Export a run's checkpoint as an ordinary Hugging Face model folder.
 
     python -m rlharness.export <run dir> [--step N] <out dir>
+    python -m rlharness.export <run dir>/checkpoints/step_XXXXXXXX <out dir>
 
 The folder holds config.json, model.safetensors, the tokenizer (with its chat template) and
 generation_config.json, nothing of the training state (optimizer, scheduler, RNG, producer,
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from rlharness.core.checkpoint import CheckpointError, complete_checkpoints, error_line
 from rlharness.core.redaction import redact
-from rlharness.core.run_dir import RunDir, output_path_problem
+from rlharness.core.run_dir import RunDir, checkpoint_folder_of, output_path_problem
 from rlharness.model.weight_files import check_backend_weights
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,14 @@ BACKEND_SUBDIR = "backend"  # where both backends write the model's HF files ins
 
 
 def find_checkpoint(run_dir: str | Path, step: int | None = None) -> tuple[int, Path]:
-    """(step, path) of the run's checkpoint `step`, or its newest complete one."""
+    """(step, path) of the run's checkpoint `step`, or its newest complete one; `run_dir` may name the
+    checkpoint folder itself (`<run>/checkpoints/step_N`)."""
     run = Path(run_dir)
+    folder = checkpoint_folder_of(run)
+    if folder is not None and run.is_dir():
+        if step is not None and step != folder[1]:
+            raise CheckpointError(f"{run_dir} is the checkpoint of step {folder[1]}, not of --step {step}")
+        run, step = folder
     if not run.is_dir():
         raise CheckpointError(f"{run_dir}: no such directory")
     found = complete_checkpoints(run)
@@ -167,7 +174,7 @@ def refuse_output(out: Path, run_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlharness.export", description=__doc__.split("\n\n")[0])
-    ap.add_argument("run_dir", help="a run directory (outputs/<date>/<time>)")
+    ap.add_argument("run_dir", help="a run directory (outputs/<date>/<time>) or one of its checkpoint folders")
     ap.add_argument("out_dir", help="the HF folder to write (absent or empty)")
     ap.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest)")
     args = ap.parse_args(argv)

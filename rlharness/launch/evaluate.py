@@ -31,7 +31,7 @@ from typing import Any
 from rlharness.config.run import RunConf
 from rlharness.config.schema import ConfigError
 from rlharness.launch.overrides import merge_overrides, override_key, path_override
-from rlharness.core.run_dir import EVALUATE_PREFIX, HYDRA, RunDir, first_missing
+from rlharness.core.run_dir import EVALUATE_PREFIX, HYDRA, RunDir, checkpoint_folder_of, first_missing
 
 log = logging.getLogger("rlharness")
 
@@ -111,8 +111,14 @@ def prepare_eval_argv(argv: list[str]) -> tuple[list[str], Source | None, Output
         if any(override_key(o) in ("model.path", "model") for o in overrides):
             raise ConfigError(f"resume={resume} with model.path: pass one of them (resume=<run dir> evaluates "
                               f"that run's checkpoint; model.path=<folder> any model)")
-        run, saved = read_run_overrides(resume)
         step = compose_checked(overrides, evaluate_conf).eval.checkpoint_step
+        folder = checkpoint_folder_of(resume) if Path(resume).expanduser().is_dir() else None
+        if folder is not None:  # resume=<run>/checkpoints/step_N: that run at that step
+            if step is not None and step != folder[1]:
+                raise ConfigError(f"resume={resume} with eval.checkpoint_step={step}: that folder is the "
+                                  f"checkpoint of step {folder[1]}; pass one of them")
+            step = folder[1]
+        run, saved = read_run_overrides(str(folder[0]) if folder is not None else resume)
         try:
             found_step, ckpt = find_checkpoint(run, step)
             if lora_base(ckpt) is not None:

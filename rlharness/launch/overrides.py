@@ -13,7 +13,7 @@ import yaml
 
 from rlharness.core.checkpoint import latest_checkpoint
 from rlharness.config.schema import ConfigError
-from rlharness.core.run_dir import HYDRA, OVERRIDES_YAML, RESUMED_PREFIX, RunDir
+from rlharness.core.run_dir import HYDRA, OVERRIDES_YAML, RESUMED_PREFIX, RunDir, checkpoint_folder_of
 
 
 def override_key(override: str) -> str:
@@ -94,6 +94,12 @@ def read_run_overrides(value: str) -> tuple[Path, list[str]]:
     if not run_dir.is_dir():
         raise ConfigError(f"resume={value}: no such directory")
     if not RunDir(run_dir).overrides.is_file():
+        folder = checkpoint_folder_of(run_dir)
+        if folder is not None and RunDir(folder[0]).overrides.is_file():
+            raise ConfigError(
+                f"resume={value}: a checkpoint folder, not a run directory; resume={folder[0]} continues that run "
+                f"from its newest checkpoint (a new run can start from this one's model: python -m "
+                f"rlharness.export {run_dir} <dir>, then model.path=<dir>)")
         raise ConfigError(f"resume={value}: not a run directory (no {HYDRA}/{OVERRIDES_YAML})")
     saved = RunDir(run_dir).newest_hydra() / OVERRIDES_YAML  # the run as its last life had it
     return run_dir, [o for o in (yaml.safe_load(saved.read_text()) or [])

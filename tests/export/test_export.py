@@ -1,4 +1,4 @@
-"""`python -m rlharness.export <run dir> [--step N] <out dir>`: a real run's checkpoint becomes an
+"""`python -m rlharness.export <run dir> [--step N] <out dir>` (or `<run>/checkpoints/step_N`): a real run's checkpoint becomes an
 ordinary HF folder (weights equal to the checkpoint's, tokenizer with its chat template, generation
 config, no training state) that `AutoModelForCausalLM.from_pretrained` loads and that generates what
 the checkpoint's model generates; torch and DeepSpeed checkpoints; refusals in one line."""
@@ -89,6 +89,25 @@ def test_export_refuses_a_missing_step_and_a_non_empty_folder(chat_run, tmp_path
     assert [p.name for p in full.iterdir()] == ["keep.txt"]
     proc = export(tmp_path / "nothing", tmp_path / "y", check=False)
     assert proc.returncode == 2 and "no such directory" in proc.stderr
+
+
+def test_a_checkpoint_folder_where_a_run_directory_is_asked_for(chat_run, tmp_path):
+    """Export and evaluate.py take `<run>/checkpoints/step_N` as that run at step N; train.py's resume=
+    (which continues a run from its newest checkpoint) names the run directory to pass instead."""
+    import json
+
+    step1 = complete_checkpoints(chat_run)[0][1]
+    export(step1, tmp_path / "model1")
+    check_export(tmp_path / "model1", step1)
+    proc = export(step1, "--step", 2, tmp_path / "x", check=False)
+    assert proc.returncode == 2 and "is the checkpoint of step 1, not of --step 2" in proc.stderr
+    run_cli([f"resume={step1}", "eval.num_prompts=2", f"hydra.run.dir={tmp_path / 'eval'}"], cwd=tmp_path,
+            script="evaluate.py")
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert (summary["run_dir"], summary["checkpoint_step"]) == (str(chat_run), 1)
+    proc = run_cli([f"resume={step1}", "total_steps=3"], cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and f"a checkpoint folder, not a run directory; resume={chat_run} " in proc.stderr
+    assert [s for s, _ in complete_checkpoints(chat_run)] == [1, 2]
 
 
 @pytest.mark.slow
