@@ -1500,6 +1500,8 @@ class WandbLoggerConf(LoggerConf):
     # W&B entity (team or user; null: your default).
     entity: Optional[str] = None
     mode: str = "offline"  # offline | online | disabled
+    # online: how long the start waits for the W&B server; past it the run logs offline (`wandb sync` later).
+    init_timeout_s: float = 90.0
     # W&B run tags.
     tags: list[str] = field(default_factory=list)
     # A wandb.Table of the step's samples every this many steps (0 = never); every eval also
@@ -1511,6 +1513,7 @@ class WandbLoggerConf(LoggerConf):
 
     def __post_init__(self) -> None:
         _one_of("logger.mode", self.mode, ("offline", "online", "disabled"))
+        _check(self.init_timeout_s > 0, "logger.init_timeout_s", self.init_timeout_s, "> 0")
         _check(self.log_samples_every >= 0, "logger.log_samples_every", self.log_samples_every, ">= 0 (0 = never)")
         _check(self.max_sample_rows >= 1, "logger.max_sample_rows", self.max_sample_rows, ">= 1")
 

@@ -16,7 +16,8 @@ from the same search path Hydra builds (`--config-dir`, `--config-name`, `--conf
   Slurm node's CPUs and GPUs) and reasoning-gym datasets or dataset keys the installed
   reasoning-gym does not have (`check_task_datasets`), vLLM missing from this Python where a run uses it
   (`check_vllm`), a CUDA device this machine does not have or an attention implementation a model
-  cannot run on its device (`rlharness.launch.devices`; all through `check_installed`);
+  cannot run on its device (`rlharness.launch.devices`), `logger.mode=online` without W&B credentials
+  (all through `check_installed`);
 - the model folder (`check_model`): missing, a GGUF file, code of its own (`auto_map`) without
   `model.trust_remote_code=true`, no chat template while a task's `apply_chat_template=true`;
 - a JSONL/Parquet task's `path` or `eval_path` (`check_task_files`): no such file, or a type it does not
@@ -271,16 +272,18 @@ def check_installed(conf) -> None:
     """What a config asks of the installed packages and this machine, refused before work starts: vLLM
     where an engine or a judge runs on it (`check_vllm`), its models' devices and attention
     implementations (`rlharness.launch.devices`), where its Ray actors go (`check_placement`) and the
-    reasoning-gym datasets its tasks name. Not part of RunConf: config validity must not depend on an
+    reasoning-gym datasets its tasks name, W&B credentials for logger.mode=online. Not part of RunConf: config validity must not depend on an
     installed package or this machine. `launcher.run` asks again (jobs that skip this preflight, and a
     Slurm job on its node)."""
     from rlharness.launch.devices import check_attention, check_devices
+    from rlharness.logging_utils.wandb_logger import check_credentials
 
     check_vllm(conf)
     check_devices(conf)
     check_placement(conf)
     check_task_datasets(conf)
     check_attention(conf)
+    check_credentials(conf.logger)
 
 
 def check_vllm(conf) -> None:
