@@ -9,7 +9,8 @@ Writes, into the sweep directory:
 
 A job is `ok` when its metrics reach its `total_steps`, `failed` otherwise (it crashed,
 was cancelled, or never started). Runs at the end of every multirun as a Hydra callback
-(`hydra.callbacks.sweep_summary` in conf/config.yaml), or by hand:
+(`hydra.callbacks.sweep_summary` in conf/config.yaml; train.py, when a failed job's error ends the
+multirun before it), or by hand:
 
     python -m rlharness.sweep multirun/2026-11-22/10-31-07
 """
@@ -205,18 +206,44 @@ def write_summary(sweep_dir: Path) -> list[JobSummary]:
 
 
 class SweepSummaryCallback(Callback):
-    """Hydra callback: summarise the sweep directory when a multirun ends."""
+    """Hydra callback: summarise the sweep directory when a multirun ends. Hydra raises a failed job's error
+    before `on_multirun_end`; `sweep_dir` keeps the running sweep's directory so that train.py summarises it
+    then (`summarize_failed_sweep`)."""
+
+    sweep_dir: Optional[Path] = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        SweepSummaryCallback.sweep_dir = Path(str(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        try:
-            jobs = write_summary(sweep_dir)
-        except FileNotFoundError as exc:
-            log.warning("no sweep summary: %s", exc)
-            return
-        log.info("sweep summary (%s/summary.{csv,md,png}):\n%s", sweep_dir, markdown_table(jobs))
-        for job in jobs:
-            log.info("job #%d: id %s, %s, %d step(s)", job.job, job.job_id, job.status, job.steps_done)
+        summarize(Path(str(config.hydra.sweep.dir)))
+        SweepSummaryCallback.sweep_dir = None
+
+
+def summarize(sweep_dir: Path) -> list[JobSummary]:
+    """Write the summary files and log the table and each job's status ([] when no job left a directory)."""
+    try:
+        jobs = write_summary(sweep_dir)
+    except FileNotFoundError as exc:
+        log.warning("no sweep summary: %s", exc)
+        return []
+    log.info("sweep summary (%s/summary.{csv,md,png}):\n%s", sweep_dir, markdown_table(jobs))
+    for job in jobs:
+        log.info("job #%d: id %s, %s, %d step(s)", job.job, job.job_id, job.status, job.steps_done)
+    return jobs
+
+
+def summarize_failed_sweep() -> Optional[str]:
+    """After a multirun ended in a failed job's error: the summary it did not reach, and one line naming the
+    failed jobs (None outside a multirun)."""
+    sweep_dir = SweepSummaryCallback.sweep_dir
+    if sweep_dir is None:
+        return None
+    SweepSummaryCallback.sweep_dir = None
+    jobs = summarize(sweep_dir)
+    failed = [f"#{j.job} ({j.label})" for j in jobs if j.status != "ok"]
+    return (f"{len(failed)} of {len(jobs)} sweep job(s) did not finish: {', '.join(failed)}; each one's "
+            f"train.log says why; summary: {sweep_dir}/summary.md")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

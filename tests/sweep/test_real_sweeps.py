@@ -52,3 +52,26 @@ def test_sweep_on_submitit_local(tmp_path):
     assert [r["status"] for r in rows] == ["ok", "ok"]
     assert [r["job_id"] for r in rows] != ["", ""]  # submitit's local job ids
     assert all(f"id {r['job_id']}, ok" in out for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("launcher", ["basic", "submitit_local"])
+def test_a_sweep_with_a_failed_job_still_ends_with_its_summary(tmp_path, launcher):
+    """Hydra raises the failed job's error once every job has run, before its end-of-sweep callback: the summary
+    is written all the same, the other jobs' results with it, and the last line names the failed job."""
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(f'{{"question": "{i}+1", "answer": "#### {i + 1}"}}\n' for i in range(40)))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(good.read_text() + '{"question": "no answer"}\n')
+    sweep = tmp_path / "multirun"
+    chosen = [] if launcher == "basic" else [f"hydra/launcher={launcher}"]
+    out = run_cli(["-m", *SMALL, *chosen, "task=jsonl", "task.num_eval=8", f"task.path={good},{bad}",
+                   f"hydra.sweep.dir={sweep}"], cwd=tmp_path, check=False)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert [(r["status"], r["steps_done"]) for r in _summary(sweep)] == [("ok", "3"), ("failed", "0")]
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"error: 1 of 2 sweep job(s) did not finish: #1 (task.path={bad}); each one's train.log says why; "
+        f"summary: {sweep}/summary.md")
+    assert "bad.jsonl:41: missing field 'answer'" in (sweep / "1" / "train.log").read_text()
+    assert (sweep / "summary.png").is_file()
