@@ -263,7 +263,7 @@ def config_page() -> str:
            "# Configuration reference", "",
            "Every key a run takes, by config group. Pick an option with `group=option` "
            "(`python train.py strategy=async`), set a key with `group.key=value` "
-           "(`python train.py strategy.over_sample_threshold=0.5`). Defaults live in the schema "
+           "(`python train.py algo.lr=3e-4`). Defaults live in the schema "
            "dataclasses of `rlharness/config/schema.py`; an option's YAML file in `conf/<group>/` holds only "
            "what differs. *allowed* is what the schema's `__post_init__` checks: a value outside it stops "
            "the run before anything starts, with one line naming the key. "

@@ -598,6 +598,10 @@ def check_known_keys(cfg) -> None:
     walk(cfg, "")
 
 
+# Characters Hydra's override grammar reads as syntax when a value is not quoted.
+HYDRA_SPECIAL_CHARS = "()[]{},:=\\'\" "
+
+
 def one_line(exc: BaseException, overrides: list[str]) -> str:
     """Hydra/OmegaConf errors span lines and hide the cause: say key, value and what is allowed."""
     import re
@@ -613,7 +617,18 @@ def one_line(exc: BaseException, overrides: list[str]) -> str:
             try:
                 OverridesParser.create().parse_overrides([o])
             except OverrideParseException as bad:
-                return f"{o!r} is not a valid override: {str(bad).splitlines()[0]} (expected key=value)"
+                key, eq, value = o.partition("=")
+                special = [c if c != " " else "a space" for c in HYDRA_SPECIAL_CHARS if c in value]
+                hint = (f"; Hydra reads {' '.join(special)} in a value as syntax: quote the value, as in "
+                        f"\"{key}='...'\" (shell double quotes around Hydra's single quotes)" if eq and special
+                        else " (expected key=value)")
+                return f"{o!r} is not a valid override: {str(bad).splitlines()[0]}{hint}"
+    appended = re.search(r"Could not append to config. An item is already at '([^']+)'", text)
+    if appended:
+        key = appended.group(1)
+        value = next((override_value(o) for o in overrides if override_key(o) == key), "?")
+        return (f"+{key}={value} is not allowed: the config already has {key}; set it without the '+' "
+                f"({key}={value}), which '+' is for adding a key the config does not have")
     missing = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
     if missing:
         group, option = missing.groups()

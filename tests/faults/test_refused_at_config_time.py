@@ -45,6 +45,11 @@ pytestmark = [pytest.mark.timeout(300)]
     (["cluster=slurm", "cluster.timeout_min=0"], ["cluster.timeout_min=0"]),
     (["cluster=slurm", "cluster.ray_port=70000"], ["cluster.ray_port=70000"]),
     (["trainer.max_nonfinite_steps=0"], ["trainer.max_nonfinite_steps=0"]),
+    # Hydra's own syntax errors, said as what to type instead.
+    (["judger=router", "+judger.weights.math=1.0"], ["+judger.weights.math=1.0", "without the '+'",
+                                                     "(judger.weights.math=1.0)"]),
+    (["judger=router", "judger.format_pattern=(?s).*#### \\d+"],
+     ["Hydra reads ( ) \\ a space in a value as syntax", "\"judger.format_pattern='...'\""]),
 ])
 def test_refused_by_the_config(overrides, expect):
     with pytest.raises(ConfigError) as err:
