@@ -1504,6 +1504,11 @@ class WandbLoggerConf(LoggerConf):
     init_timeout_s: float = 90.0
     # W&B run tags.
     tags: list[str] = field(default_factory=list)
+    # W&B run name; null: `<date>/<time>` of the run directory, a sweep's job `<sweep date>/<time>#<n> <its
+    # point of the sweep>` (e.g. `2026-11-29/02-10-00#1 strategy=async`).
+    run_name: Optional[str] = None
+    # W&B group; null: a sweep's jobs are grouped by their sweep, a single run has none.
+    group: Optional[str] = None
     # A wandb.Table of the step's samples every this many steps (0 = never); every eval also
     # logs a table of its completions. Each table holds at most max_sample_rows rows, whole
     # groups (whole prompts for eval) only.

@@ -36,6 +36,7 @@ EVALUATE_PREFIX = "evaluate-"
 LOCK = ".lock"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
+MULTIRUN_YAML = "multirun.yaml"  # Hydra's, in a sweep's directory: the sweep's own overrides
 DONE = "DONE"  # a checkpoint's last file: without it the directory is never loaded
 ROLLOUTS = "rollouts"
 DROPPED = "dropped.jsonl"

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from rlharness.config.schema import ConfigError, LoggerConf
+from rlharness.core.run_dir import MULTIRUN_YAML, RunDir
 from rlharness.core.types import Group
 from rlharness.logging_utils.samples import eval_table, sample_table
 
@@ -36,9 +40,23 @@ def check_credentials(conf: LoggerConf) -> None:
                           f"`wandb sync <run dir>/wandb/offline-run-*`)")
 
 
+def run_names(run_dir: Path) -> tuple[str, str | None]:
+    """(W&B run name, W&B group) of a run directory: `<date>/<time>` for a run; a sweep's job is grouped by
+    its sweep (`<date>/<time>`) and named by its number and its own point of the sweep (`#3 algo.lr=1e-6`),
+    not by its directory's bare number."""
+    run_dir = Path(run_dir)
+    sweep = run_dir.parent / MULTIRUN_YAML
+    if not sweep.is_file():
+        return f"{run_dir.parent.name}/{run_dir.name}", None
+    group = f"{run_dir.parent.parent.name}/{run_dir.parent.name}"
+    swept = set(((yaml.safe_load(sweep.read_text()) or {}).get("hydra", {}).get("overrides", {}).get("task")) or [])
+    own = RunDir(run_dir).overrides
+    point = [o for o in (yaml.safe_load(own.read_text()) or []) if o not in swept] if own.is_file() else []
+    return " ".join([f"{group}#{run_dir.name}", *point]), group
+
+
 class WandbLogger:
-    def __init__(self, conf: LoggerConf, run_dir: str, run_name: str, config: dict[str, Any],
-                 run_id: str | None = None):
+    def __init__(self, conf: LoggerConf, run_dir: str, config: dict[str, Any], run_id: str | None = None):
         self.run = None
         self.conf = conf
         if conf.name != "wandb" or conf.mode == "disabled":
@@ -47,10 +65,13 @@ class WandbLogger:
 
         os.environ.setdefault("WANDB_SILENT", "true")
 
+        name, group = run_names(Path(run_dir))
+
         def init(mode: str):
             return wandb.init(
-                project=conf.project, entity=conf.entity, mode=mode, dir=run_dir, name=run_name,
-                id=run_id, resume="allow" if run_id else None, config=config, tags=list(conf.tags),
+                project=conf.project, entity=conf.entity, mode=mode, dir=run_dir, name=conf.run_name or name,
+                group=conf.group or group, id=run_id, resume="allow" if run_id else None, config=config,
+                tags=list(conf.tags),
                 settings=wandb.Settings(console="off", x_disable_stats=True, init_timeout=conf.init_timeout_s),
             )
 
@@ -63,7 +84,8 @@ class WandbLogger:
             mode = "offline"
             wandb.teardown()  # wandb's service still holds the failed start's run id (a resumed run's own)
             self.run = init(mode)
-        log.info("W&B run %s (%s) in %s", self.run.id, mode, run_dir)
+        log.info("W&B run %s, %r%s (%s) in %s", self.run.id, self.run.name,
+                 f" in group {self.run.group!r}" if self.run.group else "", mode, run_dir)
         if mode == "offline":
             log.info("upload it to W&B with: wandb sync %s", self.run.dir.rsplit("/files", 1)[0])
 

@@ -117,8 +117,7 @@ class Trainer:
         self.health.replay(read_metrics(self.metrics.path))  # a resume continues the monitors' windows
         self.ledger = RolloutLedger(self.run_dir, resume_step=self.step)
         forget_evals_after(self.run_dir, self.step)
-        self.wandb = WandbLogger(conf.logger, str(self.run_dir), self.run_dir.name, self.config_dict,
-                                 run_id=self.wandb_run_id)
+        self.wandb = WandbLogger(conf.logger, str(self.run_dir), self.config_dict, run_id=self.wandb_run_id)
         self.wandb_run_id = self.wandb.run_id
         last: dict[str, Any] = {}
         producer = None
