@@ -271,10 +271,10 @@ def _preflight_multirun(argv0: str, ns, overrides: list[str], source: ConfigSour
 def check_installed(conf) -> None:
     """What a config asks of the installed packages and this machine, refused before work starts: vLLM
     where an engine or a judge runs on it (`check_vllm`), its models' devices and attention
-    implementations (`rlharness.launch.devices`), where its Ray actors go (`check_placement`) and the
-    reasoning-gym datasets its tasks name, W&B credentials for logger.mode=online. Not part of RunConf: config validity must not depend on an
-    installed package or this machine. `launcher.run` asks again (jobs that skip this preflight, and a
-    Slurm job on its node)."""
+    implementations (`rlharness.launch.devices`), where its Ray actors go (`check_placement`), the
+    reasoning-gym datasets its tasks name and W&B credentials for logger.mode=online. Not part of RunConf:
+    config validity must not depend on an installed package or this machine. `launcher.run` asks again
+    (jobs that skip this preflight, and a Slurm job on its node)."""
     from rlharness.launch.devices import check_attention, check_devices
     from rlharness.logging_utils.wandb_logger import check_credentials
 
@@ -305,7 +305,8 @@ def check_task_datasets(conf) -> None:
 
     for name, entry in conf.task_entries().items():
         if isinstance(entry.task, ReasoningGymTaskConf):
-            check_dataset(entry.task.dataset, entry.task.dataset_config, conf.task_key(name), entry.task.probe_timeout_s)
+            check_dataset(entry.task.dataset, entry.task.dataset_config, conf.task_key(name),
+                          entry.task.probe_timeout_s)
 
 
 def check_task_files(conf) -> None:
