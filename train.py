@@ -86,13 +86,16 @@ if __name__ == "__main__":
     try:
         main()
     except (SystemExit, RuntimeError) as exc:  # a Slurm job whose node 0 left no result: its other nodes' word
+        from rlharness.core.stopping import STOP_SIGNALS, exit_code
         from rlharness.launch.job_errors import other_tasks_errors
         from rlharness.sweep import summarize_failed_sweep
 
         # Hydra prints a job's exception and exits: the exception is the SystemExit's context.
         for line in other_tasks_errors(exc.__context__ if isinstance(exc, SystemExit) else exc):
             print(f"error: the job's {line}", file=sys.stderr)
-        failed_sweep = summarize_failed_sweep()  # Hydra raised a failed job's error before the summary
+        # Hydra raised a failed job's error (or a signal's exit) before its end-of-sweep summary.
+        signals = {exit_code(s): s.name for s in STOP_SIGNALS}
+        failed_sweep = summarize_failed_sweep(signals.get(exc.code) if isinstance(exc, SystemExit) else None)
         if failed_sweep is not None:
             print(f"error: {failed_sweep}", file=sys.stderr)
         raise

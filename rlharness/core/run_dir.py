@@ -99,6 +99,12 @@ def checkpoint_folder_of(path: str | Path) -> tuple[Path, int] | None:
     return None
 
 
+def sweep_of(run_dir: str | Path) -> Path | None:
+    """The sweep (Hydra multirun) directory a run directory is a job of, else None."""
+    parent = Path(run_dir).parent
+    return parent if (parent / MULTIRUN_YAML).is_file() else None
+
+
 class RunDir:
     """The paths of one run directory (nothing is created or read here)."""
 

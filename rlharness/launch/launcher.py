@@ -22,7 +22,7 @@ from rlharness.config.run import RunConf
 from rlharness.config.schema import ConfigError
 from rlharness.data.jsonl import DataFileError
 from rlharness.core.redaction import install_log_redaction
-from rlharness.core.run_dir import RunDir
+from rlharness.core.run_dir import RunDir, sweep_of
 from rlharness.launch.preflight import check_installed
 
 log = logging.getLogger(__name__)
@@ -112,9 +112,11 @@ def run(conf: RunConf, config_dict: dict[str, Any]) -> dict[str, Any]:
         stop.uninstall()
         return last
     where = trainer.stop_report if trainer is not None else "stopped before training started"
+    sweep = sweep_of(run_dir)  # a sweep continues as a whole: its points not started yet too
+    again = (f"continue with: python train.py resume={run_dir}" if sweep is None else
+             f"continue the sweep with its command and hydra.sweep.dir={sweep}")
     print(f"rlharness: stopped by {stop.signal_name} at step {trainer.step if trainer else 0}/{conf.total_steps}: "
-          f"{where}; " + ("submitit requeues the job" if stop.requeues else
-                          f"continue with: python train.py resume={run_dir}"), file=sys.stderr, flush=True)
+          f"{where}; " + ("submitit requeues the job" if stop.requeues else again), file=sys.stderr, flush=True)
     stop.finish()  # raises SystemExit (or hands over to submitit's requeue)
     return last
 

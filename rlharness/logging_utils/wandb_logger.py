@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from rlharness.config.schema import ConfigError, LoggerConf
-from rlharness.core.run_dir import MULTIRUN_YAML, RunDir
+from rlharness.core.run_dir import MULTIRUN_YAML, RunDir, sweep_of
 from rlharness.core.types import Group
 from rlharness.logging_utils.samples import eval_table, sample_table
 
@@ -45,11 +45,12 @@ def run_names(run_dir: Path) -> tuple[str, str | None]:
     its sweep (`<date>/<time>`) and named by its number and its own point of the sweep (`#3 algo.lr=1e-6`),
     not by its directory's bare number."""
     run_dir = Path(run_dir)
-    sweep = run_dir.parent / MULTIRUN_YAML
-    if not sweep.is_file():
+    sweep = sweep_of(run_dir)
+    if sweep is None:
         return f"{run_dir.parent.name}/{run_dir.name}", None
-    group = f"{run_dir.parent.parent.name}/{run_dir.parent.name}"
-    swept = set(((yaml.safe_load(sweep.read_text()) or {}).get("hydra", {}).get("overrides", {}).get("task")) or [])
+    group = f"{sweep.parent.name}/{sweep.name}"
+    saved = yaml.safe_load((sweep / MULTIRUN_YAML).read_text()) or {}
+    swept = set(saved.get("hydra", {}).get("overrides", {}).get("task") or [])
     own = RunDir(run_dir).overrides
     point = [o for o in (yaml.safe_load(own.read_text()) or []) if o not in swept] if own.is_file() else []
     return " ".join([f"{group}#{run_dir.name}", *point]), group

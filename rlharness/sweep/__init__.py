@@ -233,14 +233,18 @@ def summarize(sweep_dir: Path) -> list[JobSummary]:
     return jobs
 
 
-def summarize_failed_sweep() -> Optional[str]:
-    """After a multirun ended in a failed job's error: the summary it did not reach, and one line naming the
-    failed jobs (None outside a multirun)."""
+def summarize_failed_sweep(stopped_by: Optional[str] = None) -> Optional[str]:
+    """After a multirun ended early, by a failed job's error or by a signal (`stopped_by`, its name): the
+    summary it did not reach, and one line saying what ended it (None outside a multirun)."""
     sweep_dir = SweepSummaryCallback.sweep_dir
     if sweep_dir is None:
         return None
     SweepSummaryCallback.sweep_dir = None
     jobs = summarize(sweep_dir)
+    if stopped_by is not None:
+        return (f"the sweep was stopped by {stopped_by} after {len(jobs)} job(s) had started; summary: "
+                f"{sweep_dir}/summary.md; to continue it (each started job from its checkpoint, then the jobs "
+                f"not started), run its command again with hydra.sweep.dir={sweep_dir}")
     failed = [f"#{j.job} ({j.label})" for j in jobs if j.status != "ok"]
     return (f"{len(failed)} of {len(jobs)} sweep job(s) did not finish: {', '.join(failed)}; each one's "
             f"train.log says why; summary: {sweep_dir}/summary.md")

@@ -75,3 +75,25 @@ def test_a_sweep_with_a_failed_job_still_ends_with_its_summary(tmp_path, launche
         f"summary: {sweep}/summary.md")
     assert "bad.jsonl:41: missing field 'answer'" in (sweep / "1" / "train.log").read_text()
     assert (sweep / "summary.png").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_sweep_stopped_by_a_signal_says_how_to_continue_it_and_does(tmp_path):
+    """SIGINT at job 0's second step (a named point, not a moment) stops the whole sweep with its summary; the
+    same command again into the same directory continues job 0 from its checkpoint and runs the other."""
+    from rlharness.core.fault_points import signal_at
+
+    sweep = tmp_path / "multirun"
+    command = ["-m", *SMALL, "save_every=1", "seed=1,2", f"hydra.sweep.dir={sweep}"]
+    out = run_cli(command, cwd=tmp_path, check=False, env=signal_at("SIGINT", "step_trained", 2))
+    assert out.returncode == 130, out.stderr[-3000:]
+    lines = out.stderr.strip().splitlines()
+    assert f"continue the sweep with its command and hydra.sweep.dir={sweep}" in lines[-2]
+    assert lines[-1] == (f"error: the sweep was stopped by SIGINT after 1 job(s) had started; summary: "
+                         f"{sweep}/summary.md; to continue it (each started job from its checkpoint, then the jobs "
+                         f"not started), run its command again with hydra.sweep.dir={sweep}")
+    assert [(r["status"], r["steps_done"]) for r in _summary(sweep)] == [("failed", "2")]
+    run_cli(command, cwd=tmp_path)
+    assert [(r["status"], r["steps_done"]) for r in _summary(sweep)] == [("ok", "3"), ("ok", "3")]
+    assert "resumed from" in (sweep / "0" / "train.log").read_text()
