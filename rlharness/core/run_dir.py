@@ -105,6 +105,18 @@ def sweep_of(run_dir: str | Path) -> Path | None:
     return parent if (parent / MULTIRUN_YAML).is_file() else None
 
 
+def not_a_run_hint(path: str | Path) -> str:
+    """What a directory that is not a run directory is, when users take it for one: a sweep's own directory
+    (naming its jobs); "" otherwise."""
+    p = Path(path).expanduser().resolve()
+    if (p / MULTIRUN_YAML).is_file():
+        jobs = sorted((d.name for d in p.iterdir() if (d / HYDRA / OVERRIDES_YAML).is_file()),
+                      key=lambda n: (not n.isdigit(), int(n) if n.isdigit() else 0, n))
+        return (f"a sweep's directory, whose jobs are the run directories {', '.join(str(p / j) for j in jobs[:4])}"
+                + (", ..." if len(jobs) > 4 else ""))
+    return ""
+
+
 class RunDir:
     """The paths of one run directory (nothing is created or read here)."""
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from rlharness.core.checkpoint import CheckpointError, complete_checkpoints, error_line
 from rlharness.core.redaction import redact
-from rlharness.core.run_dir import RunDir, checkpoint_folder_of, output_path_problem
+from rlharness.core.run_dir import RunDir, checkpoint_folder_of, not_a_run_hint, output_path_problem
 from rlharness.model.weight_files import check_backend_weights
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,9 @@ def find_checkpoint(run_dir: str | Path, step: int | None = None) -> tuple[int, 
         raise CheckpointError(f"{run_dir}: no such directory")
     found = complete_checkpoints(run)
     if not found:
-        raise CheckpointError(f"{run_dir} holds no complete checkpoint (checkpoints/step_*/DONE)")
+        hint = not_a_run_hint(run)
+        raise CheckpointError(f"{run_dir}: {hint}" if hint else
+                              f"{run_dir} holds no complete checkpoint (checkpoints/step_*/DONE)")
     if step is None:
         return found[-1]
     for s, path in found:

@@ -13,7 +13,8 @@ import yaml
 
 from rlharness.core.checkpoint import latest_checkpoint
 from rlharness.config.schema import ConfigError
-from rlharness.core.run_dir import HYDRA, OVERRIDES_YAML, RESUMED_PREFIX, RunDir, checkpoint_folder_of
+from rlharness.core.run_dir import (HYDRA, OVERRIDES_YAML, RESUMED_PREFIX, RunDir, checkpoint_folder_of,
+                                    not_a_run_hint)
 
 
 def override_key(override: str) -> str:
@@ -100,7 +101,8 @@ def read_run_overrides(value: str) -> tuple[Path, list[str]]:
                 f"resume={value}: a checkpoint folder, not a run directory; resume={folder[0]} continues that run "
                 f"from its newest checkpoint (a new run can start from this one's model: python -m "
                 f"rlharness.export {run_dir} <dir>, then model.path=<dir>)")
-        raise ConfigError(f"resume={value}: not a run directory (no {HYDRA}/{OVERRIDES_YAML})")
+        raise ConfigError(f"resume={value}: {not_a_run_hint(run_dir) or 'not a run directory'} "
+                          f"(no {HYDRA}/{OVERRIDES_YAML})")
     saved = RunDir(run_dir).newest_hydra() / OVERRIDES_YAML  # the run as its last life had it
     return run_dir, [o for o in (yaml.safe_load(saved.read_text()) or [])
                      if override_key(o) not in ("resume", "hydra.run.dir", "hydra.output_subdir")]

@@ -97,3 +97,9 @@ def test_a_sweep_stopped_by_a_signal_says_how_to_continue_it_and_does(tmp_path):
     run_cli(command, cwd=tmp_path)
     assert [(r["status"], r["steps_done"]) for r in _summary(sweep)] == [("ok", "3"), ("ok", "3")]
     assert "resumed from" in (sweep / "0" / "train.log").read_text()
+    # The sweep's own directory where a run directory is asked for: its jobs are named.
+    jobs = f"a sweep's directory, whose jobs are the run directories {sweep}/0, {sweep}/1"
+    for args, script in (([f"resume={sweep}"], "train.py"), ([f"resume={sweep}"], "evaluate.py"),
+                         ([sweep, tmp_path / "exported"], "rlharness.export")):
+        refused = run_cli(args, cwd=tmp_path, check=False, script=script)
+        assert refused.returncode == 2 and jobs in refused.stderr.strip().splitlines()[-1], refused.stderr[-2000:]
