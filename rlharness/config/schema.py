@@ -1500,7 +1500,8 @@ class WandbLoggerConf(LoggerConf):
     # W&B entity (team or user; null: your default).
     entity: Optional[str] = None
     mode: str = "offline"  # offline | online | disabled
-    # online: how long the start waits for the W&B server; past it the run logs offline (`wandb sync` later).
+    # online: how long the start waits for the W&B server; past it (or with no connection to it at all) the run
+    # logs offline (`wandb sync` later).
     init_timeout_s: float = 90.0
     # W&B run tags.
     tags: list[str] = field(default_factory=list)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,22 @@ def run_names(run_dir: Path) -> tuple[str, str | None]:
     return " ".join([f"{group}#{run_dir.name}", *point]), group
 
 
+def server_unreachable(url: str, timeout_s: float) -> str | None:
+    """Why the W&B server at `url` cannot be reached (its host unknown, its port closed or silent), else None.
+    A connection, not a request: wandb.init alone would retry for init_timeout_s, then leave a resumed run's
+    id held by its service. Behind a proxy (HTTPS_PROXY and the like) only wandb knows the way: not asked."""
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+                                       "all_proxy")):
+        return None
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+    except OSError as exc:
+        return f"cannot reach {parts.hostname}:{port} ({exc})"
+    return None
+
+
 class WandbLogger:
     def __init__(self, conf: LoggerConf, run_dir: str, config: dict[str, Any], run_id: str | None = None):
         self.run = None
@@ -68,7 +86,7 @@ class WandbLogger:
 
         name, group = run_names(Path(run_dir))
 
-        def init(mode: str):
+        def init(mode: str, run_id: str | None):
             return wandb.init(
                 project=conf.project, entity=conf.entity, mode=mode, dir=run_dir, name=conf.run_name or name,
                 group=conf.group or group, id=run_id, resume="allow" if run_id else None, config=config,
@@ -77,14 +95,18 @@ class WandbLogger:
             )
 
         mode = conf.mode
-        try:
-            self.run = init(mode)
-        except wandb.errors.CommError as exc:  # the server unreachable: the run goes on, its W&B files kept here
-            log.warning("W&B online: the server did not answer within logger.init_timeout_s=%gs (%s); logging "
-                        "offline instead", conf.init_timeout_s, str(exc).splitlines()[0][:200])
+        why = server_unreachable(wandb.setup().settings.base_url, conf.init_timeout_s) if mode == "online" else None
+        if why is not None:  # no network (a cluster node without one): the run goes on, its W&B files kept here
+            log.warning("W&B online: %s; logging offline instead", why)
             mode = "offline"
-            wandb.teardown()  # wandb's service still holds the failed start's run id (a resumed run's own)
-            self.run = init(mode)
+        try:
+            self.run = init(mode, run_id)
+        except wandb.errors.CommError as exc:  # reached, but no answer: as above
+            log.warning("W&B online: the server did not answer within logger.init_timeout_s=%gs (%s); logging "
+                        "offline instead%s", conf.init_timeout_s, str(exc).splitlines()[0][:200],
+                        f", under a new run id (wandb still holds {run_id})" if run_id else "")
+            mode = "offline"
+            self.run = init(mode, None)
         log.info("W&B run %s, %r%s (%s) in %s", self.run.id, self.run.name,
                  f" in group {self.run.group!r}" if self.run.group else "", mode, run_dir)
         if mode == "offline":

@@ -36,18 +36,37 @@ def test_online_without_credentials_is_refused_before_anything_is_written(tmp_pa
     assert "Traceback" not in proc.stderr and not run.exists()
 
 
+def offline_run_ids(run) -> list[str]:
+    return sorted(p.name.rsplit("-", 1)[1] for p in (run / "wandb").glob("offline-run-*"))
+
+
 def test_an_unreachable_server_leaves_the_run_logging_offline(tmp_path):
+    """No connection (a cluster node without network): offline at once, a resume continuing the same W&B run."""
     (tmp_path / "home").mkdir()
     env = {**no_credentials(tmp_path), "WANDB_API_KEY": FAKE_KEY, "WANDB_BASE_URL": f"http://127.0.0.1:{closed_port()}"}
     run = tmp_path / "run"
-    online = ["logger.mode=online", "logger.init_timeout_s=2"]
-    run_cli([*SHORT, *online, f"hydra.run.dir={run}"], cwd=tmp_path, env=env)
-    log = (run / "train.log").read_text()
-    assert "W&B online: the server did not answer within logger.init_timeout_s=2s" in log
-    offline = sorted((run / "wandb").glob("offline-run-*"))
-    assert len(offline) == 1 and (offline[0] / f"run-{offline[0].name.rsplit('-', 1)[1]}.wandb").is_file()
-    run_id = offline[0].name.rsplit("-", 1)[1]
-    # The resume asks the server for that run id's state, is not answered, and continues it offline.
+    run_cli([*SHORT, "logger.mode=online", f"hydra.run.dir={run}"], cwd=tmp_path, env=env)
+    assert "W&B online: cannot reach 127.0.0.1:" in (run / "train.log").read_text()
+    [run_id] = offline_run_ids(run)
     run_cli([f"resume={run}", "total_steps=2"], cwd=tmp_path, env=env)
+    assert latest_checkpoint(run)[0] == 2 and offline_run_ids(run) == [run_id, run_id]
+
+
+def test_a_server_that_never_answers_leaves_the_run_logging_offline(tmp_path):
+    """Connected, never answered: after logger.init_timeout_s the run logs offline; a resume too, under a new
+    W&B run id (wandb's service still holds the one it tried), said in the warning."""
+    (tmp_path / "home").mkdir()
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog), never reads or answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        env = {**no_credentials(tmp_path), "WANDB_API_KEY": FAKE_KEY,
+               "WANDB_BASE_URL": f"http://127.0.0.1:{silent.getsockname()[1]}"}
+        run = tmp_path / "run"
+        online = ["logger.mode=online", "logger.init_timeout_s=2"]
+        run_cli([*SHORT, *online, f"hydra.run.dir={run}"], cwd=tmp_path, env=env)
+        assert "W&B online: the server did not answer within logger.init_timeout_s=2s" in (run / "train.log").read_text()
+        [first] = offline_run_ids(run)
+        run_cli([f"resume={run}", "total_steps=2"], cwd=tmp_path, env=env)
     assert latest_checkpoint(run)[0] == 2
-    assert sorted(p.name.rsplit("-", 1)[1] for p in (run / "wandb").glob("offline-run-*")) == [run_id, run_id]
+    assert f"under a new run id (wandb still holds {first})" in (run / "train.log").read_text()
+    assert len(offline_run_ids(run)) == 2
