@@ -1307,8 +1307,10 @@ class CountdownTaskConf(TaskConf):
 @dataclass
 class JsonlTaskConf(TaskConf):
     name: str = "jsonl"
-    path: str = MISSING  # JSONL or Parquet training file
-    eval_path: Optional[str] = None  # held-out file; else the last num_eval rows of path
+    # JSONL or Parquet training file, or a glob pattern of such files (`data/train-*.parquet`, read in name order).
+    path: str = MISSING
+    # Held-out file (or pattern); else the last num_eval rows of path.
+    eval_path: Optional[str] = None
     # The row's field holding the question.
     prompt_field: str = "question"
     # The row's field holding the answer.

@@ -18,7 +18,8 @@ prompt or answer, an answer with nothing after its delimiter, a prompt that rend
 empty.
 
 Relative paths resolve against the current directory first, then the project root
-(as `model.path`), so the data shipped in `assets/` works from any directory.
+(as `model.path`), so the data shipped in `assets/` works from any directory. A glob pattern
+(`data/train-*.parquet`, as Hugging Face shards a split) reads every file it matches, in name order.
 
 Split: eval = all of `eval_path` when given, else the last `num_eval` rows of `path`
 (train = the rest).
@@ -26,6 +27,7 @@ Split: eval = all of `eval_path` when given, else the last `num_eval` rows of `p
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import math
@@ -126,15 +128,30 @@ def _check_row(row: dict[str, Any], required: list[str], where: str, non_empty: 
             raise DataFileError(f"{where}: field {name!r} is empty")
 
 
-def data_file(path_str: str, key: str) -> Path:
-    """The file a data path names: there, and of a type read here (else one line naming `key`)."""
-    path = Path(path_str).expanduser()
-    if not path.is_file() and not path.is_absolute() and (PROJECT_ROOT / path).is_file():
-        path = PROJECT_ROOT / path  # like model.path: shipped data (assets/...) from any directory
-    if not path.is_file():
-        raise ConfigError(f"{key}={path_str!r}: no such file ({path.resolve()})")
-    _file_format(path, key)
-    return path
+def data_files(path_str: str, key: str) -> list[Path]:
+    """The files a data path names: one file, or every file a glob pattern matches (`data/train-*.parquet`,
+    sorted), each there and of a type read here (else one line naming `key`)."""
+    pattern = Path(path_str).expanduser()
+    if glob.has_magic(str(pattern)):
+        found = sorted(Path(f) for f in glob.glob(str(pattern)) if Path(f).is_file())
+        if not found and not pattern.is_absolute():  # like model.path: shipped data from any directory
+            found = sorted(Path(f) for f in glob.glob(str(PROJECT_ROOT / pattern)) if Path(f).is_file())
+        if not found:
+            raise ConfigError(f"{key}={path_str!r}: the pattern matches no file ({pattern.absolute()})")
+    else:
+        path = pattern
+        if not path.is_file() and not path.is_absolute() and (PROJECT_ROOT / path).is_file():
+            path = PROJECT_ROOT / path
+        if path.is_dir():
+            raise ConfigError(f"{key}={path_str!r}: a directory; name its files, e.g. {key}='{path_str.rstrip('/')}/"
+                              f"*.parquet' (the pattern in quotes, so that the shell leaves it to rlharness)")
+        if not path.is_file():
+            raise ConfigError(f"{key}={path_str!r}: no such file ({path.resolve()})")
+        found = [path]
+    formats = {_file_format(f, key) for f in found}
+    if len(formats) > 1:
+        raise ConfigError(f"{key}={path_str!r}: matches both JSONL and Parquet files; one format per path")
+    return found
 
 
 def read_rows(path_str: str, required: list[str], key: str = "task.path",
@@ -145,20 +162,22 @@ def read_rows(path_str: str, required: list[str], key: str = "task.path",
 
 def read_rows_with_sources(path_str: str, required: list[str], key: str = "task.path",
                            non_empty: tuple[str, ...] = ()) -> tuple[list[dict[str, Any]], list[str]]:
-    """`read_rows` plus where each row is: "path:line" (JSONL) or "path: row i" (Parquet)."""
-    path = data_file(path_str, key)
-    fmt = _file_format(path, key)
-    if fmt == "json":
-        rows, lines = _read_jsonl(path, required)
-        for row, n in zip(rows, lines):
-            _check_row(row, required, f"{path}:{n}", non_empty)
-        return rows, [f"{path}:{n}" for n in lines]
-    rows = _load_with_datasets(path, fmt)
-    if not rows:
-        raise DataFileError(f"{path}: no rows")
-    sources = [f"{path}: row {i}" for i in range(len(rows))]
-    for row, src in zip(rows, sources):
-        _check_row(row, required, src, non_empty)
+    """`read_rows` plus where each row is: "path:line" (JSONL) or "path: row i" (Parquet); a glob pattern's
+    files in name order."""
+    rows, sources = [], []
+    for path in data_files(path_str, key):
+        if _file_format(path, key) == "json":
+            file_rows, lines = _read_jsonl(path, required)
+            file_sources = [f"{path}:{n}" for n in lines]
+        else:
+            file_rows = _load_with_datasets(path, "parquet")
+            if not file_rows:
+                raise DataFileError(f"{path}: no rows")
+            file_sources = [f"{path}: row {i}" for i in range(len(file_rows))]
+        for row, src in zip(file_rows, file_sources):
+            _check_row(row, required, src, non_empty)
+        rows += file_rows
+        sources += file_sources
     return rows, sources
 
 

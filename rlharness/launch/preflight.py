@@ -312,13 +312,13 @@ def check_task_datasets(conf) -> None:
 def check_task_files(conf) -> None:
     """Each file-backed task's data file (and held-out file) is there and of a type it reads; its rows are
     checked when the job loads them. Not for Slurm: a job's data may be on its nodes' file systems only."""
-    from rlharness.data.jsonl import data_file
+    from rlharness.data.jsonl import data_files
 
     for name, entry in conf.task_entries().items():
         if isinstance(entry.task, JsonlTaskConf):
             for field in ("path", "eval_path"):
                 if getattr(entry.task, field):
-                    data_file(getattr(entry.task, field), f"{conf.task_key(name)}.{field}")
+                    data_files(getattr(entry.task, field), f"{conf.task_key(name)}.{field}")
 
 
 def check_placement(conf) -> None:

@@ -114,3 +114,33 @@ def test_no_chat_template_leaves_the_prompt_alone(tmp_path):
     tok.chat_template = CHAT_TEMPLATE
     asked = build_task(JsonlTaskConf(path=path, num_eval=1, apply_chat_template=True), tokenizer=tok)
     assert asked.train[0].prompt_text == f"(({GSM8K_ROWS[0]['question']}))=#"
+
+
+def test_a_glob_pattern_reads_every_shard_in_name_order(tmp_path):
+    """A split sharded as Hugging Face writes it (`train-0000N-of-0000M.parquet`), or JSONL shards."""
+    import datasets
+
+    (tmp_path / "pq").mkdir()
+    for n, part in ((1, GSM8K_ROWS[5:]), (0, GSM8K_ROWS[:5])):  # the second shard written first
+        datasets.Dataset.from_list(part).to_parquet(str(tmp_path / "pq" / f"train-0000{n}-of-00002.parquet"))
+    task = build_task(JsonlTaskConf(path=str(tmp_path / "pq" / "train-*.parquet"), num_eval=3))
+    assert [r.prompt_text for r in (*task.train, *task.eval)] == [r["question"] for r in GSM8K_ROWS]
+    assert task.train[5].source == f"{tmp_path}/pq/train-00001-of-00002.parquet: row 0"
+    (tmp_path / "jl").mkdir()
+    _write_jsonl(tmp_path / "jl" / "a.jsonl", GSM8K_ROWS[:4])
+    _write_jsonl(tmp_path / "jl" / "b.jsonl", GSM8K_ROWS[4:])
+    task = build_task(JsonlTaskConf(path=str(tmp_path / "jl" / "*.jsonl"), num_eval=2))
+    assert [r.prompt_text for r in (*task.train, *task.eval)] == [r["question"] for r in GSM8K_ROWS]
+    assert task.eval[0].source == f"{tmp_path}/jl/b.jsonl:5"
+
+
+def test_a_directory_a_pattern_that_matches_nothing_and_mixed_formats_are_refused(tmp_path):
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ConfigError, match=r"a directory; name its files, e.g. task.path='.*/d/\*.parquet'"):
+        build_task(JsonlTaskConf(path=str(tmp_path / "d")))
+    with pytest.raises(ConfigError, match="the pattern matches no file"):
+        build_task(JsonlTaskConf(path=str(tmp_path / "d" / "*.jsonl")))
+    _write_jsonl(tmp_path / "d" / "a.jsonl", GSM8K_ROWS)
+    (tmp_path / "d" / "b.parquet").write_bytes(b"")
+    with pytest.raises(ConfigError, match="matches both JSONL and Parquet files"):
+        build_task(JsonlTaskConf(path=str(tmp_path / "d" / "*")))
