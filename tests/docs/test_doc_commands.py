@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rlharness.config.schema import ConfigError
 from rlharness.launch.preflight import ConfigSource, compose_typed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,4 +64,10 @@ def test_a_documented_command_line_composes(page, args, monkeypatch):
     for name in re.findall(r"env:(\w+)", " ".join(args)):  # a header read from the environment
         monkeypatch.setenv(name, "set-by-the-test")
     for point in sweep_points(args):
-        compose_typed(point, ConfigSource())
+        try:
+            compose_typed(point, ConfigSource())
+        except ConfigError as exc:
+            # A LoRA line on a model fetched by a script (SmolLM2): its layout is read last, after every other
+            # check passed; a fresh clone has not fetched it (tests/integration/test_real_model.py runs it).
+            if "the model is not there yet; make it with `bash scripts/fetch_" not in str(exc):
+                raise
