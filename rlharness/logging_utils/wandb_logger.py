@@ -91,7 +91,9 @@ class WandbLogger:
                 project=conf.project, entity=conf.entity, mode=mode, dir=run_dir, name=conf.run_name or name,
                 group=conf.group or group, id=run_id, resume="allow" if run_id else None, config=config,
                 tags=list(conf.tags),
-                settings=wandb.Settings(console="off", x_disable_stats=True, init_timeout=conf.init_timeout_s),
+                # The bound is the server's: an offline start (wandb's local service) keeps wandb's own.
+                settings=wandb.Settings(console="off", x_disable_stats=True,
+                                        **({"init_timeout": conf.init_timeout_s} if mode == "online" else {})),
             )
 
         mode = conf.mode
